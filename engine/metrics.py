@@ -1,0 +1,176 @@
+"""The cost model: bytes moved and FLOPs of one forward step from the model's shape and the
+settings; with the step's measured time, achieved GB/s, FLOP/s, MBU, MFU, arithmetic
+intensity and the predicted ceiling. One immutable `StepMetrics` per step."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from engine.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """What one forward step moves and computes, for `batch_size` sequences of `new_tokens`
+    tokens each, appended after `context_len` tokens already in the KV cache."""
+    weight_bytes: int  # every matmul weight once, at its storage precision (+ norms)
+    kv_read_bytes: int  # cached K and V read by attention
+    kv_write_bytes: int  # new K and V written into the cache
+    other_bytes: int  # embedding rows gathered, logits written
+    flops: int  # matmul FLOPs + attention FLOPs (2 per multiply-add)
+    matmul_flops: int
+    attention_flops: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes + self.other_bytes
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.kv_read_bytes + self.kv_write_bytes
+
+
+def step_cost(cfg: ModelConfig, *, batch_size: int, new_tokens: int, context_len: int,
+              weight_bytes: int, kv_elem_bytes: int, act_elem_bytes: int = 4, kv_cache: bool = True,
+              logits_rows: int | None = None) -> StepCost:
+    """Cost of one step.
+
+    weight_bytes: bytes of all matmul weights as stored (quantised weights count their
+    packed bytes and scales); the caller knows the storage format.
+    kv_cache=False: the step recomputes the whole context (new_tokens is then the context
+    length plus the new token, context_len must be 0) and nothing is cached.
+    logits_rows: rows the head is evaluated on (default one per sequence)."""
+    B, T, C = batch_size, new_tokens, context_len
+    logits_rows = B if logits_rows is None else logits_rows
+    kv_elems_per_token = cfg.kv_bytes_per_token_per_elem  # K and V, all layers
+    kv_read = B * C * kv_elems_per_token * kv_elem_bytes if kv_cache else 0
+    kv_write = B * T * kv_elems_per_token * kv_elem_bytes if kv_cache else 0
+    norm_bytes = (2 * cfg.n_layers + 1) * cfg.dim * act_elem_bytes
+    embed_rows = B * T * cfg.dim * act_elem_bytes
+    logits_bytes = logits_rows * cfg.vocab_size * 4  # fp32 logits
+    layer_matmul = 2 * cfg.layer_linear_params * B * T * cfg.n_layers
+    head_matmul = 2 * cfg.vocab_size * cfg.dim * logits_rows
+    # attention per layer: QK^T and PV, 2 FLOPs per MAC each, q_dim wide; query i of T
+    # sees C + i + 1 keys (causal), so the keys seen sum to T*C + T(T+1)/2
+    keys_seen = T * C + T * (T + 1) // 2
+    attention = cfg.n_layers * B * 2 * 2 * cfg.q_dim * keys_seen
+    return StepCost(
+        weight_bytes=weight_bytes + norm_bytes,
+        kv_read_bytes=kv_read,
+        kv_write_bytes=kv_write,
+        other_bytes=embed_rows + logits_bytes,
+        flops=layer_matmul + head_matmul + attention,
+        matmul_flops=layer_matmul + head_matmul,
+        attention_flops=attention,
+    )
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """One step, measured. Plain data: safe to hand across threads and to JSON."""
+    step: int
+    phase: str  # "prefill" or "decode"
+    batch_size: int
+    new_tokens: int  # tokens fed to the model this step, per sequence
+    tokens_out: int  # tokens produced (sampled) this step, all sequences
+    context_len: int  # tokens already cached before the step
+    step_s: float  # measured wall time (CUDA events on a GPU)
+    weight_bytes: int
+    kv_read_bytes: int
+    kv_write_bytes: int
+    other_bytes: int
+    flops: int
+    peak_bandwidth_bps: float  # bytes/s the device can move (spec or measured)
+    peak_flops: float  # FLOP/s for the step's dtype
+    t_s: float = 0.0  # monotonic time at the end of the step
+    settings_label: str = ""  # e.g. "fp32 · kv on"
+
+    @classmethod
+    def from_cost(cls, cost: StepCost, *, step: int, phase: str, batch_size: int, new_tokens: int,
+                  tokens_out: int, context_len: int, step_s: float, peak_bandwidth_bps: float,
+                  peak_flops: float, t_s: float = 0.0, settings_label: str = "") -> "StepMetrics":
+        return cls(step=step, phase=phase, batch_size=batch_size, new_tokens=new_tokens, tokens_out=tokens_out,
+                   context_len=context_len, step_s=step_s, weight_bytes=cost.weight_bytes,
+                   kv_read_bytes=cost.kv_read_bytes, kv_write_bytes=cost.kv_write_bytes,
+                   other_bytes=cost.other_bytes, flops=cost.flops, peak_bandwidth_bps=peak_bandwidth_bps,
+                   peak_flops=peak_flops, t_s=t_s, settings_label=settings_label)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes + self.other_bytes
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.kv_read_bytes + self.kv_write_bytes
+
+    @property
+    def achieved_bandwidth_bps(self) -> float:
+        return self.total_bytes / self.step_s
+
+    @property
+    def achieved_gbs(self) -> float:
+        return self.achieved_bandwidth_bps / 1e9
+
+    @property
+    def achieved_flops(self) -> float:
+        return self.flops / self.step_s
+
+    @property
+    def achieved_tflops(self) -> float:
+        return self.achieved_flops / 1e12
+
+    @property
+    def mbu(self) -> float:
+        """Model bandwidth utilisation: bytes the step must move (weights + KV) over time, ÷ peak."""
+        return self.achieved_bandwidth_bps / self.peak_bandwidth_bps
+
+    @property
+    def mfu(self) -> float:
+        return self.achieved_flops / self.peak_flops
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        """FLOPs per byte moved."""
+        return self.flops / self.total_bytes
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Tokens processed per second: produced tokens for decode, prompt tokens for prefill."""
+        n = self.tokens_out if self.phase == "decode" else self.batch_size * self.new_tokens
+        return n / self.step_s
+
+    @property
+    def bytes_per_token(self) -> float:
+        n = self.tokens_out if self.phase == "decode" else self.batch_size * self.new_tokens
+        return self.total_bytes / max(n, 1)
+
+    @property
+    def memory_ceiling_tokens_per_s(self) -> float:
+        """The seed formula: peak bandwidth ÷ bytes per token."""
+        return self.peak_bandwidth_bps / self.bytes_per_token
+
+    @property
+    def predicted_ceiling_tokens_per_s(self) -> float:
+        """Roofline bound: the step cannot finish before its bytes at peak bandwidth nor before
+        its FLOPs at peak FLOP/s."""
+        n = self.tokens_out if self.phase == "decode" else self.batch_size * self.new_tokens
+        floor_s = max(self.total_bytes / self.peak_bandwidth_bps, self.flops / self.peak_flops)
+        return n / floor_s
+
+    @property
+    def bound(self) -> str:
+        """Which roof the step sits under by the model: 'memory' or 'compute'."""
+        ridge = self.peak_flops / self.peak_bandwidth_bps
+        return "compute" if self.arithmetic_intensity >= ridge else "memory"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for name in ("total_bytes", "achieved_gbs", "achieved_tflops", "mbu", "mfu", "arithmetic_intensity",
+                     "tokens_per_s", "bytes_per_token", "memory_ceiling_tokens_per_s",
+                     "predicted_ceiling_tokens_per_s", "bound"):
+            d[name] = getattr(self, name)
+        return d
+
+
+def decode_ceiling_tokens_per_s(weight_bytes: float, bandwidth_bps: float, kv_bytes: float = 0.0) -> float:
+    """Batch-1 decode ceiling: every weight (and the KV cache) read once per token."""
+    return bandwidth_bps / (weight_bytes + kv_bytes)

@@ -1,0 +1,163 @@
+"""One Llama-family transformer (RMSNorm, RoPE, GQA, SwiGLU, tied or untied head).
+
+`Transformer.forward(tokens, start_pos, cache)` returns logits; linear layers go through
+`Linear` so later settings (quantisation) can swap them between steps."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from engine.config import ModelConfig
+
+# Decode on a CPU is a matrix-vector product per weight. PyTorch's plain F.linear (one
+# GEMV on (N, K) weights) streams about 11 GB/s on the 2-core machines here; viewing the
+# same weight as (n_chunks, N / n_chunks, K) and running one bmm per chunk gives each
+# thread its own row block and reached 28 GB/s (measured on a 2-core AMD EPYC, fp32).
+CPU_GEMV_MAX_ROWS = 4
+
+
+def cpu_gemv_chunks() -> int:
+    return max(1, torch.get_num_threads())
+
+
+class Linear(nn.Module):
+    """y = x @ W.T with W stored (out_features, in_features); no bias (Llama has none)."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.out_features, self.in_features = weight.shape
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight)
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.weight.numel() * self.weight.element_size()
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    rows = x.numel() // x.shape[-1]
+    if x.device.type == "cpu" and weight.dtype == torch.float32 and rows <= CPU_GEMV_MAX_ROWS:
+        chunks = cpu_gemv_chunks()
+        n, k = weight.shape
+        if chunks > 1 and n % chunks == 0:
+            w = weight.view(chunks, n // chunks, k)  # (C, N/C, K), a view: no copy
+            xt = x.reshape(rows, k).t().unsqueeze(0).expand(chunks, k, rows)  # (C, K, M)
+            y = torch.bmm(w, xt)  # (C, N/C, M)
+            y = y.reshape(n, rows).t() if rows > 1 else y.view(1, n)
+            return y.reshape(*x.shape[:-1], n)
+    return F.linear(x, weight)
+
+
+def rope_tables(cfg: ModelConfig, max_len: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, (max_len, head_dim), fp32, in the rotate-half layout."""
+    half = cfg.head_dim // 2
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, half, device=device, dtype=torch.float64) / half))
+    angles = torch.outer(torch.arange(max_len, device=device, dtype=torch.float64), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: (B, T, H, hd); cos/sin: (T, hd) or (B, T, hd) for per-sequence positions
+    if cos.dim() == 2:
+        cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    else:
+        cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]):
+        super().__init__()
+        self.cfg = cfg
+        self.attn_norm = nn.Parameter(weights["attn_norm"], requires_grad=False)
+        self.ffn_norm = nn.Parameter(weights["ffn_norm"], requires_grad=False)
+        # q, k and v are one matmul; gate and up are one matmul (fewer launches per step)
+        self.wqkv = Linear(torch.cat([weights["wq"], weights["wk"], weights["wv"]], dim=0))
+        self.wo = Linear(weights["wo"])
+        self.w_gate_up = Linear(torch.cat([weights["w_gate"], weights["w_up"]], dim=0))
+        self.w_down = Linear(weights["w_down"])
+
+    def forward(self, x, cos, sin, layer: int, cache, start_pos: int):
+        cfg = self.cfg
+        B, T, _ = x.shape
+        h = F.rms_norm(x, (cfg.dim,), self.attn_norm, cfg.norm_eps)
+        qkv = self.wqkv(h)
+        qk = qkv[..., : cfg.q_dim + cfg.kv_dim].view(B, T, cfg.n_heads + cfg.n_kv_heads, cfg.head_dim)
+        qk = apply_rope(qk, cos, sin)  # q and k rotated together: one op instead of two
+        q = qk[:, :, : cfg.n_heads].transpose(1, 2)  # (B, n_heads, T, hd)
+        k = qk[:, :, cfg.n_heads:].transpose(1, 2)  # (B, n_kv, T, hd)
+        v = qkv[..., cfg.q_dim + cfg.kv_dim:].view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+        if cache is not None:
+            k, v = cache.update(layer, start_pos, k, v)  # (B, n_kv, start_pos + T, hd)
+        y = attention(q, k, v, gqa=cfg.n_kv_heads != cfg.n_heads)
+        y = y.transpose(1, 2).reshape(B, T, cfg.q_dim)
+        x = x + self.wo(y)
+        h = F.rms_norm(x, (cfg.dim,), self.ffn_norm, cfg.norm_eps)
+        gate_up = self.w_gate_up(h)
+        gate, up = gate_up.split(cfg.ffn_dim, dim=-1)
+        return x + self.w_down(F.silu(gate) * up)
+
+
+def attention(q, k, v, gqa: bool) -> torch.Tensor:
+    """q (B, H, T, hd) holds the last T of k's/v's S positions; causal among them."""
+    T, S = q.shape[2], k.shape[2]
+    if T == 1:  # one query sees every cached key: no mask
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+    if T == S:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    # a prompt appended to cached context: query i sits at position S - T + i
+    q_pos = torch.arange(S - T, S, device=q.device)[:, None]
+    mask = torch.arange(S, device=q.device)[None, :] <= q_pos
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Parameter(weights["embed"], requires_grad=False)  # (vocab, dim)
+        self.layers = nn.ModuleList(
+            Block(cfg, {k.split(".", 2)[2]: v for k, v in weights.items() if k.startswith(f"layers.{i}.")})
+            for i in range(cfg.n_layers))
+        self.norm = nn.Parameter(weights["norm"], requires_grad=False)
+        self.head = Linear(weights["embed"] if cfg.tied_embeddings else weights["head"])
+        if cfg.tied_embeddings:
+            self.head.weight = self.embed  # one tensor: read once by the head per step
+        cos, sin = rope_tables(cfg, cfg.max_seq_len, device=self.embed.device)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    def forward(self, tokens: torch.Tensor, start_pos: int = 0, cache=None,
+                last_only: bool = True) -> torch.Tensor:
+        """tokens (B, T) at positions start_pos .. start_pos+T-1 → logits (B, 1 or T, vocab), fp32."""
+        B, T = tokens.shape
+        if start_pos + T > self.cfg.max_seq_len:
+            raise ValueError(f"context of {start_pos + T} tokens exceeds the model's {self.cfg.max_seq_len}")
+        x = F.embedding(tokens, self.embed)
+        cos = self.rope_cos[start_pos:start_pos + T]
+        sin = self.rope_sin[start_pos:start_pos + T]
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, i, cache, start_pos)
+        if last_only:
+            x = x[:, -1:]
+        x = F.rms_norm(x, (self.cfg.dim,), self.norm, self.cfg.norm_eps)
+        return self.head(x).float()
+
+    def linear_weight_bytes(self) -> int:
+        """Bytes of every matmul weight one forward step reads (head included)."""
+        total = sum(m.weight_bytes for m in self.modules() if isinstance(m, Linear))
+        return total

@@ -1,0 +1,98 @@
+"""The model against transformers' LlamaForCausalLM on small random configs (fp32)."""
+import pytest
+import torch
+
+from engine.config import ModelConfig
+from engine.hf_compare import build_hf_model
+from engine.kv_cache import ContiguousKVCache
+from engine.loader import synthetic_weights
+from engine.model import Transformer
+
+
+def tiny(n_heads=4, n_kv_heads=2, tied=False, **kw) -> ModelConfig:
+    base = dict(name="tiny", dim=16 * n_heads, n_layers=2, n_heads=n_heads, n_kv_heads=n_kv_heads, ffn_dim=96,
+                vocab_size=211, rope_theta=10000.0, norm_eps=1e-5, tied_embeddings=tied, max_seq_len=64)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def random_weights(cfg, seed=0):
+    w = synthetic_weights(cfg, torch.float32, "cpu", seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    for k in w:  # non-trivial norms and larger weights so errors would show
+        if "norm" in k:
+            w[k] = 1.0 + 0.1 * torch.randn(w[k].shape, generator=gen)
+        else:
+            w[k] = w[k] * 10
+    return w
+
+
+@pytest.mark.parametrize("n_heads,n_kv_heads,tied", [(4, 4, False), (4, 2, False), (6, 2, True), (4, 1, True)])
+def test_prefill_logits_match_transformers(n_heads, n_kv_heads, tied):
+    cfg = tiny(n_heads, n_kv_heads, tied)
+    w = random_weights(cfg)
+    ours = Transformer(cfg, w)
+    hf = build_hf_model(cfg, w, torch.float32)
+    tokens = torch.randint(0, cfg.vocab_size, (2, 13), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expect = hf(tokens).logits
+        got = ours(tokens, last_only=False)
+    torch.testing.assert_close(got, expect, rtol=1e-4, atol=1e-4)
+
+
+def test_cached_decode_matches_full_recompute_and_transformers():
+    cfg = tiny(4, 2)
+    w = random_weights(cfg, seed=5)
+    ours = Transformer(cfg, w)
+    hf = build_hf_model(cfg, w, torch.float32)
+    tokens = torch.randint(0, cfg.vocab_size, (1, 20), generator=torch.Generator().manual_seed(4))
+    cache = ContiguousKVCache(cfg, 1, cfg.max_seq_len, torch.float32, "cpu")
+    with torch.no_grad():
+        expect = hf(tokens).logits
+        first = ours(tokens[:, :8], start_pos=0, cache=cache, last_only=False)
+        torch.testing.assert_close(first, expect[:, :8], rtol=1e-4, atol=1e-4)
+        # a multi-token chunk on top of the cache (a second chat turn), then single-token steps
+        chunk = ours(tokens[:, 8:12], start_pos=8, cache=cache, last_only=False)
+        torch.testing.assert_close(chunk, expect[:, 8:12], rtol=1e-4, atol=1e-4)
+        for pos in range(12, 20):
+            step = ours(tokens[:, pos:pos + 1], start_pos=pos, cache=cache)
+            torch.testing.assert_close(step[:, 0], expect[:, pos], rtol=1e-4, atol=1e-4)
+    assert cache.length == 20
+
+
+def test_greedy_generation_matches_transformers_generate():
+    cfg = tiny(4, 2, tied=True)
+    w = random_weights(cfg, seed=9)
+    ours = Transformer(cfg, w)
+    hf = build_hf_model(cfg, w, torch.float32)
+    prompt = torch.randint(0, cfg.vocab_size, (1, 5), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expect = hf.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0)[0, 5:].tolist()
+        cache = ContiguousKVCache(cfg, 1, cfg.max_seq_len, torch.float32, "cpu")
+        logits = ours(prompt, 0, cache)
+        got = []
+        pos = 5
+        for _ in range(12):
+            tok = int(logits[0, -1].argmax())
+            got.append(tok)
+            logits = ours(torch.tensor([[tok]]), pos, cache)
+            pos += 1
+    assert got == expect
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5])
+def test_cpu_gemv_path_equals_plain_linear(rows):
+    from engine.model import linear
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(96, 40, generator=gen)
+    x = torch.randn(rows, 40, generator=gen)
+    torch.testing.assert_close(linear(x, w), x @ w.t(), rtol=1e-5, atol=1e-5)
+    x3 = torch.randn(1, rows, 40, generator=gen)
+    torch.testing.assert_close(linear(x3, w), x3 @ w.t(), rtol=1e-5, atol=1e-5)
+
+
+def test_context_longer_than_the_model_is_refused():
+    cfg = tiny(max_seq_len=16)
+    ours = Transformer(cfg, random_weights(cfg))
+    with pytest.raises(ValueError, match="exceeds"):
+        ours(torch.zeros(1, 17, dtype=torch.long))
