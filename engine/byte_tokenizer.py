@@ -24,7 +24,7 @@ class ByteTokenizer:
     def render_chat(self, messages, add_generation_prompt: bool = True) -> str:
         return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + ("assistant: " if add_generation_prompt else "")
 
-    def stream_decoder(self):
+    def stream(self, skip_special_tokens: bool = True):
         return _ByteStream(self)
 
 
@@ -32,7 +32,7 @@ class _ByteStream:
     def __init__(self, tok: ByteTokenizer):
         self.tok = tok
 
-    def push(self, token_id: int) -> str:
+    def feed(self, token_id: int) -> str:
         return self.tok._piece(token_id)
 
     def flush(self) -> str:

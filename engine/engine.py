@@ -83,7 +83,7 @@ class DoneEvent:
 
 
 class Engine:
-    def __init__(self, model: str = "default", device: str = "cpu", dtype: str = "fp32",
+    def __init__(self, model: "str | LoadedWeights" = "default", device: str = "cpu", dtype: str = "fp32",
                  max_context: int | None = 4096, progress=None, hardware=None, settings: Settings | None = None):
         from engine.hardware import detect_device
 
@@ -92,7 +92,10 @@ class Engine:
         if settings is None:
             self.settings = replace(self.settings, dtype=dtype)
         self.hardware = hardware or detect_device(device, progress=(lambda m: progress(0.0, m)) if progress else None)
-        self.loaded: LoadedWeights = load_model(model, DTYPES[self.settings.dtype], device, progress, max_context)
+        if isinstance(model, LoadedWeights):  # already in memory (tests, the app's model cache)
+            self.loaded = model
+        else:
+            self.loaded = load_model(model, DTYPES[self.settings.dtype], device, progress, max_context)
         self.cfg: ModelConfig = self.loaded.cfg
         self.tokenizer = self.loaded.tokenizer
         self._models: dict[str, Transformer] = {self.settings.dtype: Transformer(self.cfg, self.loaded.weights)}
@@ -197,7 +200,7 @@ class Engine:
                 text_parts.append(stream.flush())
                 break
             ids.append(token)
-            piece = stream.push(token)
+            piece = stream.feed(token)
             text_parts.append(piece)
             yield TokenEvent(token, piece, n_new - 1)
         else:
@@ -209,7 +212,7 @@ class Engine:
         yield DoneEvent(reason, "".join(text_parts), n_prompt, n_new, ttft, decode_s)
 
     def _stream_decoder(self):
-        return self.tokenizer.stream_decoder()
+        return self.tokenizer.stream(skip_special_tokens=True)
 
     def _make_generator(self):
         seed = self.settings.sampling.seed
@@ -281,7 +284,7 @@ class Engine:
         metrics = StepMetrics.from_cost(
             cost, step=self.step_count, phase=phase, batch_size=1, new_tokens=len(feed), tokens_out=1,
             context_len=start, step_s=step_s, peak_bandwidth_bps=self.hardware.peak_bandwidth_gbs * 1e9,
-            peak_flops=self.hardware.peak_flops_for(self.settings.dtype), t_s=time.monotonic(),
+            peak_flops=self.hardware.peak_flops_for(self.settings.dtype) or float("nan"), t_s=time.monotonic(),
             settings_label=self.settings.label)
         return token_id, metrics
 

@@ -131,7 +131,7 @@ def load_gguf(path: Path, dtype, device, progress: Progress, max_context: int | 
             raise ModelFileError(f"{path.name}: tensor {tensor.name} is corrupt ({e})") from None
         if tensor.tensor_type not in (GGMLQuantizationType.F32,):
             kinds[tensor.tensor_type.name] += tensor.n_elements
-        t = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+        t = torch.from_numpy(np.array(array, dtype=np.float32))  # a writable copy
         name = tensor.name.removesuffix(".weight")
         if name == "token_embd":
             key = "embed"

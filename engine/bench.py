@@ -1,0 +1,205 @@
+"""`membound bench`: a fixed workload (a prompt of N tokens, then M greedy decode steps that
+ignore EOS), reported against the device's peak; `--compare hf` runs transformers' generate
+on the same weights, prompt, dtype and device in the same run."""
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+# A fixed, self-written text: the bench prompt is its first N tokens (repeated if need be).
+BENCH_TEXT = (
+    "A decoder writes one token at a time. For every token it must read each weight of the model once, "
+    "so the speed of a single conversation is set by how fast memory can deliver those bytes, not by "
+    "how fast the chip can multiply. Batching shares one read of the weights among many sequences; "
+    "quantisation makes each weight smaller; the key-value cache avoids recomputing the past but must "
+    "itself be read at every step. "
+)
+
+
+@dataclass
+class BenchResult:
+    name: str
+    prompt_tokens: int
+    decode_tokens: int
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    ttft_s: float
+    decode_achieved_gbs: float  # cost-model bytes of the decode steps / their time
+    peak_gbs: float
+    mbu: float
+    mfu: float
+    predicted_ceiling_tokens_per_s: float
+    decode_bytes_per_token: float
+
+
+def bench_prompt_ids(tokenizer, n_tokens: int) -> list[int]:
+    ids: list[int] = []
+    while len(ids) < n_tokens:
+        ids += tokenizer.encode(BENCH_TEXT)
+    return ids[:n_tokens]
+
+
+def run_ours(engine, prompt_ids: list[int], decode_tokens: int) -> tuple[BenchResult, list]:
+    from engine.engine import DoneEvent
+    from engine.metrics import StepMetrics
+
+    engine.reset()
+    steps: list[StepMetrics] = []
+    done = None
+    for event in engine.generate(prompt_ids, max_new_tokens=decode_tokens + 1, ignore_eos=True):
+        if isinstance(event, StepMetrics):
+            steps.append(event)
+        elif isinstance(event, DoneEvent):
+            done = event
+    prefill = [s for s in steps if s.phase == "prefill"]
+    decode = [s for s in steps if s.phase == "decode"]
+    engine.reset()
+    return summarise("membound", prefill, decode, done.ttft_s, engine.hardware.peak_bandwidth_gbs), steps
+
+
+def summarise(name, prefill, decode, ttft_s, peak_gbs) -> BenchResult:
+    p_s = sum(s.step_s for s in prefill)
+    d_s = sum(s.step_s for s in decode)
+    d_bytes = sum(s.total_bytes for s in decode)
+    d_flops = sum(s.flops for s in decode)
+    n_prompt = sum(s.new_tokens for s in prefill)
+    last = decode[-1]
+    return BenchResult(
+        name=name, prompt_tokens=n_prompt, decode_tokens=len(decode),
+        prefill_tokens_per_s=n_prompt / p_s, decode_tokens_per_s=len(decode) / d_s, ttft_s=ttft_s,
+        decode_achieved_gbs=d_bytes / d_s / 1e9, peak_gbs=peak_gbs, mbu=d_bytes / d_s / (peak_gbs * 1e9),
+        mfu=d_flops / d_s / last.peak_flops,
+        predicted_ceiling_tokens_per_s=len(decode) / sum(s.total_bytes / s.peak_bandwidth_bps for s in decode),
+        decode_bytes_per_token=d_bytes / len(decode))
+
+
+def run_hf(engine, prompt_ids: list[int], decode_tokens: int, our_steps, progress) -> BenchResult:
+    """transformers' generate, greedy, same weights/dtype/device. Prefill time = a 1-token
+    generate; decode rate = extra tokens / extra time of a (1 + decode_tokens)-token generate.
+    Bytes are charged by the same cost model as ours (the same model reads the same bytes)."""
+    from engine.engine import DTYPES
+    from engine.hf_compare import build_hf_model
+
+    progress(0.0, "building the transformers model")
+    dtype = DTYPES[engine.settings.dtype]
+    hf = build_hf_model(engine.cfg, engine.loaded.weights, dtype, engine.device)
+    progress(1.0, "transformers model ready")
+    ids = torch.tensor([prompt_ids], device=engine.device)
+    sync = torch.cuda.synchronize if engine.device.startswith("cuda") else (lambda: None)
+
+    def gen(n: int) -> float:
+        sync()
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                              do_sample=False, pad_token_id=0, eos_token_id=None)
+        sync()
+        assert out.shape[1] == ids.shape[1] + n
+        return time.perf_counter() - t0
+
+    gen(4)  # warm-up
+    t_first = min(gen(1) for _ in range(2))
+    t_all = gen(1 + decode_tokens)
+    decode_s = t_all - t_first
+    prefill = [s for s in our_steps if s.phase == "prefill"]
+    decode = [s for s in our_steps if s.phase == "decode"]
+    d_bytes = sum(s.total_bytes for s in decode)
+    d_flops = sum(s.flops for s in decode)
+    n_prompt = len(prompt_ids)
+    del hf
+    return BenchResult(
+        name="transformers", prompt_tokens=n_prompt, decode_tokens=decode_tokens,
+        prefill_tokens_per_s=n_prompt / t_first, decode_tokens_per_s=decode_tokens / decode_s, ttft_s=t_first,
+        decode_achieved_gbs=d_bytes / decode_s / 1e9, peak_gbs=engine.hardware.peak_bandwidth_gbs,
+        mbu=d_bytes / decode_s / (engine.hardware.peak_bandwidth_gbs * 1e9),
+        mfu=d_flops / decode_s / decode[-1].peak_flops,
+        predicted_ceiling_tokens_per_s=len(decode) / sum(s.total_bytes / s.peak_bandwidth_bps for s in decode),
+        decode_bytes_per_token=d_bytes / len(decode))
+
+
+def format_table(results: list[BenchResult]) -> str:
+    rows = [
+        ("prefill tok/s", lambda r: f"{r.prefill_tokens_per_s:,.1f}"),
+        ("decode tok/s", lambda r: f"{r.decode_tokens_per_s:,.2f}"),
+        ("TTFT", lambda r: f"{r.ttft_s * 1e3:,.1f} ms"),
+        ("decode bytes/token", lambda r: f"{r.decode_bytes_per_token / 1e6:,.1f} MB"),
+        ("achieved GB/s", lambda r: f"{r.decode_achieved_gbs:,.1f}"),
+        ("peak GB/s", lambda r: f"{r.peak_gbs:,.1f}"),
+        ("MBU", lambda r: f"{100 * r.mbu:.1f}%"),
+        ("MFU", lambda r: f"{100 * r.mfu:.2f}%"),
+        ("predicted ceiling tok/s", lambda r: f"{r.predicted_ceiling_tokens_per_s:,.1f}"),
+    ]
+    names = [r.name for r in results]
+    if len(results) == 2:
+        names.append("ratio")
+    width = max(12, *(len(n) for n in names))
+    lines = [f"{'':<24}" + "".join(f"{n:>{width + 2}}" for n in names)]
+    for label, fmt in rows:
+        cells = [fmt(r) for r in results]
+        if len(results) == 2:
+            ratio = ""
+            if label in ("prefill tok/s", "decode tok/s", "achieved GB/s", "MBU"):
+                a, b = _value(results[0], label), _value(results[1], label)
+                ratio = f"{a / b:.2f}x" if b else ""
+            cells.append(ratio)
+        lines.append(f"{label:<24}" + "".join(f"{c:>{width + 2}}" for c in cells))
+    return "\n".join(lines)
+
+
+def _value(r: BenchResult, label: str) -> float:
+    return {"prefill tok/s": r.prefill_tokens_per_s, "decode tok/s": r.decode_tokens_per_s,
+            "achieved GB/s": r.decode_achieved_gbs, "MBU": r.mbu}[label]
+
+
+def run_bench(args, progress) -> int:
+    from engine.cli import resolve_dtype
+    from engine.engine import Engine, Settings
+    from engine.hardware import describe
+    from engine.sampling import SamplingParams
+
+    if args.prompt_tokens < 1 or args.decode_tokens < 2:
+        raise ValueError("bench needs --prompt-tokens >= 1 and --decode-tokens >= 2")
+    dtype = resolve_dtype(args)
+    settings = Settings(dtype=dtype, kv_cache=not args.no_kv_cache, max_new_tokens=args.decode_tokens + 1,
+                        sampling=SamplingParams(greedy=True, temperature=0.0))
+    need = args.prompt_tokens + args.decode_tokens + 1
+    engine = Engine(args.model, device=args.device, dtype=dtype, max_context=max(args.max_context, need),
+                    progress=progress, settings=settings)
+    if need > engine.max_context:
+        raise ValueError(f"workload needs {need} positions; the model's context is {engine.max_context}")
+    print(f"model: {engine.loaded.label}", file=sys.stderr)
+    print(f"device: {describe(engine.hardware)}", file=sys.stderr)
+    prompt_ids = bench_prompt_ids(engine.tokenizer, args.prompt_tokens)
+    progress(0.0, "warming up")
+    run_ours(engine, prompt_ids[: min(16, len(prompt_ids))], 4)
+    best = None
+    steps = None
+    for r in range(args.repeats):
+        progress(r / args.repeats, f"decoding {args.decode_tokens} tokens (run {r + 1}/{args.repeats})")
+        result, run_steps = run_ours(engine, prompt_ids, args.decode_tokens)
+        if best is None or result.decode_tokens_per_s > best.decode_tokens_per_s:
+            best, steps = result, run_steps
+    progress(1.0, "done")
+    results = [best]
+    if args.compare == "hf":
+        results.append(run_hf(engine, prompt_ids, args.decode_tokens, steps, progress))
+    print(f"\nworkload: batch 1, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens} tokens, "
+          f"greedy, {dtype}, KV cache {'off' if args.no_kv_cache else 'on'}")
+    print(format_table(results))
+    if args.json:
+        payload = {
+            "command": "membound " + " ".join(sys.argv[1:]),
+            "model": engine.loaded.label, "device": engine.hardware.to_dict(), "dtype": dtype,
+            "machine": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "results": [asdict(r) for r in results],
+            "steps": [s.to_dict() for s in steps],
+        }
+        with open(args.json, "w") as f:
+            json.dump(payload, f, indent=1)
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0

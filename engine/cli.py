@@ -1,0 +1,185 @@
+"""`membound` command line: the app (default), `chat` (terminal chat) and `bench`.
+Every known failure prints one line (`membound: error: …`) and exits 2; --debug shows tracebacks."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, PermissionError, MemoryError)
+
+
+def _progress_printer(stream=sys.stderr):
+    last = {"msg": ""}
+
+    def progress(fraction: float, message: str) -> None:
+        if not stream.isatty():
+            if message.split(" ")[0] != last["msg"].split(" ")[0]:
+                print(f"… {message}", file=stream, flush=True)
+            last["msg"] = message
+            return
+        bar = "#" * int(20 * fraction)
+        print(f"\r[{bar:<20}] {message[:60]:<60}", end="", file=stream, flush=True)
+        if fraction >= 1.0:
+            print(file=stream)
+    return progress
+
+
+def add_model_args(p: argparse.ArgumentParser, default_dtype: str | None = None) -> None:
+    p.add_argument("--model", default="default", help="default | PATH.gguf | HF model folder | synthetic:SHAPE")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default=default_dtype, choices=["fp32", "bf16", "fp16"],
+                   help="compute dtype (default: fp32 on cpu, bf16 on cuda)")
+    p.add_argument("--max-context", type=int, default=4096, help="KV cache positions reserved (default 4096)")
+
+
+def resolve_dtype(args) -> str:
+    return args.dtype or ("bf16" if args.device == "cuda" else "fp32")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="membound", description="Watch LLM decoding hit the memory wall.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--screenshot", metavar="FILE", help="(app) answer a prompt, save a PNG of the window, exit")
+    parser.add_argument("--prompt", help="(app) prompt to send at start")
+    sub = parser.add_subparsers(dest="command")
+
+    chat = sub.add_parser("chat", help="chat in the terminal")
+    add_model_args(chat)
+    chat.add_argument("--prompt", dest="chat_prompt", help="answer this once and exit")
+    chat.add_argument("--greedy", action="store_true", help="always take the most likely token")
+    chat.add_argument("--max-tokens", type=int, default=256)
+    chat.add_argument("--temperature", type=float, default=0.7)
+    chat.add_argument("--top-p", type=float, default=0.95)
+    chat.add_argument("--top-k", type=int, default=0)
+    chat.add_argument("--seed", type=int, default=None)
+    chat.add_argument("--no-kv-cache", action="store_true", help="recompute the whole context every step")
+    chat.add_argument("--quiet", action="store_true", help="no per-reply statistics line")
+
+    bench = sub.add_parser("bench", help="measure prefill and decode against the device's peak")
+    add_model_args(bench)
+    bench.add_argument("--prompt-tokens", type=int, default=128)
+    bench.add_argument("--decode-tokens", type=int, default=128)
+    bench.add_argument("--repeats", type=int, default=1, help="runs of the workload; the best is reported")
+    bench.add_argument("--compare", choices=["hf"], help="also run transformers' generate on the same model")
+    bench.add_argument("--json", metavar="FILE", help="write the figures as JSON")
+    bench.add_argument("--no-kv-cache", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "chat":
+            return run_chat(args)
+        if args.command == "bench":
+            from engine.bench import run_bench
+            return run_bench(args, _progress_printer())
+        return run_app(args)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except USER_ERRORS as e:
+        if args.debug:
+            raise
+        print(f"membound: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except Exception as e:  # anything else is a bug, but still one line unless --debug
+        if args.debug:
+            raise
+        print(f"membound: error: {type(e).__name__}: {_one_line(e)} (run with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0]
+
+
+def run_app(args) -> int:
+    try:
+        import PySide6  # noqa: F401
+    except ImportError:
+        print("membound: the desktop app needs PySide6 (make run installs it); starting the terminal chat",
+              file=sys.stderr)
+        return main(["chat"])
+    try:
+        from app.main import main as app_main
+    except ImportError:
+        return main(["chat"])
+    return app_main(args)
+
+
+def run_chat(args) -> int:
+    from engine.engine import DoneEvent, Engine, Settings, SettingsApplied, TokenEvent
+    from engine.hardware import describe
+    from engine.sampling import SamplingParams
+
+    sampling = SamplingParams(temperature=0.0 if args.greedy else args.temperature, top_p=args.top_p,
+                              top_k=args.top_k, seed=args.seed, greedy=args.greedy)
+    dtype = resolve_dtype(args)
+    settings = Settings(dtype=dtype, kv_cache=not args.no_kv_cache, max_new_tokens=args.max_tokens,
+                        sampling=sampling)
+    settings.validate(args.device)
+    if args.chat_prompt is not None and not args.chat_prompt.strip():
+        raise ValueError("empty prompt: give --prompt some text")
+    progress = _progress_printer()
+    engine = Engine(args.model, device=args.device, dtype=dtype, max_context=args.max_context,
+                    progress=progress, settings=settings)
+    print(f"membound · {engine.loaded.label} · {describe(engine.hardware)}", file=sys.stderr)
+
+    def turn(text: str) -> None:
+        metrics = []
+        for event in engine.chat(text):
+            if isinstance(event, TokenEvent):
+                print(event.text, end="", flush=True)
+            elif isinstance(event, DoneEvent):
+                print()
+                if not args.quiet:
+                    print(_turn_summary(event, metrics, engine), file=sys.stderr)
+            elif isinstance(event, SettingsApplied):
+                pass
+            else:
+                metrics.append(event)
+
+    if args.chat_prompt is not None:
+        turn(args.chat_prompt)
+        return 0
+    print("type a message; /new starts over, /quit or Ctrl-D leaves", file=sys.stderr)
+    while True:
+        try:
+            text = input("you> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        if text.strip() in ("/quit", "/exit"):
+            return 0
+        if text.strip() == "/new":
+            engine.reset()
+            print("(new conversation)", file=sys.stderr)
+            continue
+        if not text.strip():
+            continue
+        try:
+            turn(text)
+        except USER_ERRORS as e:  # a bad prompt loses nothing: the conversation stays
+            print(f"membound: error: {_one_line(e)}", file=sys.stderr)
+
+
+def _turn_summary(done, metrics, engine) -> str:
+    decode = [m for m in metrics if m.phase == "decode"]
+    parts = [f"{done.n_new_tokens} tokens ({done.reason})", f"TTFT {done.ttft_s * 1e3:.0f} ms"]
+    if decode:
+        step_s = sum(m.step_s for m in decode)
+        moved = sum(m.total_bytes for m in decode)
+        gbs = moved / step_s / 1e9
+        peak = engine.hardware.peak_bandwidth_gbs
+        parts += [f"decode {len(decode) / step_s:.1f} tok/s", f"{gbs:.1f} GB/s (model)",
+                  f"MBU {100 * gbs / peak:.0f}% of {peak:.1f} GB/s",
+                  f"ceiling {decode[-1].memory_ceiling_tokens_per_s:.0f} tok/s"]
+    return "[" + " · ".join(parts) + "]"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""The cost model against numbers worked out by hand."""
+import math
+
+import pytest
+
+from engine.config import ModelConfig
+from engine.metrics import StepMetrics, decode_ceiling_tokens_per_s, step_cost
+
+LLAMA_7B = ModelConfig.from_name("llama-7b")
+
+
+def test_llama_7b_shape_counts():
+    # per layer: q, k, v, o are 4096 x 4096; gate, up, down are 4096 x 11008
+    assert LLAMA_7B.layer_linear_params == 4 * 4096 * 4096 + 3 * 4096 * 11008 == 202_375_168
+    assert LLAMA_7B.n_params == 6_738_415_616  # the published 6.74B
+    # K and V, 32 layers x 4096 wide, fp16: 0.5 MiB per token of context
+    assert LLAMA_7B.kv_bytes_per_token_per_elem * 2 == 524_288
+
+
+def test_seven_billion_fp16_on_two_tb_per_s_is_seven_ms():
+    weight_bytes = 7e9 * 2
+    assert decode_ceiling_tokens_per_s(weight_bytes, 2e12) == pytest.approx(1 / 0.007)
+
+
+def decode_metrics(cfg, context_len, step_s, weight_bytes, peak_bw=2e12, peak_flops=312e12, kv_elem=2):
+    cost = step_cost(cfg, batch_size=1, new_tokens=1, context_len=context_len, weight_bytes=weight_bytes,
+                     kv_elem_bytes=kv_elem, act_elem_bytes=2)
+    return cost, StepMetrics.from_cost(cost, step=0, phase="decode", batch_size=1, new_tokens=1, tokens_out=1,
+                                       context_len=context_len, step_s=step_s, peak_bandwidth_bps=peak_bw,
+                                       peak_flops=peak_flops)
+
+
+def test_llama_7b_decode_step_by_hand():
+    cfg = LLAMA_7B
+    matmul_params = 32 * 202_375_168 + 32000 * 4096  # layers + untied head = 6_607_077_376
+    weight_bytes = matmul_params * 2
+    cost, m = decode_metrics(cfg, context_len=1000, step_s=0.010, weight_bytes=weight_bytes)
+    norms = (2 * 32 + 1) * 4096 * 2
+    assert cost.weight_bytes == weight_bytes + norms
+    assert cost.kv_read_bytes == 1000 * 524_288  # 524 MB of cache read
+    assert cost.kv_write_bytes == 524_288  # one new token's K and V
+    assert cost.other_bytes == 4096 * 2 + 32000 * 4  # one embedding row, fp32 logits
+    # FLOPs: 2 per weight, plus attention 2*2*q_dim per key for 32 layers over 1001 keys
+    attention = 32 * 2 * 2 * 4096 * 1001
+    assert cost.flops == 2 * matmul_params + attention
+    total = weight_bytes + norms + 1001 * 524_288 + 4096 * 2 + 32000 * 4
+    assert m.total_bytes == total
+    assert m.achieved_gbs == pytest.approx(total / 0.010 / 1e9)
+    assert m.mbu == pytest.approx(total / 0.010 / 2e12)
+    assert m.mfu == pytest.approx(cost.flops / 0.010 / 312e12)
+    assert m.arithmetic_intensity == pytest.approx(cost.flops / total)
+    assert 0.9 < m.arithmetic_intensity < 1.1  # decode: about one FLOP per byte at fp16
+    assert m.memory_ceiling_tokens_per_s == pytest.approx(2e12 / total)
+    assert m.predicted_ceiling_tokens_per_s == pytest.approx(2e12 / total)  # memory-bound
+    assert m.bound == "memory"
+    assert m.tokens_per_s == pytest.approx(100.0)
+
+
+def test_prefill_is_compute_bound_and_causal_attention_counts_half_the_square():
+    cfg = LLAMA_7B
+    weight_bytes = (32 * 202_375_168 + 32000 * 4096) * 2
+    T = 2048
+    cost = step_cost(cfg, batch_size=1, new_tokens=T, context_len=0, weight_bytes=weight_bytes,
+                     kv_elem_bytes=2, act_elem_bytes=2)
+    assert cost.attention_flops == 32 * 4 * 4096 * (T * (T + 1) // 2)
+    assert cost.matmul_flops == 2 * 32 * 202_375_168 * T + 2 * 32000 * 4096  # head on the last row only
+    m = StepMetrics.from_cost(cost, step=0, phase="prefill", batch_size=1, new_tokens=T, tokens_out=1,
+                              context_len=0, step_s=0.2, peak_bandwidth_bps=2e12, peak_flops=312e12)
+    assert m.bound == "compute"
+    assert m.tokens_per_s == pytest.approx(T / 0.2)
+    assert m.predicted_ceiling_tokens_per_s == pytest.approx(T / (cost.flops / 312e12))
+
+
+def test_batching_shares_the_weight_read():
+    cfg = ModelConfig.from_name("llama3-8b")
+    wb = 16e9
+    one = step_cost(cfg, batch_size=1, new_tokens=1, context_len=0, weight_bytes=int(wb), kv_elem_bytes=2)
+    many = step_cost(cfg, batch_size=16, new_tokens=1, context_len=0, weight_bytes=int(wb), kv_elem_bytes=2)
+    assert many.weight_bytes == one.weight_bytes
+    assert many.matmul_flops == pytest.approx(16 * one.matmul_flops, rel=0.01)
+    assert many.flops / many.total_bytes > 15 * one.flops / one.total_bytes
+
+
+def test_no_kv_cache_moves_no_cache_bytes_and_recomputes_everything():
+    cfg = ModelConfig.from_name("smollm2-135m")
+    with_cache = step_cost(cfg, batch_size=1, new_tokens=1, context_len=500, weight_bytes=10**8, kv_elem_bytes=4)
+    without = step_cost(cfg, batch_size=1, new_tokens=501, context_len=0, weight_bytes=10**8, kv_elem_bytes=4,
+                        kv_cache=False)
+    assert without.kv_bytes == 0 and with_cache.kv_read_bytes == 500 * 2 * 30 * 192 * 4
+    assert without.flops > 400 * with_cache.matmul_flops * 0.9
+
+
+def test_metrics_are_immutable_and_serialise():
+    _, m = decode_metrics(LLAMA_7B, 10, 0.01, 10**9)
+    with pytest.raises(Exception):
+        m.step_s = 1.0
+    d = m.to_dict()
+    assert d["mbu"] == m.mbu and d["phase"] == "decode" and math.isfinite(d["achieved_gbs"])
