@@ -1,0 +1,70 @@
+"""The default model (SmolLM2-135M-Instruct, Q4_1 GGUF) against transformers, which reads
+the same GGUF with its own loader: greedy tokens must be identical."""
+import pytest
+import torch
+
+from engine.engine import DoneEvent, Engine, Settings, TokenEvent
+from engine.models import find_default_model
+from engine.sampling import SamplingParams
+
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+
+
+@pytest.fixture(scope="module")
+def engine():
+    settings = Settings(dtype="fp32", max_new_tokens=40, sampling=SamplingParams(greedy=True, temperature=0.0))
+    return Engine("default", device="cpu", settings=settings, max_context=1024)
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    from transformers import AutoModelForCausalLM
+    path = find_default_model()
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    return model.eval()
+
+
+def test_config_from_gguf_metadata(engine):
+    cfg = engine.cfg
+    assert (cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim, cfg.vocab_size) == \
+        (576, 30, 9, 3, 1536, 49152)
+    assert cfg.tied_embeddings and cfg.rope_theta == 100000.0
+    assert engine.loaded.file_format == "Q4_1"
+
+
+def test_greedy_tokens_identical_to_transformers(engine, hf_model):
+    engine.reset()
+    events = list(engine.chat(PROMPT))
+    ours = [e.token_id for e in events if isinstance(e, TokenEvent) and e.token_id >= 0]
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    prompt_ids = engine.tokenizer.encode(engine.tokenizer.render_chat([{"role": "user", "content": PROMPT}]))
+    with torch.no_grad():
+        out = hf_model.generate(torch.tensor([prompt_ids]), max_new_tokens=len(ours) + (done.reason == "eos"),
+                                do_sample=False, pad_token_id=2)
+    theirs = out[0, len(prompt_ids):].tolist()
+    if done.reason == "eos":
+        assert theirs[-1] in engine.tokenizer.eos_ids
+        theirs = theirs[:-1]
+    assert len(ours) >= 10
+    assert ours == theirs
+    assert "lighthouse" in done.text.lower() or "keeper" in done.text.lower()
+
+
+def test_prefill_logits_close_to_transformers(engine, hf_model):
+    ids = torch.tensor([engine.tokenizer.encode("The memory wall is")])
+    with torch.no_grad():
+        ours = engine.model(ids, last_only=False)
+        theirs = hf_model(ids).logits
+    torch.testing.assert_close(ours, theirs, rtol=1e-3, atol=1e-3)
+
+
+def test_multi_turn_chat_reuses_the_cache(engine):
+    from engine.metrics import StepMetrics
+    engine.reset()
+    first = list(engine.chat("Name a colour."))
+    second = list(engine.chat("Name another one."))
+    n1 = first[-1].n_prompt_tokens + first[-1].n_new_tokens
+    prefill2 = [e for e in second if isinstance(e, StepMetrics)][0]
+    assert prefill2.context_len >= n1 - 2  # the first turn is not prefilled again
+    assert prefill2.new_tokens < second[-1].n_prompt_tokens - prefill2.context_len + 1
