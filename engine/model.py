@@ -158,6 +158,11 @@ class Transformer(nn.Module):
         return self.head(x).float()
 
     def linear_weight_bytes(self) -> int:
-        """Bytes of every matmul weight one forward step reads (head included)."""
-        total = sum(m.weight_bytes for m in self.modules() if isinstance(m, Linear))
+        """Bytes of every matmul weight one forward step reads (head included), as stored:
+        any module that stores a matmul weight (plain or quantised) reports `weight_bytes`."""
+        seen, total = set(), 0
+        for m in self.modules():
+            if hasattr(type(m), "weight_bytes") and id(m) not in seen:
+                seen.add(id(m))
+                total += m.weight_bytes
         return total
