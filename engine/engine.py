@@ -36,6 +36,7 @@ class Settings:
     kv_cache: bool = True
     max_new_tokens: int = 256
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    cuda_graphs: bool = True  # on a GPU, replay decode steps from a captured graph (torch.compile)
 
     def validate(self, device: str = "cpu") -> "Settings":
         if self.dtype not in DTYPES:
@@ -107,6 +108,8 @@ class Engine:
         self._stop = threading.Event()
         self.step_count = 0
         self._generator = None
+        self._graph_steps: dict = {}
+        self._graph_failed = False
 
     # ---- control (thread-safe) ---------------------------------------------------------
     def apply(self, settings: Settings) -> None:
@@ -270,23 +273,63 @@ class Engine:
             feed = ids
         phase = "prefill" if produced == 0 else "decode"
         tokens = torch.tensor([feed], dtype=torch.long, device=self.device)
+        graph_kv_len = self._graph_bucket(start) if use_cache and len(feed) == 1 else None
         timer = _Timer(self.device)
         timer.start()
-        logits = model(tokens, start_pos=start, cache=self.cache if use_cache else None)
+        if graph_kv_len is not None:
+            logits = self._decode_graph(model, tokens, start, graph_kv_len)
+        else:
+            logits = model(tokens, start_pos=start, cache=self.cache if use_cache else None)
         token = sample(logits[:, -1], self.settings.sampling, gen)
         token_id = int(token.item())
         step_s = timer.stop()
+        if graph_kv_len is not None and self._graph_failed:  # fell back to eager this step
+            graph_kv_len = None
         if use_cache:
             self.cached_ids = list(ids)
         cost = step_cost(self.cfg, batch_size=1, new_tokens=len(feed), context_len=start,
                          weight_bytes=model.linear_weight_bytes(), kv_elem_bytes=_elem_bytes(model.dtype),
-                         act_elem_bytes=_elem_bytes(model.dtype), kv_cache=use_cache)
+                         act_elem_bytes=_elem_bytes(model.dtype), kv_cache=use_cache,
+                         kv_read_tokens=graph_kv_len)
         metrics = StepMetrics.from_cost(
             cost, step=self.step_count, phase=phase, batch_size=1, new_tokens=len(feed), tokens_out=1,
             context_len=start, step_s=step_s, peak_bandwidth_bps=self.hardware.peak_bandwidth_gbs * 1e9,
             peak_flops=self.hardware.peak_flops_for(self.settings.dtype) or float("nan"), t_s=time.monotonic(),
             settings_label=self.settings.label)
         return token_id, metrics
+
+
+    # ---- CUDA graphs ----------------------------------------------------------------------
+    GRAPH_BUCKET = 1024  # attention in a captured step reads a multiple of this many positions
+
+    def _graph_bucket(self, start: int) -> int | None:
+        if not (self.device.startswith("cuda") and self.settings.cuda_graphs and not self._graph_failed):
+            return None
+        bucket = -(-(start + 1) // self.GRAPH_BUCKET) * self.GRAPH_BUCKET
+        return min(bucket, self.cache.max_len)
+
+    def _decode_graph(self, model: Transformer, tokens, start: int, kv_len: int):
+        """The decode step through torch.compile(mode="reduce-overhead"): one graph replay per
+        token instead of hundreds of kernel launches. Any failure falls back to eager for good."""
+        key = (id(model), id(self.cache))
+        try:
+            if key not in self._graph_steps:
+                import torch._dynamo
+                torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+                # the cache is written in place by the graph: its address must stay fixed
+                torch._dynamo.mark_static_address(self.cache.k)
+                torch._dynamo.mark_static_address(self.cache.v)
+                self._graph_steps = {key: torch.compile(model.forward_decode_static, mode="reduce-overhead",
+                                                        fullgraph=True, dynamic=False)}
+            pos = torch.tensor([start], dtype=torch.long, device=self.device)
+            logits = self._graph_steps[key](tokens, pos, self.cache, kv_len).clone()
+            self.cache.length = start + 1
+            return logits
+        except Exception as e:  # a compiler problem must not end the conversation
+            import warnings
+            warnings.warn(f"CUDA graph decode unavailable, running eager: {type(e).__name__}: {e}")
+            self._graph_failed = True
+            return model(tokens, start_pos=start, cache=self.cache)
 
 
 def _elem_bytes(dtype: torch.dtype) -> int:

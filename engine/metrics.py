@@ -31,18 +31,21 @@ class StepCost:
 
 def step_cost(cfg: ModelConfig, *, batch_size: int, new_tokens: int, context_len: int,
               weight_bytes: int, kv_elem_bytes: int, act_elem_bytes: int = 4, kv_cache: bool = True,
-              logits_rows: int | None = None) -> StepCost:
+              logits_rows: int | None = None, kv_read_tokens: int | None = None) -> StepCost:
     """Cost of one step.
 
     weight_bytes: bytes of all matmul weights as stored (quantised weights count their
     packed bytes and scales); the caller knows the storage format.
     kv_cache=False: the step recomputes the whole context (new_tokens is then the context
     length plus the new token, context_len must be 0) and nothing is cached.
-    logits_rows: rows the head is evaluated on (default one per sequence)."""
+    logits_rows: rows the head is evaluated on (default one per sequence).
+    kv_read_tokens: cache positions attention actually reads, when it reads more than the
+    live context (a CUDA-graph step reads a fixed bucket with the tail masked)."""
     B, T, C = batch_size, new_tokens, context_len
     logits_rows = B if logits_rows is None else logits_rows
     kv_elems_per_token = cfg.kv_bytes_per_token_per_elem  # K and V, all layers
-    kv_read = B * C * kv_elems_per_token * kv_elem_bytes if kv_cache else 0
+    kv_read = B * (C if kv_read_tokens is None else kv_read_tokens) * kv_elems_per_token * kv_elem_bytes \
+        if kv_cache else 0
     kv_write = B * T * kv_elems_per_token * kv_elem_bytes if kv_cache else 0
     norm_bytes = (2 * cfg.n_layers + 1) * cfg.dim * act_elem_bytes
     embed_rows = B * T * cfg.dim * act_elem_bytes

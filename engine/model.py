@@ -84,6 +84,27 @@ class Block(nn.Module):
         self.w_down = Linear(weights["w_down"])
 
     def forward(self, x, cos, sin, layer: int, cache, start_pos: int):
+        q, k, v = self._qkv(x, cos, sin)
+        if cache is not None:
+            k, v = cache.update(layer, start_pos, k, v)  # (B, n_kv, start_pos + T, hd)
+        y = attention(q, k, v, gqa=self.cfg.n_kv_heads != self.cfg.n_heads)
+        return self._out_and_ffn(x, y)
+
+    def forward_static(self, x, cos, sin, layer: int, cache, pos: torch.Tensor, kv_len: int):
+        """One decode token per sequence at tensor position `pos` (B == 1): no Python value
+        depends on the data, so the step can be captured in a CUDA graph. Attention reads
+        the first kv_len cache positions (a fixed bucket) with the unwritten tail masked."""
+        q, k, v = self._qkv(x, cos, sin)
+        k_all = cache.k[layer]  # (B, n_kv, S, hd)
+        v_all = cache.v[layer]
+        k_all.index_copy_(2, pos, k)
+        v_all.index_copy_(2, pos, v)
+        mask = torch.arange(kv_len, device=x.device)[None, :] <= pos[:, None]  # (1, kv_len)
+        y = F.scaled_dot_product_attention(q, k_all[:, :, :kv_len], v_all[:, :, :kv_len], attn_mask=mask,
+                                           enable_gqa=self.cfg.n_kv_heads != self.cfg.n_heads)
+        return self._out_and_ffn(x, y)
+
+    def _qkv(self, x, cos, sin):
         cfg = self.cfg
         B, T, _ = x.shape
         h = F.rms_norm(x, (cfg.dim,), self.attn_norm, cfg.norm_eps)
@@ -93,14 +114,15 @@ class Block(nn.Module):
         q = qk[:, :, : cfg.n_heads].transpose(1, 2)  # (B, n_heads, T, hd)
         k = qk[:, :, cfg.n_heads:].transpose(1, 2)  # (B, n_kv, T, hd)
         v = qkv[..., cfg.q_dim + cfg.kv_dim:].view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
-        if cache is not None:
-            k, v = cache.update(layer, start_pos, k, v)  # (B, n_kv, start_pos + T, hd)
-        y = attention(q, k, v, gqa=cfg.n_kv_heads != cfg.n_heads)
+        return q, k, v
+
+    def _out_and_ffn(self, x, y):
+        cfg = self.cfg
+        B, _, T, _ = y.shape
         y = y.transpose(1, 2).reshape(B, T, cfg.q_dim)
         x = x + self.wo(y)
         h = F.rms_norm(x, (cfg.dim,), self.ffn_norm, cfg.norm_eps)
-        gate_up = self.w_gate_up(h)
-        gate, up = gate_up.split(cfg.ffn_dim, dim=-1)
+        gate, up = self.w_gate_up(h).split(cfg.ffn_dim, dim=-1)
         return x + self.w_down(F.silu(gate) * up)
 
 
@@ -154,6 +176,17 @@ class Transformer(nn.Module):
             x = layer(x, cos, sin, i, cache, start_pos)
         if last_only:
             x = x[:, -1:]
+        x = F.rms_norm(x, (self.cfg.dim,), self.norm, self.cfg.norm_eps)
+        return self.head(x).float()
+
+    def forward_decode_static(self, tokens: torch.Tensor, pos: torch.Tensor, cache, kv_len: int) -> torch.Tensor:
+        """Decode one token at tensor position pos (shape (1,)) over a cache bucket of kv_len
+        positions; the graph-capturable twin of forward(tokens, start_pos, cache)."""
+        x = F.embedding(tokens, self.embed)
+        cos = self.rope_cos[pos][None]  # (1, 1, hd)
+        sin = self.rope_sin[pos][None]
+        for i, layer in enumerate(self.layers):
+            x = layer.forward_static(x, cos, sin, i, cache, pos, kv_len)
         x = F.rms_norm(x, (self.cfg.dim,), self.norm, self.cfg.norm_eps)
         return self.head(x).float()
 

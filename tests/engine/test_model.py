@@ -96,3 +96,22 @@ def test_context_longer_than_the_model_is_refused():
     ours = Transformer(cfg, random_weights(cfg))
     with pytest.raises(ValueError, match="exceeds"):
         ours(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_static_decode_path_matches_the_dynamic_one():
+    """The graph-capturable decode step (used with CUDA graphs on a GPU) computes the same
+    logits as the ordinary step, and leaves the cache in the same state."""
+    cfg = tiny(4, 2)
+    w = random_weights(cfg, seed=7)
+    ours = Transformer(cfg, w)
+    tokens = torch.randint(0, cfg.vocab_size, (1, 12), generator=torch.Generator().manual_seed(1))
+    a = ContiguousKVCache(cfg, 1, cfg.max_seq_len, torch.float32, "cpu")
+    b = ContiguousKVCache(cfg, 1, cfg.max_seq_len, torch.float32, "cpu")
+    with torch.no_grad():
+        ours(tokens[:, :6], 0, a)
+        ours(tokens[:, :6], 0, b)
+        for pos in range(6, 12):
+            expect = ours(tokens[:, pos:pos + 1], pos, a)
+            got = ours.forward_decode_static(tokens[:, pos:pos + 1], torch.tensor([pos]), b, kv_len=32)
+            torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(a.k[:, :, :, :12], b.k[:, :, :, :12])
