@@ -1,0 +1,101 @@
+"""`membound chat` / `bench` from the command line: answers once, and every bad input is one
+line on stderr with exit code 2 — never a traceback."""
+import json
+
+import pytest
+
+from engine.cli import main
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, *needles):
+    assert code == 2
+    lines = [l for l in err.strip().splitlines() if l.startswith("membound: error:")]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_prompt_answers_once_with_statistics(capsys):
+    code, out, err = run_cli(capsys, "chat", "--prompt", "Say hello.", "--greedy", "--max-tokens", "8",
+                             "--max-context", "512")
+    assert code == 0
+    assert out.strip()  # the reply
+    assert "tok/s" in err and "MBU" in err and "GB/s" in err
+
+
+def test_missing_model_file(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "chat", "--prompt", "hi", "--model", str(tmp_path / "missing.gguf"))
+    assert_one_line_error(code, err, "not found")
+
+
+def test_corrupt_model_file(capsys, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00\xff" * 100)
+    code, _, err = run_cli(capsys, "chat", "--prompt", "hi", "--model", str(bad))
+    assert_one_line_error(code, err, "bad.gguf")
+
+
+def test_unsupported_architecture(capsys, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["MambaForCausalLM"]}))
+    code, _, err = run_cli(capsys, "chat", "--prompt", "hi", "--model", str(tmp_path))
+    assert_one_line_error(code, err, "unsupported architecture")
+
+
+def test_empty_prompt(capsys):
+    code, _, err = run_cli(capsys, "chat", "--prompt", "   ")
+    assert_one_line_error(code, err, "empty prompt")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--temperature", "-1"], "temperature"),
+    (["--top-p", "0"], "top-p"),
+    (["--top-k", "-3"], "top-k"),
+    (["--max-tokens", "0"], "max new tokens"),
+    (["--dtype", "fp16"], "fp16"),
+])
+def test_invalid_settings(capsys, args, needle):
+    code, _, err = run_cli(capsys, "chat", "--prompt", "hi", *args)
+    assert_one_line_error(code, err, needle)
+
+
+def test_cuda_without_a_gpu(capsys, monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, _, err = run_cli(capsys, "chat", "--prompt", "hi", "--device", "cuda")
+    assert_one_line_error(code, err, "cuda")
+
+
+def test_prompt_longer_than_the_context(capsys):
+    code, _, err = run_cli(capsys, "chat", "--prompt", "word " * 400, "--max-context", "128")
+    assert_one_line_error(code, err, "context window is 128")
+
+
+def test_bench_writes_json_with_the_table(capsys, tmp_path):
+    path = tmp_path / "b.json"
+    code, out, err = run_cli(capsys, "bench", "--model", "synthetic:smollm2-135m", "--prompt-tokens", "8",
+                             "--decode-tokens", "4", "--max-context", "64", "--json", str(path))
+    assert code == 0
+    for row in ("prefill tok/s", "decode tok/s", "TTFT", "achieved GB/s", "peak GB/s", "MBU", "MFU",
+                "predicted ceiling"):
+        assert row in out
+    data = json.loads(path.read_text())
+    r = data["results"][0]
+    assert r["decode_tokens"] == 4 and 0 < r["mbu"] < 1.5 and r["peak_gbs"] > 0
+    assert len(data["steps"]) == 5 and data["steps"][0]["phase"] == "prefill"
+
+
+def test_interactive_chat_keeps_going_after_a_bad_prompt(capsys, monkeypatch):
+    lines = iter(["Name a fruit.", "word " * 300, "/new", "Name a colour.", "/quit"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
+    code, out, err = run_cli(capsys, "chat", "--greedy", "--max-tokens", "6", "--max-context", "256")
+    assert code == 0
+    assert err.count("membound: error:") == 1 and "context window" in err  # the long one, and on it went
+    assert "(new conversation)" in err
+    assert err.count("tok/s") == 2  # two replies
