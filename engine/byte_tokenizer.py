@@ -24,6 +24,9 @@ class ByteTokenizer:
     def render_chat(self, messages, add_generation_prompt: bool = True) -> str:
         return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + ("assistant: " if add_generation_prompt else "")
 
+    def encode_chat(self, messages, add_generation_prompt: bool = True) -> list[int]:
+        return self.encode(self.render_chat(messages, add_generation_prompt))
+
     def stream(self, skip_special_tokens: bool = True):
         return _ByteStream(self)
 

@@ -17,6 +17,7 @@ from engine.kv_cache import ContiguousKVCache
 from engine.loader import LoadedWeights, load_model
 from engine.metrics import StepMetrics, step_cost
 from engine.model import Transformer
+from engine.quant import GROUP_SIZES, WEIGHT_FORMATS, QuantError, QuantisedModels, check_weights, weights_label
 from engine.sampling import SamplingParams, sample
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -37,10 +38,17 @@ class Settings:
     max_new_tokens: int = 256
     sampling: SamplingParams = field(default_factory=SamplingParams)
     cuda_graphs: bool = True  # on a GPU, replay decode steps from a captured graph (torch.compile)
+    weights: str = "fp"  # "fp" (the dtype itself), "int8" (per channel) or "int4" (group-wise): engine/quant.py
+    group_size: int = 32  # int4 only: inputs per (scale, min) pair
 
     def validate(self, device: str = "cpu") -> "Settings":
         if self.dtype not in DTYPES:
             raise EngineError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.weights not in WEIGHT_FORMATS:
+            raise EngineError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {self.weights!r}")
+        if self.weights == "int4" and self.group_size not in GROUP_SIZES:
+            raise EngineError(f"int4 group size must be one of {', '.join(map(str, GROUP_SIZES))}, "
+                              f"got {self.group_size}")
         if self.dtype == "fp16" and device == "cpu":
             raise EngineError("fp16 is not offered on the CPU (PyTorch has no fast fp16 matmul there); use fp32 or bf16")
         if int(self.max_new_tokens) != self.max_new_tokens or self.max_new_tokens < 1:
@@ -50,7 +58,13 @@ class Settings:
 
     @property
     def label(self) -> str:
-        return f"{self.dtype} · kv {'on' if self.kv_cache else 'off'}"
+        weights = "" if self.weights == "fp" else f" · {weights_label(self.weights, self.group_size)}"
+        return f"{self.dtype}{weights} · kv {'on' if self.kv_cache else 'off'}"
+
+    @property
+    def weights_key(self) -> tuple[str, str, int] | None:
+        """Which quantised copy of the model these settings run (None: the dtype's own weights)."""
+        return None if self.weights == "fp" else (self.dtype, self.weights, self.group_size)
 
 
 # ---- events (plain data) ----------------------------------------------------------------
@@ -110,19 +124,46 @@ class Engine:
         self._generator = None
         self._graph_steps: dict = {}
         self._graph_failed = False
+        self.progress = progress  # also reports quantisation, from its background thread
+        self._quantised = QuantisedModels()
+        if self.settings.weights_key is not None:  # quantised from the start: make the copy now
+            self._request_weights(self.settings)
+            self._quantised.wait(self.settings.weights_key)
 
     # ---- control (thread-safe) ---------------------------------------------------------
     def apply(self, settings: Settings) -> None:
+        """Quantised weights not made yet are made in a background thread; the switch happens
+        at the first step boundary after they are ready (a reply keeps streaming meanwhile)."""
         settings.validate(self.device)
+        self._request_weights(settings)
         with self._lock:
             self._pending = settings
+
+    def _request_weights(self, settings: Settings) -> None:
+        if settings.weights_key is None:
+            return
+        try:
+            check_weights(self.cfg, settings.weights, settings.group_size)
+            self._quantised.start(settings.weights_key, lambda: self._fp_model(settings.dtype), self.progress)
+        except QuantError as e:
+            raise EngineError(str(e)) from None
+
+    @property
+    def weights_building(self) -> tuple[str, float] | None:
+        """(label, fraction done) while quantised weights are being made, else None."""
+        building = self._quantised.building
+        if building is None:
+            return None
+        (_, weights, group_size), fraction = building
+        return weights_label(weights, group_size), fraction
 
     def stop(self) -> None:
         self._stop.set()
 
     @property
     def model(self) -> Transformer:
-        return self._models[self.settings.dtype]
+        key = self.settings.weights_key
+        return self._models[self.settings.dtype] if key is None else self._quantised.get(key)
 
     @property
     def max_context(self) -> int:
@@ -142,7 +183,7 @@ class Engine:
         if not user_text or not user_text.strip():
             raise PromptError("empty prompt: type something to send")
         messages = self.messages + [{"role": "user", "content": user_text}]
-        ids = self.tokenizer.encode(self.tokenizer.render_chat(messages, add_generation_prompt=True))
+        ids = self.tokenizer.encode_chat(messages, add_generation_prompt=True)
         self._check_prompt_length(len(ids))
         self.messages = messages
         done = None
@@ -200,7 +241,6 @@ class Engine:
             if token in self.tokenizer.eos_ids and not ignore_eos:
                 reason = "eos"
                 ids.append(token)
-                text_parts.append(stream.flush())
                 break
             ids.append(token)
             piece = stream.feed(token)
@@ -208,7 +248,7 @@ class Engine:
             yield TokenEvent(token, piece, n_new - 1)
         else:
             reason = "max_tokens"
-        tail = stream.flush() if reason != "eos" else ""
+        tail = stream.flush()  # a character still held back (split UTF-8) comes out now
         if tail:
             text_parts.append(tail)
             yield TokenEvent(-1, tail, n_new)
@@ -228,11 +268,23 @@ class Engine:
             new, self._pending = self._pending, None
         if new is None or new == self.settings:
             return None
+        key = new.weights_key
+        if key is not None and self._quantised.get(key) is None:
+            if not initial and self.weights_building is not None:  # not ready: keep streaming as is
+                with self._lock:
+                    self._pending = self._pending or new
+                return None
+            try:
+                self._quantised.wait(key)
+            except QuantError as e:
+                raise EngineError(str(e)) from None
         old = self.settings
         changes = []
         if new.dtype != old.dtype:
             self._switch_dtype(new.dtype)
             changes.append(new.dtype)
+        if new.weights_key != old.weights_key and (new.weights, new.group_size) != (old.weights, old.group_size):
+            changes.append(weights_label(new.weights, new.group_size))
         if new.kv_cache != old.kv_cache:
             changes.append(f"kv cache {'on' if new.kv_cache else 'off'}")
         if new.max_new_tokens != old.max_new_tokens:
@@ -244,10 +296,19 @@ class Engine:
         self.settings = new
         return SettingsApplied(new, tuple(changes), self.step_count, time.monotonic())
 
-    def _switch_dtype(self, name: str) -> None:
-        if name not in self._models:
+    def _fp_model(self, name: str) -> Transformer:
+        """The model in dtype `name` with its own floating-point weights, made once (may run
+        on the quantisation thread: the table is guarded)."""
+        with self._lock:
+            model = self._models.get(name)
+        if model is None:
             weights = {k: v.to(DTYPES[name]) for k, v in self.loaded.weights.items()}
-            self._models[name] = Transformer(self.cfg, weights)
+            with self._lock:
+                model = self._models.setdefault(name, Transformer(self.cfg, weights))
+        return model
+
+    def _switch_dtype(self, name: str) -> None:
+        self._fp_model(name)
         if self.cache is not None:  # keep the conversation: the cached K/V change precision
             old = self.cache
             self.cache = ContiguousKVCache(self.cfg, 1, self.cfg.max_seq_len, DTYPES[name], self.device)
