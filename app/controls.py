@@ -1,0 +1,292 @@
+"""The controls bar: large labelled switches for the engine's `Settings`, each with a keyboard
+shortcut, built from the declarative `CONTROLS` table. A later setting (weights int8/int4,
+attention backend, KV layout, batching) is one more entry there; an entry whose field the
+engine's Settings lacks is left out, and options the device refuses are greyed with the reason.
+Shortcuts are function keys: they work while the chat input has the focus and clash with no
+text-editing key (F2 KV cache, F3 precision; later switches take F4…)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtWidgets import (QAbstractSpinBox, QButtonGroup, QDoubleSpinBox, QFrame, QHBoxLayout, QLabel,
+                               QPushButton, QSpinBox, QVBoxLayout)
+
+from engine.engine import Settings
+
+from app.theme import SettingColours, Theme
+
+
+@dataclass(frozen=True)
+class Choice:
+    field: str  # dotted path into Settings, e.g. "dtype"
+    label: str
+    options: tuple[tuple[Any, str], ...]  # (value, button text)
+    shortcut: str  # cycles through the options
+    tooltip: str = ""
+
+
+@dataclass(frozen=True)
+class Toggle:
+    field: str
+    label: str
+    shortcut: str
+    tooltip: str = ""
+
+
+@dataclass(frozen=True)
+class Number:
+    field: str
+    label: str
+    minimum: float
+    maximum: float
+    step: float
+    decimals: int = 0  # 0: a whole number
+    tooltip: str = ""
+
+
+CONTROLS: tuple[Choice | Toggle | Number, ...] = (
+    Choice("dtype", "Precision", (("fp32", "FP32"), ("bf16", "BF16"), ("fp16", "FP16")), "F3",
+           "bytes per weight read every step: fp32 = 4, bf16/fp16 = 2"),
+    Toggle("kv_cache", "KV cache", "F2",
+           "off: every step recomputes the whole context (tokens/s falls as the context grows)"),
+    Number("max_new_tokens", "Max tokens", 1, 8192, 32, tooltip="longest reply, in tokens"),
+    Number("sampling.temperature", "Temperature", 0.0, 2.0, 0.1, 2, "0 = greedy (always the likeliest token)"),
+    Number("sampling.top_p", "Top-p", 0.05, 1.0, 0.05, 2, "sample from the smallest set of tokens holding this mass"),
+)
+
+
+def get_field(settings: Any, path: str) -> Any:
+    for part in path.split("."):
+        settings = getattr(settings, part)
+    return settings
+
+
+def has_field(settings: Any, path: str) -> bool:
+    try:
+        get_field(settings, path)
+        return True
+    except AttributeError:
+        return False
+
+
+def with_field(settings: Any, path: str, value: Any) -> Any:
+    """A copy of the frozen dataclass `settings` with the dotted field replaced."""
+    head, _, rest = path.partition(".")
+    if not rest:
+        return dataclasses.replace(settings, **{head: value})
+    return dataclasses.replace(settings, **{head: with_field(getattr(settings, head), rest, value)})
+
+
+def describe_changes(old: Settings, new: Settings) -> list[str]:
+    """Labels for what differs, in the words the annotations use (e.g. "kv cache off")."""
+    changes = []
+    for control in CONTROLS:
+        if not has_field(new, control.field):
+            continue
+        before, after = get_field(old, control.field), get_field(new, control.field)
+        if before == after:
+            continue
+        if isinstance(control, Toggle):
+            changes.append(f"{control.label.lower()} {'on' if after else 'off'}")
+        elif isinstance(control, Choice):
+            changes.append(str(after))
+        else:
+            changes.append(f"{control.label.lower()} {after:g}")
+    return changes
+
+
+class ControlsBar(QFrame):
+    """Emits `settings_changed(Settings)` when the user changes a control; `set_settings` shows
+    the engine's settings without emitting."""
+    settings_changed = Signal(object)
+
+    def __init__(self, theme: Theme, colours: SettingColours, parent=None):
+        super().__init__(parent)
+        self.setObjectName("panel")
+        self.theme = theme
+        self.colours = colours
+        self.settings = Settings()
+        self.device = "cpu"
+        self._updating = False
+        self._enabled = False
+        self.widgets: dict[str, Any] = {}  # field -> widget (QButtonGroup for a Choice)
+        self.shortcuts: list[QShortcut] = []
+        self.layout_ = QHBoxLayout(self)
+        self.layout_.setContentsMargins(10, 6, 10, 6)
+        self.layout_.setSpacing(14)
+        for control in CONTROLS:
+            if has_field(self.settings, control.field):
+                self.layout_.addLayout(self._build(control))
+        self.layout_.addStretch(1)
+        self.extra = QHBoxLayout()  # the window adds its own buttons (model, theme) here
+        self.extra.setSpacing(8)
+        self.layout_.addLayout(self.extra)
+        self.set_enabled(False)
+
+    # ---- building -----------------------------------------------------------------------------
+    def _caption(self, text: str, shortcut: str | None = None) -> QLabel:
+        keys = QKeySequence(shortcut).toString(QKeySequence.SequenceFormat.NativeText) if shortcut else ""
+        label = QLabel(f"{text}  <span style='color:{self.theme.muted}'>{keys}</span>" if keys else text)
+        label.setObjectName("caption")
+        return label
+
+    def _build(self, control) -> QVBoxLayout:
+        column = QVBoxLayout()
+        column.setSpacing(2)
+        shortcut = getattr(control, "shortcut", None)
+        column.addWidget(self._caption(control.label, shortcut))
+        if isinstance(control, Choice):
+            row = QHBoxLayout()
+            row.setSpacing(0)
+            group = QButtonGroup(self)
+            group.setExclusive(True)
+            for value, text in control.options:
+                button = QPushButton(text)
+                button.setCheckable(True)
+                button.setMinimumWidth(64)
+                button.setToolTip(control.tooltip)
+                button.value = value
+                group.addButton(button)
+                row.addWidget(button)
+            group.buttonClicked.connect(lambda _b, c=control: self._changed(c))
+            self.widgets[control.field] = group
+            column.addLayout(row)
+            self._add_shortcut(shortcut, lambda c=control: self.cycle(c.field))
+        elif isinstance(control, Toggle):
+            button = QPushButton()
+            button.setCheckable(True)
+            button.setMinimumWidth(110)
+            button.setToolTip(control.tooltip)
+            button.clicked.connect(lambda _checked, c=control: self._changed(c))
+            self.widgets[control.field] = button
+            column.addWidget(button)
+            self._add_shortcut(shortcut, lambda c=control: self.toggle(c.field))
+        else:
+            box = QDoubleSpinBox() if control.decimals else QSpinBox()
+            box.setRange(control.minimum, control.maximum)
+            box.setSingleStep(control.step)
+            if control.decimals:
+                box.setDecimals(control.decimals)
+            box.setKeyboardTracking(False)  # apply on Enter / arrows, not on every keystroke
+            box.setButtonSymbols(QAbstractSpinBox.ButtonSymbols.UpDownArrows)
+            box.setToolTip(control.tooltip)
+            box.setMinimumWidth(90)
+            box.valueChanged.connect(lambda _v, c=control: self._changed(c))
+            self.widgets[control.field] = box
+            column.addWidget(box)
+        return column
+
+    def _add_shortcut(self, keys: str | None, action) -> None:
+        if not keys:
+            return
+        shortcut = QShortcut(QKeySequence(keys), self)
+        shortcut.setContext(Qt.ShortcutContext.WindowShortcut)
+        shortcut.activated.connect(action)
+        self.shortcuts.append(shortcut)
+
+    # ---- reading and showing ------------------------------------------------------------------
+    def _value(self, control) -> Any:
+        widget = self.widgets[control.field]
+        if isinstance(control, Choice):
+            checked = widget.checkedButton()
+            return checked.value if checked else get_field(self.settings, control.field)
+        if isinstance(control, Toggle):
+            return widget.isChecked()
+        return widget.value() if control.decimals else int(widget.value())
+
+    def _changed(self, control) -> None:
+        if self._updating:
+            return
+        new = with_field(self.settings, control.field, self._value(control))
+        if new != self.settings:
+            self.settings_changed.emit(new)  # the window applies it, then calls set_settings
+
+    def toggle(self, field: str) -> None:
+        button = self.widgets[field]
+        if button.isEnabled():
+            button.setChecked(not button.isChecked())
+            self._changed(self._control(field))
+
+    def cycle(self, field: str) -> None:
+        """Next allowed option of a Choice (the stage shortcut)."""
+        group = self.widgets[field]
+        buttons = [b for b in group.buttons() if b.isEnabled()]
+        if not buttons:
+            return
+        current = group.checkedButton()
+        index = buttons.index(current) if current in buttons else -1
+        buttons[(index + 1) % len(buttons)].setChecked(True)
+        self._changed(self._control(field))
+
+    def _control(self, field: str):
+        return next(c for c in CONTROLS if c.field == field)
+
+    def set_device(self, device: str) -> None:
+        self.device = device
+        self.set_settings(self.settings)
+
+    def set_enabled(self, enabled: bool) -> None:
+        self._enabled = enabled
+        self._refresh_enabled()
+
+    def _refresh_enabled(self) -> None:
+        enabled = self._enabled
+        for control in CONTROLS:
+            widget = self.widgets.get(control.field)
+            if widget is None:
+                continue
+            for w in (widget.buttons() if isinstance(widget, QButtonGroup) else [widget]):
+                w.setEnabled(enabled and self._allowed(control, getattr(w, "value", None)))
+
+    def _allowed(self, control, value) -> bool:
+        if not isinstance(control, Choice):
+            return True
+        try:
+            with_field(self.settings, control.field, value).validate(self.device)
+            return True
+        except ValueError:
+            return False
+
+    def _refusal(self, control, value) -> str:
+        try:
+            with_field(self.settings, control.field, value).validate(self.device)
+            return ""
+        except ValueError as error:
+            return str(error)
+
+    def set_settings(self, settings: Settings) -> None:
+        self._updating = True
+        try:
+            self.settings = settings
+            for control in CONTROLS:
+                widget = self.widgets.get(control.field)
+                if widget is None:
+                    continue
+                value = get_field(settings, control.field)
+                if isinstance(control, Choice):
+                    for button in widget.buttons():
+                        button.setChecked(button.value == value)
+                        refusal = self._refusal(control, button.value)
+                        button.setToolTip(refusal or control.tooltip)
+                        colour = self.colours.option_colour(str(button.value))
+                        button.setStyleSheet(f"QPushButton:checked {{ background: {colour}; color: "
+                                             f"{self.theme.background}; font-weight: bold; }}" if colour else "")
+                elif isinstance(control, Toggle):
+                    widget.setChecked(bool(value))
+                    widget.setText(f"{control.label}: {'ON' if value else 'OFF'}")
+                    colour = self.colours.colour(settings.label)
+                    widget.setStyleSheet(f"QPushButton {{ font-weight: bold; border: 2px solid {colour}; "
+                                         f"color: {colour}; }}")
+                else:
+                    widget.setValue(value)
+            self._refresh_enabled()
+        finally:
+            self._updating = False
+
+    def set_theme(self, theme: Theme) -> None:
+        self.theme = theme
+        self.set_settings(self.settings)

@@ -1,0 +1,101 @@
+"""Responsiveness benchmark (not a test): while the model decodes flat out inside the app, how late
+does a 10 ms QTimer fire (the GUI event loop's latency), and how fast does the engine decode
+compared with the same engine headless (`membound bench`'s workload)?
+
+    QT_QPA_PLATFORM=offscreen python -m app.gui_bench [--model default] [--tokens 128] [--replies 2]
+
+Prints one JSON object: timer lateness p50/p95/max (ms), decode tok/s in the app and headless,
+and their ratio. The issue's bar: p95 lateness < 50 ms, ratio >= 0.90."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+PROMPT = ("Write a long, detailed explanation of how a transformer language model generates text one "
+          "token at a time, and why each new token needs every weight of the model to be read from memory.")
+
+
+def headless_decode_tokens_per_s(model: str, tokens: int) -> float:
+    from engine.bench import bench_prompt_ids, run_ours
+    from engine.engine import Engine, Settings
+    from engine.sampling import SamplingParams
+
+    engine = Engine(model, settings=Settings(max_new_tokens=tokens, sampling=SamplingParams(greedy=True)))
+    run_ours(engine, bench_prompt_ids(engine.tokenizer, 32), 8)  # warm-up
+    result, _ = run_ours(engine, bench_prompt_ids(engine.tokenizer, 32), tokens)
+    return result.decode_tokens_per_s
+
+
+def in_app(model: str, tokens: int, replies: int) -> dict:
+    import numpy as np
+    from PySide6.QtCore import QElapsedTimer, QEventLoop, QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from app.window import MainWindow
+    from engine.engine import Settings
+    from engine.sampling import SamplingParams
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    window = MainWindow(model=model, settings=Settings(max_new_tokens=tokens, sampling=SamplingParams(greedy=True)))
+    window.resize(1600, 960)
+    window.show()
+    loop = QEventLoop()
+    window.model_ready.connect(lambda _info: loop.quit())
+    loop.exec()
+
+    lateness_ms: list[float] = []
+    clock = QElapsedTimer()
+    probe = QTimer()
+    probe.setInterval(10)
+    expected = {"at": 0.0}
+
+    def tick() -> None:
+        now = clock.nsecsElapsed() / 1e6
+        if window.replying:
+            lateness_ms.append(max(0.0, now - expected["at"]))
+        expected["at"] = now + 10
+
+    probe.timeout.connect(tick)
+    decode_rates = []
+    for i in range(replies):
+        done_loop = QEventLoop()
+        window.reply_finished.connect(done_loop.quit)
+        clock.start()
+        expected["at"] = 10
+        probe.start()
+        window.send(PROMPT if i == 0 else "Go on, in more detail.")
+        done_loop.exec()
+        probe.stop()
+        window.reply_finished.disconnect(done_loop.quit)
+        steps = [s for s in window._reply_steps if s.phase == "decode"]
+        if steps:
+            decode_rates.append(len(steps) / sum(s.step_s for s in steps))
+    frames = window.plots.frames_drawn
+    window.close()
+    lateness = np.array(lateness_ms)
+    return {"timer_lateness_ms_p50": float(np.percentile(lateness, 50)),
+            "timer_lateness_ms_p95": float(np.percentile(lateness, 95)),
+            "timer_lateness_ms_max": float(lateness.max()), "timer_samples": len(lateness),
+            "app_decode_tokens_per_s": float(np.mean(decode_rates)), "frames_drawn": frames}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m app.gui_bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--replies", type=int, default=2)
+    args = parser.parse_args(argv)
+    t0 = time.time()
+    headless = headless_decode_tokens_per_s(args.model, args.tokens)
+    result = in_app(args.model, args.tokens, args.replies)
+    result["headless_decode_tokens_per_s"] = headless
+    result["app_over_headless"] = result["app_decode_tokens_per_s"] / headless
+    result["wall_s"] = time.time() - t0
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""The hardware strip along the bottom: what the device is, its peak bandwidth and FLOP/s (spec
+and measured), memory used, live NVML counters where they answer, and where each number comes
+from. On a CPU it says "CPU — measured bandwidth" and never pretends to be a GPU."""
+from __future__ import annotations
+
+import os
+
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QProgressBar, QVBoxLayout
+
+from app.theme import Theme
+
+
+def _gb(n: float | None) -> str:
+    return "?" if n is None else f"{n / 1e9:.1f} GB"
+
+
+def _flops(value: float) -> str:
+    return f"{value / 1e12:.1f} TFLOP/s" if value >= 1e12 else f"{value / 1e9:.1f} GFLOP/s"
+
+
+def process_rss_bytes() -> int | None:
+    """Resident memory of this process (Linux /proc; None elsewhere)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def device_lines(spec) -> tuple[str, str, str]:
+    """(device and source, bandwidth, compute) for a DeviceSpec."""
+    if spec.kind == "cpu":
+        device = f"{spec.name} — {spec.source or 'CPU'}"
+    else:
+        device = f"{spec.name} — {spec.source}{' · NVML' if spec.nvml else ' · no NVML'}"
+    bandwidth = []
+    if spec.spec_bandwidth_gbs:
+        bandwidth.append(f"{spec.spec_bandwidth_gbs:,.0f} GB/s (spec)")
+    if spec.measured_bandwidth_gbs:
+        bandwidth.append(f"{spec.measured_bandwidth_gbs:,.1f} GB/s (measured)")
+    compute = []
+    for dtype in ("fp32", "bf16", "fp16"):
+        spec_value = spec.peak_flops.get(dtype)
+        measured = spec.measured_flops.get(dtype)
+        if spec_value and measured and spec_value != measured:
+            compute.append(f"{dtype} {_flops(spec_value)} (spec), {_flops(measured)} (measured)")
+        elif measured:
+            compute.append(f"{dtype} {_flops(measured)} (measured)")
+        elif spec_value:
+            compute.append(f"{dtype} {_flops(spec_value)} (spec)")
+    return device, "peak bandwidth: " + (" · ".join(bandwidth) or "unknown"), \
+        "peak compute: " + (" · ".join(compute) or "unknown")
+
+
+class HardwareStrip(QFrame):
+    def __init__(self, theme: Theme, parent=None):
+        super().__init__(parent)
+        self.setObjectName("panel")
+        self.theme = theme
+        self.spec = None
+        self.weight_bytes: int | None = None
+        self.device_label = QLabel("measuring the device…")
+        self.device_label.setObjectName("title")
+        self.bandwidth_label = QLabel("")
+        self.compute_label = QLabel("")
+        self.memory_label = QLabel("")
+        self.live_label = QLabel("")
+        for label in (self.bandwidth_label, self.compute_label, self.memory_label, self.live_label):
+            label.setObjectName("caption")
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1000)
+        self.progress.setMaximumWidth(420)
+        self.progress.setVisible(False)
+        self.progress_label = QLabel("")
+        self.progress_label.setObjectName("caption")
+        left = QVBoxLayout()
+        left.setSpacing(0)
+        left.addWidget(self.device_label)
+        left.addWidget(self.bandwidth_label)
+        left.addWidget(self.compute_label)
+        right = QVBoxLayout()
+        right.setSpacing(0)
+        right.addWidget(self.memory_label)
+        right.addWidget(self.live_label)
+        right.addWidget(self.progress_label)
+        right.addWidget(self.progress)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(10, 4, 10, 4)
+        layout.addLayout(left, 3)
+        layout.addLayout(right, 2)
+
+    def set_progress(self, fraction: float, message: str) -> None:
+        busy = fraction < 1.0
+        self.progress.setVisible(busy)
+        self.progress.setValue(int(1000 * max(0.0, min(fraction, 1.0))))
+        self.progress_label.setText(message if busy else "")
+
+    def set_device(self, spec, weight_bytes: int | None = None) -> None:
+        self.spec = spec
+        self.weight_bytes = weight_bytes
+        device, bandwidth, compute = device_lines(spec)
+        self.device_label.setText(device)
+        self.bandwidth_label.setText(bandwidth)
+        self.compute_label.setText(compute)
+        self.update_memory(None)
+
+    def update_memory(self, sample) -> None:
+        """sample: a HardwareSample (GPU, NVML) or None (CPU: the OS's figure for this process)."""
+        spec = self.spec
+        if spec is None:
+            return
+        weights = f"weights {_gb(self.weight_bytes)} (model)" if self.weight_bytes else ""
+        if sample is not None and sample.memory_used_bytes is not None:
+            used = f"memory used {_gb(sample.memory_used_bytes)} of {_gb(sample.memory_total_bytes)} (NVML)"
+            live = []
+            if sample.dram_bw_util_pct is not None:
+                live.append(f"DRAM bandwidth {sample.dram_bw_util_pct:.0f}% of peak (NVML GPM)")
+            if sample.mem_util_pct is not None:
+                live.append(f"memory busy {sample.mem_util_pct:.0f}% of time (NVML)")
+            if sample.sm_util_pct is not None:
+                live.append(f"SM busy {sample.sm_util_pct:.0f}% (NVML)")
+            if sample.power_w is not None:
+                live.append(f"{sample.power_w:.0f} W (NVML)")
+            if sample.sm_clock_mhz is not None:
+                live.append(f"SM {sample.sm_clock_mhz:.0f} MHz")
+            self.live_label.setText(" · ".join(live))
+        else:
+            rss = process_rss_bytes()
+            used = f"process {_gb(rss)} of {_gb(spec.memory_total_bytes)} RAM (OS)" if rss else \
+                f"RAM {_gb(spec.memory_total_bytes)}"
+            self.live_label.setText("no NVML here: throughput and utilisation are modelled "
+                                    "(cost model ÷ measured step time)" if spec.kind == "cpu" or not spec.nvml
+                                    else "")
+        self.memory_label.setText(" · ".join(p for p in (weights, used) if p))
+
+    def set_theme(self, theme: Theme) -> None:
+        self.theme = theme

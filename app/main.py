@@ -1,0 +1,131 @@
+"""Entry point of the desktop app (`membound` with no subcommand).
+
+`main(args)`: open the window and load the default model; with `args.screenshot`, answer one
+prompt, save a PNG of the whole window and exit 0 (1 if the model or the reply failed)."""
+from __future__ import annotations
+
+import os
+import sys
+
+DEFAULT_PROMPT = ("In a few sentences: why is generating text one token at a time limited by memory "
+                  "bandwidth rather than by compute?")
+SCREENSHOT_SIZE = (1680, 1050)
+SCREENSHOT_SEED = 5  # sampled, but the same reply every run (this seed answers the default prompt at length)
+SCREENSHOT_TIMEOUT_S = 600
+
+
+def pyside_drops_none_references() -> bool:
+    """True for a PySide6 build that releases a reference to None on every call of a method that
+    returns nothing (PySide6 6.12.0 on Python 3.11): None's count reaches zero after a few minutes
+    of painting and the process aborts ("none_dealloc"). Python 3.12+ has an immortal None."""
+    if sys.version_info >= (3, 12):
+        return False
+    from PySide6.QtCore import QRectF
+
+    rect = QRectF()
+    before = sys.getrefcount(None)
+    for _ in range(200):
+        rect.setWidth(1.0)
+    return sys.getrefcount(None) < before - 100
+
+
+def _application():
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication.instance()
+    if app is None:
+        app = QApplication(sys.argv[:1])
+        app.setApplicationName("membound")
+    return app
+
+
+def main(args=None, *, model="default", device: str = "auto", hardware=None, settings=None,
+         timeout_s: float = SCREENSHOT_TIMEOUT_S) -> int:
+    """args: the CLI's namespace (.screenshot, .prompt, .debug) or None. The keywords let tests
+    run the same path on a tiny model."""
+    screenshot = getattr(args, "screenshot", None)
+    prompt = getattr(args, "prompt", None)
+    if screenshot and not os.environ.get("QT_QPA_PLATFORM") and not (
+            os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) and sys.platform.startswith("linux"):
+        os.environ["QT_QPA_PLATFORM"] = "offscreen"  # a screenshot needs no screen
+    if pyside_drops_none_references():
+        import PySide6
+
+        print(f"membound: error: PySide6 {PySide6.__version__} on Python {sys.version.split()[0]} corrupts "
+              "None's reference count and would crash the app; install another version: "
+              "pip install 'PySide6-Essentials>=6.6,!=6.12.0'", file=sys.stderr)
+        return 2
+    app = _application()
+    import pyqtgraph as pg
+
+    pg.setConfigOptions(antialias=True)
+    from app.window import MainWindow
+
+    window = MainWindow(model=model, device=device, hardware=hardware, settings=settings, autoload=False)
+    if screenshot:
+        return take_screenshot(window, screenshot, prompt or DEFAULT_PROMPT, model, timeout_s)
+    window.show()
+    if prompt:
+        window.model_ready.connect(lambda _info: window.send(prompt))
+    window.load_model(model, device, hardware, settings)
+    code = app.exec()
+    window.shutdown()
+    return code
+
+
+def take_screenshot(window, path: str, prompt: str, model="default", timeout_s: float = SCREENSHOT_TIMEOUT_S) -> int:
+    """Load, answer `prompt`, save the window as a PNG at `path`; 0 on success."""
+    from PySide6.QtCore import QEventLoop, QTimer
+
+    result = {"code": 1, "why": "timed out"}
+    loop = QEventLoop()
+
+    def finish(code: int, why: str = "") -> None:
+        if result.get("done"):
+            return
+        result.update(done=True, code=code, why=why)
+        loop.quit()
+
+    def on_reply(done) -> None:
+        if done is None:
+            finish(1, window.last_error or "the reply failed")
+            return
+        # let a few frames draw the last steps, then grab the window
+        QTimer.singleShot(4 * 33 + 200, window, lambda: finish(0 if window.save_screenshot(path) else 1,
+                                                                 f"could not write {path}"))
+
+    def on_error(message: str) -> None:
+        if window.model_info is None:  # the load failed: nothing to show
+            finish(1, message)
+
+    window.resize(*SCREENSHOT_SIZE)
+    window.show()
+    def on_ready(_info) -> None:
+        from dataclasses import replace
+
+        settings = window.settings
+        window.apply_settings(replace(settings, sampling=replace(settings.sampling, seed=SCREENSHOT_SEED)))
+        window.send(prompt)
+
+    window.model_ready.connect(on_ready)
+    window.reply_finished.connect(on_reply)
+    window.error_shown.connect(on_error)
+    deadline = QTimer(window)
+    deadline.setSingleShot(True)
+    deadline.timeout.connect(lambda: finish(1, f"no reply within {timeout_s:.0f} s"))
+    deadline.start(int(timeout_s * 1000))
+    window.load_model(model, window.device, window.hardware, window.settings)
+    loop.exec()
+    deadline.stop()
+    window.close()
+    if result["code"] == 0:
+        print(f"membound: saved {path}", file=sys.stderr)
+    else:
+        print(f"membound: error: screenshot not saved: {result['why']}", file=sys.stderr)
+    return result["code"]
+
+
+if __name__ == "__main__":
+    from engine.cli import build_parser
+
+    sys.exit(main(build_parser().parse_args()))

@@ -1,0 +1,127 @@
+"""The "what the hardware allows" panel: the seed table (model x chip -> batch-1 decode ceiling in
+tokens/s, OOM where the weights do not fit) for the loaded model, reference shapes, this device
+and the A100/H100/H200."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor, QFont
+from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLabel, QTableWidget,
+                               QTableWidgetItem, QVBoxLayout, QFrame)
+
+from engine.ceilings import (BYTES_PER_WEIGHT, REFERENCE_GPUS, Chip, ModelSize, device_chip, format_params,
+                             gpu_chip, model_size, reference_models, seed_table)
+
+from app.theme import SettingColours, Theme
+
+
+def short_chip(label: str) -> str:
+    """"A100 80GB SXM" -> "A100": the columns are narrow; the tooltip has the full name."""
+    return label if label.startswith("this ") else label.split()[0]
+
+
+def short_model(label: str, width: int = 16) -> str:
+    """"SmolLM2-135M-Instruct.Q4_1.gguf (Q4_1 → fp32)" -> "SmolLM2-135M-In…": the row header
+    must leave the columns room; the tooltip has the full name."""
+    name = label.split(" (")[0].removesuffix(".gguf").split(".")[0]
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
+def format_bandwidth(gbs: float) -> str:
+    return f"{gbs / 1000:.1f} TB/s" if gbs >= 1000 else f"{gbs:.0f} GB/s"
+
+
+class SeedTable(QFrame):
+    def __init__(self, theme: Theme, colours: SettingColours, parent=None):
+        super().__init__(parent)
+        self.setObjectName("panel")
+        self.theme = theme
+        self.colours = colours
+        self.model: ModelSize | None = None
+        self.model_tooltip = ""
+        self.device: Chip | None = None
+        title = QLabel("What the hardware allows")
+        title.setObjectName("title")
+        self.format_box = QComboBox()
+        for name in BYTES_PER_WEIGHT:
+            self.format_box.addItem(f"{name} weights", name)
+        self.format_box.setCurrentIndex(list(BYTES_PER_WEIGHT).index("bf16"))
+        self.format_box.currentIndexChanged.connect(self.refresh)
+        self.format_box.setToolTip("bytes per weight the table assumes (INT4: group of 128, fp16 scale)")
+        self.caption = caption = QLabel()
+        caption.setObjectName("caption")
+        caption.setWordWrap(True)
+        self.table = QTableWidget()
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
+        self.table.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        self.table.verticalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.table.verticalHeader().setDefaultAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
+        self.table.setWordWrap(False)
+        header = QHBoxLayout()
+        header.addWidget(title)
+        header.addStretch(1)
+        header.addWidget(self.format_box)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(8, 6, 8, 6)
+        layout.setSpacing(4)
+        layout.addLayout(header)
+        layout.addWidget(self.table, 1)
+        layout.addWidget(caption)
+        self.refresh()
+
+    def set_model(self, cfg, label: str, hardware, dtype: str) -> None:
+        self.model = model_size(cfg, short_model(label))
+        self.model_tooltip = f"the loaded model: {label}"
+        self.device = device_chip(hardware)
+        index = self.format_box.findData(dtype)
+        if index >= 0:
+            self.format_box.blockSignals(True)
+            self.format_box.setCurrentIndex(index)
+            self.format_box.blockSignals(False)
+        self.refresh()
+
+    def set_theme(self, theme: Theme) -> None:
+        self.theme = theme
+        self.refresh()
+
+    @property
+    def weight_format(self) -> str:
+        return self.format_box.currentData()
+
+    def refresh(self) -> None:
+        models = ([self.model] if self.model else []) + reference_models()
+        chips = ([self.device] if self.device else []) + [gpu_chip(label) for label in REFERENCE_GPUS]
+        cells = seed_table(models, chips, self.weight_format)
+        device = f"{self.device.label} {self.device.source}, " if self.device else ""
+        self.caption.setText("max batch-1 decode tokens/s = bandwidth ÷ weight bytes per token (model); OOM: the "
+                             f"weights alone exceed the chip's memory. Bandwidth: {device}GPUs from datasheets.")
+        self.table.clear()
+        self.table.setRowCount(len(models))
+        self.table.setColumnCount(len(chips))
+        self.table.setHorizontalHeaderLabels([f"{short_chip(c.label)}\n{format_bandwidth(c.bandwidth_gbs)}" for c in chips])
+        for i, chip in enumerate(chips):
+            memory = f", {chip.memory_bytes / 1e9:.0f} GB" if chip.memory_bytes else ""
+            self.table.horizontalHeaderItem(i).setToolTip(
+                f"{chip.label}: {chip.bandwidth_gbs:,.1f} GB/s ({chip.source}){memory}")
+        self.table.setVerticalHeaderLabels([f"{m.label}  {format_params(m.stored_params)}" for m in models])
+        if self.model:
+            loaded = self.table.verticalHeaderItem(0)
+            loaded.setToolTip(self.model_tooltip)
+            font = QFont()
+            font.setBold(True)
+            font.setUnderline(True)
+            loaded.setFont(font)
+        colour = self.colours.option_colour(self.weight_format) or self.theme.text
+        bold = QFont()
+        bold.setBold(True)
+        for r, row in enumerate(cells):
+            for c, cell in enumerate(row):
+                item = QTableWidgetItem(cell.text())
+                item.setTextAlignment(Qt.AlignmentFlag.AlignCenter)
+                item.setForeground(QColor(self.theme.error if not cell.fits else colour))
+                if not cell.fits:
+                    item.setFont(bold)
+                item.setToolTip(f"{cell.weight_bytes_per_token / 1e9:.2f} GB read per token; "
+                                f"{cell.stored_bytes / 1e9:.1f} GB of weights held")
+                self.table.setItem(r, c, item)

@@ -1,0 +1,435 @@
+"""The main window: toggles along the top, chat on the left (a third), the live plots on the right,
+the hardware strip along the bottom. It owns the worker thread and the redraw timer, turns the
+worker's events into chat text, ring-buffer rows and annotations, and shuts the worker down
+cleanly when it closes (also mid-reply)."""
+from __future__ import annotations
+
+import sys
+import time
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QMainWindow, QPushButton, QSplitter, QVBoxLayout, QWidget
+
+from engine.engine import DoneEvent, Settings, SettingsApplied, TokenEvent
+from engine.metrics import StepMetrics
+
+from app.chat import ChatPanel
+from app.controls import ControlsBar, describe_changes
+from app.hardware_strip import HardwareStrip
+from app.plots import LiveData, PlotsPanel
+from app.seed_table import SeedTable
+from app.theme import SettingColours, stylesheet, themed
+from app.worker import Chat, EngineWorker, Load, ModelInfo, Reset
+
+FRAME_MS = 33  # ~30 fps redraw
+READOUT_EVERY_FRAMES = 8  # numbers in titles and the strip: ~4 Hz
+GUI_CPU_BUDGET = 0.15  # of one core, for everything the GUI thread does
+MIN_FPS = 8
+NVML_SAMPLE_MS = 250
+
+_finishing_workers: list = []  # workers still inside a step when their window closed
+
+DONE_WORDS = {"eos": "finished", "max_tokens": "hit max tokens", "stopped": "stopped",
+              "context_full": "context window full"}
+
+
+class MainWindow(QMainWindow):
+    model_ready = Signal(object)  # ModelInfo
+    reply_finished = Signal(object)  # DoneEvent, or None when the reply failed
+    error_shown = Signal(str)
+
+    def __init__(self, model="default", device: str = "auto", hardware=None, settings: Settings | None = None,
+                 theme: str = "dark", large_fonts: bool = False, autoload: bool = True, max_context: int = 4096):
+        super().__init__()
+        self.setWindowTitle("membound — watch decoding hit the memory wall")
+        self.theme = themed(theme, large_fonts)
+        self.colours = SettingColours(self.theme)
+        self.data = LiveData()
+        self.model_spec = model if isinstance(model, str) else "prebuilt"
+        self.device = device
+        self.hardware = hardware
+        self.max_context = max_context
+        self.settings: Settings | None = settings  # what the controls show (the engine follows)
+        self.model_info: ModelInfo | None = None
+        self.loading = False
+        self.replying = False
+        self.last_error = ""
+        self.last_done: DoneEvent | None = None
+        self._pending_change: tuple[Settings, list[str]] | None = None
+        self._reply_steps: list[StepMetrics] = []
+        self._frame = 0
+        self.gui_cpu_share = 0.0  # of one core, smoothed over the last few frames
+        self._last_tick = (time.monotonic(), time.thread_time())
+        self._last_draw = 0.0
+        self._closed = False
+        self._sampler = None
+
+        # ---- widgets
+        self.controls = ControlsBar(self.theme, self.colours)
+        self.model_button = QPushButton("Model…  Ctrl+O")
+        self.theme_button = QPushButton("Light theme  F9")
+        self.fonts_button = QPushButton("Large fonts  F10")
+        self.fonts_button.setCheckable(True)
+        self.table_button = QPushButton("Hardware table  F8")
+        self.table_button.setCheckable(True)
+        self.table_button.setChecked(not large_fonts)
+        for button in (self.model_button, self.table_button, self.theme_button, self.fonts_button):
+            self.controls.extra.addWidget(button)
+        self.chat = ChatPanel(self.theme)
+        self.seed_table = SeedTable(self.theme, self.colours)
+        self.plots = PlotsPanel(self.data, self.theme, self.colours, extra=self.seed_table)
+        self.hardware_strip = HardwareStrip(self.theme)
+        self.error_label = QLabel("")
+        self.error_label.setObjectName("error")
+        self.error_label.setWordWrap(True)
+        self.error_close = QPushButton("Dismiss")
+        self.error_close.clicked.connect(self.clear_error)
+        self.error_bar = QWidget()
+        error_row = QHBoxLayout(self.error_bar)
+        error_row.setContentsMargins(0, 0, 0, 0)
+        error_row.addWidget(self.error_label, 1)
+        error_row.addWidget(self.error_close)
+        self.error_bar.setVisible(False)
+
+        self.splitter = QSplitter(Qt.Orientation.Horizontal)
+        self.splitter.addWidget(self.chat)
+        self.splitter.addWidget(self.plots)
+        self.splitter.setStretchFactor(0, 1)
+        self.splitter.setStretchFactor(1, 2)
+        self.splitter.setChildrenCollapsible(False)
+        central = QWidget()
+        layout = QVBoxLayout(central)
+        layout.setContentsMargins(8, 8, 8, 8)
+        layout.setSpacing(6)
+        layout.addWidget(self.controls)
+        layout.addWidget(self.error_bar)
+        layout.addWidget(self.splitter, 1)
+        layout.addWidget(self.hardware_strip)
+        self.setCentralWidget(central)
+        self.resize(1600, 960)
+        self.splitter.setSizes([520, 1080])
+
+        # ---- the worker thread: commands in through its queue, plain-data signals out (queued)
+        self.worker = EngineWorker(self)
+        self.worker.progress.connect(self._on_progress)
+        self.worker.model_loaded.connect(self._on_model_loaded)
+        self.worker.events.connect(self._on_events)
+        self.worker.reply_started.connect(self._on_reply_started)
+        self.worker.busy_changed.connect(self._on_busy_changed)
+        self.worker.failed.connect(self._on_failed)
+
+        # ---- user actions
+        self.chat.send_requested.connect(self.send)
+        self.chat.stop_requested.connect(self.stop)
+        self.chat.new_chat_requested.connect(self.new_chat)
+        self.controls.settings_changed.connect(self.apply_settings)
+        self.model_button.clicked.connect(self.pick_model)
+        self.theme_button.clicked.connect(self.toggle_theme)
+        self.fonts_button.clicked.connect(lambda checked: self.set_large_fonts(checked))
+        self.table_button.clicked.connect(lambda checked: self.show_seed_table(checked))
+        self.shortcuts = []
+        for keys, action in (("Esc", self.stop), ("Ctrl+N", self.new_chat), ("Ctrl+O", self.pick_model),
+                             ("F8", lambda: self.show_seed_table(not self.seed_table.isVisibleTo(self))),
+                             ("F9", self.toggle_theme), ("F10", lambda: self.set_large_fonts(not self.theme.large)),
+                             ("F11", self.toggle_full_screen)):
+            shortcut = QShortcut(QKeySequence(keys), self)
+            shortcut.activated.connect(action)
+            self.shortcuts.append(shortcut)
+
+        # ---- timers: plots redraw from the ring buffers ~30 times a second, never per token
+        self.frame_timer = QTimer(self)
+        self.frame_timer.setInterval(FRAME_MS)
+        self.frame_timer.timeout.connect(self._on_frame)
+        self.nvml_timer = QTimer(self)
+        self.nvml_timer.setInterval(NVML_SAMPLE_MS)
+        self.nvml_timer.timeout.connect(self._sample_hardware)
+
+        self._apply_theme()
+        self.show_seed_table(not large_fonts)
+        self.worker.start()
+        self.frame_timer.start()
+        if autoload:
+            self.load_model(model, device, hardware, settings)
+
+    # ---- commands -----------------------------------------------------------------------------
+    def load_model(self, model="default", device: str = "auto", hardware=None,
+                   settings: Settings | None = None) -> None:
+        if self.replying:
+            self.worker.stop()
+        self.loading = True
+        self.model_spec = model if isinstance(model, str) else "prebuilt"
+        self.chat.set_ready(False)
+        self.controls.set_enabled(False)
+        self.hardware_strip.set_progress(0.0, "starting…")
+        self.worker.submit(Load(model, device, settings, hardware, self.max_context))
+
+    def send(self, text: str) -> None:
+        if self.model_info is None or self.replying or self.loading or self._closed:
+            return
+        self.clear_error()
+        self.replying = True
+        self._reply_steps = []
+        self.chat.add_message("user", text)
+        self.chat.begin_reply()
+        self.chat.set_ready(False)
+        self.chat.set_streaming(True)
+        self.worker.submit(Chat(text))
+
+    def stop(self) -> None:
+        if self.replying:
+            self.worker.stop()
+
+    def new_chat(self) -> None:
+        self.stop()
+        self.worker.submit(Reset())
+        self.chat.clear()
+        self.chat.add_notice("new chat")
+
+    def apply_settings(self, new: Settings) -> None:
+        """From the controls: the engine takes it at its next step (mid-reply too)."""
+        old = self.settings or new
+        try:
+            self.worker.apply(new)
+        except ValueError as error:
+            self.show_error(str(error).strip().splitlines()[0])
+            self.controls.set_settings(old)
+            return
+        self.settings = new
+        self.controls.set_settings(new)
+        changes = describe_changes(old, new)
+        if not changes:
+            return
+        if self.replying:  # annotated where the engine applies it (SettingsApplied)
+            self._pending_change = (new, changes)
+        else:
+            self.data.annotate(", ".join(changes), new.label, time.monotonic())
+
+    def pick_model(self) -> None:
+        from app.model_picker import ModelPicker
+
+        if self.loading:
+            return
+        dialog = ModelPicker(self.model_spec, self)
+        if not dialog.exec():
+            return
+        spec = dialog.spec()
+        if not spec:
+            self.show_error("no model path given")
+            return
+        same_device = dialog.device() in ("auto", self.device)
+        # on the same device keep the measured spec and the user's settings; elsewhere start afresh
+        self.load_model(spec, dialog.device(), self.hardware if same_device else None,
+                        self.settings if same_device else None)
+
+    # ---- theme --------------------------------------------------------------------------------
+    def _apply_theme(self) -> None:
+        self.setStyleSheet(stylesheet(self.theme))
+        self.colours.set_theme(self.theme)
+        self.controls.set_theme(self.theme)
+        self.chat.set_theme(self.theme)
+        self.seed_table.set_theme(self.theme)
+        self.hardware_strip.set_theme(self.theme)
+        self.plots.set_theme(self.theme)
+        self.theme_button.setText(("Dark" if self.theme.name == "light" else "Light") + " theme  F9")
+        self.fonts_button.setChecked(self.theme.large)
+
+    def toggle_theme(self) -> None:
+        self.theme = themed("light" if self.theme.name == "dark" else "dark", self.theme.large)
+        self._apply_theme()
+
+    def set_large_fonts(self, large: bool) -> None:
+        """Projector mode: bigger type everywhere; the seed table makes room for the plots (F8)."""
+        self.theme = themed(self.theme.name, large)
+        self._apply_theme()
+        self.show_seed_table(not large)
+
+    def show_seed_table(self, visible: bool) -> None:
+        self.plots.set_extra_visible(visible)
+        self.table_button.setChecked(visible)
+
+    def toggle_full_screen(self) -> None:
+        self.showNormal() if self.isFullScreen() else self.showFullScreen()
+
+    # ---- errors -------------------------------------------------------------------------------
+    def show_error(self, message: str) -> None:
+        self.last_error = message
+        self.error_label.setText(f"⚠  {message}")
+        self.error_bar.setVisible(True)
+        self.error_shown.emit(message)
+
+    def clear_error(self) -> None:
+        self.error_bar.setVisible(False)
+
+    # ---- worker signals (GUI thread, queued) --------------------------------------------------
+    def _on_progress(self, fraction: float, message: str) -> None:
+        if self.loading:
+            self.hardware_strip.set_progress(fraction, message)
+
+    def _on_model_loaded(self, info: ModelInfo) -> None:
+        first = self.model_info is None
+        self.model_info = info
+        self.loading = False
+        self.chat.set_ready(True)
+        self.controls.set_enabled(True)
+        self.device = info.device
+        self.hardware = info.hardware
+        self.settings = info.settings
+        self.data.clear()
+        self.plots.set_hardware(info.hardware)
+        self.controls.set_device(info.device)
+        self.controls.set_settings(info.settings)
+        params = info.cfg.n_params
+        size = f"{params / 1e9:.1f} B" if params >= 1e9 else f"{params / 1e6:.0f} M"
+        self.chat.model_label.setText(f"{info.label} · {size} parameters · {info.device}")
+        if not first:
+            self.chat.clear()
+        self.chat.add_notice(f"loaded {info.label}")
+        self.hardware_strip.set_device(info.hardware, info.weight_bytes)
+        self.seed_table.set_model(info.cfg, info.label, info.hardware, info.settings.dtype)
+        self.data.annotate(f"start: {info.settings.label}", info.settings.label, time.monotonic())
+        self._start_sampler(info.hardware)
+        self.model_ready.emit(info)
+
+    def _start_sampler(self, spec) -> None:
+        if self._sampler is not None:
+            self._sampler.close()
+            self._sampler = None
+        self.nvml_timer.stop()
+        if spec.kind == "cuda" and spec.nvml and spec.nvml_index is not None:
+            from engine.hardware import NvmlSampler
+
+            sampler = NvmlSampler(spec.nvml_index)
+            if sampler.available:
+                self._sampler = sampler
+                self.nvml_timer.start()
+
+    def _sample_hardware(self) -> None:
+        if self._sampler is None:
+            return
+        sample = self._sampler.sample()
+        self.hardware_strip.update_memory(sample)
+        if self.replying:
+            self.data.add_hardware(sample)
+
+    def _on_reply_started(self, t0: float) -> None:
+        self.data.start_reply(t0)
+
+    def _on_events(self, batch: list) -> None:
+        text = []
+        for event in batch:
+            if isinstance(event, StepMetrics):
+                self.data.add_step(event)
+                self._reply_steps.append(event)
+            elif isinstance(event, TokenEvent):
+                text.append(event.text)
+            elif isinstance(event, SettingsApplied):
+                if text:
+                    self.chat.append_reply("".join(text))
+                    text = []
+                self._pending_change = None
+                self.data.annotate(", ".join(event.changes) or event.settings.label, event.settings.label, event.t_s)
+            elif isinstance(event, DoneEvent):
+                if text:
+                    self.chat.append_reply("".join(text))
+                    text = []
+                self._finish_reply(event)
+        if text:
+            self.chat.append_reply("".join(text))
+
+    def _finish_reply(self, done: DoneEvent) -> None:
+        self.last_done = done
+        parts = [f"{done.n_new_tokens} tokens, {DONE_WORDS.get(done.reason, done.reason)}",
+                 f"TTFT {1e3 * done.ttft_s:.0f} ms"]
+        decode = [m for m in self._reply_steps if m.phase == "decode"]
+        if decode:
+            step_s = sum(m.step_s for m in decode)
+            gbs = sum(m.total_bytes for m in decode) / step_s / 1e9
+            peak = decode[-1].peak_bandwidth_bps / 1e9
+            parts += [f"decode {len(decode) / step_s:.1f} tok/s", f"{gbs:.1f} GB/s (model) = {100 * gbs / peak:.0f}% "
+                                                                   f"of {peak:.0f} GB/s peak"]
+        self.chat.end_reply("— " + " · ".join(parts))
+        if self._pending_change is not None:  # the reply ended before the engine's next step
+            new, changes = self._pending_change
+            self._pending_change = None
+            self.data.annotate(", ".join(changes), new.label, time.monotonic())
+
+    def _on_busy_changed(self, kind: str, busy: bool) -> None:
+        if busy:
+            return
+        if kind == "load":
+            self.loading = False
+            self.hardware_strip.set_progress(1.0, "")
+        else:
+            self.replying = False
+            self.chat.set_streaming(False)
+        ready = self.model_info is not None and not self.loading and not self.replying
+        self.chat.set_ready(ready)
+        self.controls.set_enabled(self.model_info is not None and not self.loading)
+        if kind == "reply":
+            done, self.last_done = self.last_done, None
+            self.reply_finished.emit(done)
+
+    def _on_failed(self, what: str, message: str) -> None:
+        if what == "load":
+            text = f"could not load the model: {message}"
+            if self.model_info is not None:
+                text += f" (still using {self.model_info.label})"
+        elif what == "reply":
+            text = f"the reply failed: {message}"
+            if self.model_info is not None:
+                text += " — the conversation so far is kept"
+        else:
+            text = message
+        self.chat.add_notice(text, error=True)
+        self.show_error(text)
+
+    # ---- drawing ------------------------------------------------------------------------------
+    def _on_frame(self) -> None:
+        """~30 fps, but the GUI thread keeps to a CPU budget: on a CPU the engine and the drawing
+        share the same cores, so when drawing (and the rest of the GUI) costs more than
+        GUI_CPU_BUDGET of a core, frames are skipped (never below MIN_FPS)."""
+        self._frame += 1
+        now, cpu = time.monotonic(), time.thread_time()
+        elapsed = now - self._last_tick[0]
+        if elapsed > 0:
+            share = (cpu - self._last_tick[1]) / elapsed
+            self.gui_cpu_share = 0.8 * self.gui_cpu_share + 0.2 * min(share, 1.0)
+        self._last_tick = (now, cpu)
+        if self.gui_cpu_share <= GUI_CPU_BUDGET or now - self._last_draw >= 1 / MIN_FPS:
+            if self.plots.refresh():
+                self._last_draw = now
+        if self._frame % READOUT_EVERY_FRAMES == 0:
+            self.plots.update_readouts()
+            if self._sampler is None and self.model_info is not None:
+                self.hardware_strip.update_memory(None)
+
+    def save_screenshot(self, path: str) -> bool:
+        self.plots.refresh(force=True)
+        self.plots._readout_version = -1
+        self.plots.update_readouts()
+        if self.model_info is not None:
+            self.hardware_strip.update_memory(self._sampler.sample() if self._sampler else None)
+        return self.grab().save(path, "PNG")
+
+    # ---- closing ------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Stop the timers, stop the reply or load in progress and end the worker thread."""
+        if self._closed:
+            return
+        self._closed = True
+        self.frame_timer.stop()
+        self.nvml_timer.stop()
+        if not self.worker.shutdown():
+            # One step can outlast the wait (a huge prefill on a CPU). Destroying a running QThread
+            # aborts the process, so the worker leaves the window and ends on its own.
+            print("membound: the engine is still finishing a step; it will stop after it", file=sys.stderr)
+            self.worker.setParent(None)
+            _finishing_workers.append(self.worker)
+        if self._sampler is not None:
+            self._sampler.close()
+            self._sampler = None
+
+    def closeEvent(self, event) -> None:
+        self.shutdown()
+        super().closeEvent(event)

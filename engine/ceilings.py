@@ -1,0 +1,118 @@
+"""What the hardware allows: the seed table. Batch-1 decode reads every weight once per token,
+so `tokens/s <= memory bandwidth / weight bytes`; a model whose weights exceed the memory is OOM.
+Pure functions over plain data (no torch tensors, no Qt): the app and the CLI both print it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.config import ModelConfig
+from engine.hardware import KNOWN_GPUS, DeviceSpec
+
+GIB = 2**30
+
+# Memory per GPU (the datasheet's capacity). KNOWN_GPUS carries bandwidth and FLOP/s only.
+GPU_MEMORY_BYTES: dict[str, int] = {
+    "H200 NVL": 141 * 10**9,
+    "H200 SXM": 141 * 10**9,
+    "H100 PCIe": 80 * GIB,
+    "H100 NVL": 94 * GIB,
+    "H100 SXM": 80 * GIB,
+    "A100 80GB PCIe": 80 * GIB,
+    "A100 80GB SXM": 80 * GIB,
+    "A100 40GB": 40 * GIB,
+    "L40S": 48 * GIB,
+    "L40": 48 * GIB,
+    "L4": 24 * GIB,
+    "A10": 24 * GIB,
+    "A10G": 24 * GIB,
+    "T4": 16 * GIB,
+    "RTX 4090": 24 * GIB,
+    "RTX 3090": 24 * GIB,
+}
+
+# Storage bytes per weight. INT8 is per-output-channel (one scale per row: negligible); INT4 is
+# group-wise, 128 weights per group with one fp16 scale (0.5 + 2/128 bytes).
+BYTES_PER_WEIGHT: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1.0, "int4": 0.5 + 2 / 128}
+
+# The chips every table compares against, and the reference model shapes beside the loaded one.
+REFERENCE_GPUS = ("A100 80GB SXM", "H100 SXM", "H200 SXM")
+REFERENCE_SHAPES = ("llama3.2-1b", "llama3-8b", "llama-13b", "llama3-70b")
+
+
+@dataclass(frozen=True)
+class Chip:
+    label: str
+    bandwidth_gbs: float
+    memory_bytes: int | None  # None: unknown, never OOM
+    source: str  # where the bandwidth comes from, e.g. "spec" or "measured"
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    label: str
+    read_params: int  # weights one decode step reads: every matmul, the output head included
+    stored_params: int  # weights held in memory: the above + the embedding table (if untied) + norms
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    tokens_per_s: float | None  # None when the weights do not fit
+    weight_bytes_per_token: float
+    stored_bytes: float
+    fits: bool
+
+    def text(self) -> str:
+        if not self.fits:
+            return "OOM"
+        tps = self.tokens_per_s
+        if tps >= 1e6:
+            return f"{tps / 1e6:.1f}M"
+        if tps >= 1e4:
+            return f"{tps / 1e3:.0f}k"
+        return f"{tps:,.0f}" if tps >= 100 else f"{tps:.1f}" if tps >= 1 else f"{tps:.2f}"
+
+
+def model_size(cfg: ModelConfig, label: str | None = None) -> ModelSize:
+    read = cfg.n_layers * cfg.layer_linear_params + cfg.vocab_size * cfg.dim
+    return ModelSize(label or cfg.name, read, cfg.n_params)
+
+
+def reference_models(shapes: tuple[str, ...] = REFERENCE_SHAPES) -> list[ModelSize]:
+    return [model_size(ModelConfig.from_name(name)) for name in shapes]
+
+
+def gpu_chip(label: str) -> Chip:
+    """A chip from the datasheet table, by its KNOWN_GPUS label."""
+    for sheet in KNOWN_GPUS:
+        if sheet.label == label:
+            return Chip(label, sheet.bandwidth_gbs, GPU_MEMORY_BYTES.get(label), "spec")
+    raise KeyError(f"no datasheet for {label!r}")
+
+
+def device_chip(spec: DeviceSpec) -> Chip:
+    """The chip the app runs on, with the bandwidth the app draws as its peak."""
+    if spec.kind == "cpu":
+        label, source = "this CPU", "measured"
+    else:
+        label = spec.name.removeprefix("NVIDIA ").strip()
+        source = "spec" if spec.spec_bandwidth_gbs else "measured"
+    return Chip(label, spec.peak_bandwidth_gbs, spec.memory_total_bytes, source)
+
+
+def decode_ceiling(model: ModelSize, chip: Chip, weight_format: str) -> Ceiling:
+    """Batch-1 decode ceiling on one chip: weights only (a short context's KV cache is small)."""
+    per_weight = BYTES_PER_WEIGHT[weight_format]
+    read_bytes = model.read_params * per_weight
+    stored_bytes = model.stored_params * per_weight
+    fits = chip.memory_bytes is None or stored_bytes <= chip.memory_bytes
+    tokens_per_s = chip.bandwidth_gbs * 1e9 / read_bytes if fits and read_bytes > 0 else None
+    return Ceiling(tokens_per_s, read_bytes, stored_bytes, fits)
+
+
+def seed_table(models: list[ModelSize], chips: list[Chip], weight_format: str) -> list[list[Ceiling]]:
+    """Rows: models; columns: chips."""
+    return [[decode_ceiling(m, c, weight_format) for c in chips] for m in models]
+
+
+def format_params(n: int) -> str:
+    return f"{n / 1e9:.1f} B" if n >= 1e9 else f"{n / 1e6:.0f} M"

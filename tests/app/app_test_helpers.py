@@ -1,0 +1,29 @@
+"""Shared by the app tests (tests/app is on sys.path under pytest's default import mode)."""
+from __future__ import annotations
+
+from engine.hardware import DeviceSpec
+from engine.sampling import SamplingParams
+
+GREEDY = SamplingParams(greedy=True, temperature=0.0)
+
+
+def fake_cpu() -> DeviceSpec:
+    """A CPU spec with round numbers, so no test waits for the start-up measurement."""
+    return DeviceSpec(name="test cpu (2 cores)", kind="cpu", peak_bandwidth_gbs=20.0,
+                      peak_flops={"fp32": 1e11, "bf16": 2e11}, measured_bandwidth_gbs=20.0,
+                      measured_flops={"fp32": 1e11, "bf16": 2e11}, memory_total_bytes=16 * 2**30,
+                      source="CPU — measured bandwidth")
+
+
+def send_and_wait(window, qtbot, text: str, timeout_ms: int = 30_000):
+    """Send a prompt and wait for the reply to end; returns its DoneEvent (None if it failed)."""
+    with qtbot.waitSignal(window.reply_finished, timeout=timeout_ms) as finished:
+        window.send(text)
+    return finished.args[0]
+
+
+def activate(window, qtbot) -> None:
+    """Show and activate the window: its keyboard shortcuts work only in the active window."""
+    window.show()
+    window.activateWindow()
+    qtbot.waitActive(window)

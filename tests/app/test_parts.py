@@ -1,0 +1,159 @@
+"""The app's pure parts: ring buffers, axis helpers, setting colours, settings paths and change
+labels, and the seed table's arithmetic (engine.ceilings) worked by hand."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from app.controls import CONTROLS, describe_changes, get_field, has_field, with_field
+from app.plots import LiveData, merge_bars, nice_ceiling, x_window
+from app.ringbuffer import RingBuffer
+from app.theme import DARK, LIGHT, SettingColours
+from engine import ceilings
+from engine.config import ModelConfig
+from engine.engine import Settings
+from engine.sampling import SamplingParams
+
+from app_test_helpers import fake_cpu
+
+
+def test_ring_buffer_keeps_the_newest_rows_in_order():
+    ring = RingBuffer(4, ("x", "y"))
+    assert len(ring) == 0 and math.isnan(ring.last("x")) and ring.column("x").size == 0
+    for i in range(6):
+        ring.append(x=i, y=None if i == 3 else 10 * i)
+    assert len(ring) == 4 and ring.total == 6
+    assert ring.column("x").tolist() == [2, 3, 4, 5]
+    y = ring.column("y")
+    assert y[0] == 20 and math.isnan(y[1]) and y[3] == 50 and ring.last("y") == 50
+    ring.column("x")[0] = 99  # a copy: plotting code cannot corrupt the buffer
+    assert ring.column("x")[0] == 2
+    ring.append(x=7)
+    assert math.isnan(ring.last("y"))  # a column not given is NaN, not a stale value
+    ring.clear()
+    assert ring.total == 0 and len(ring.column("y")) == 0
+    with pytest.raises(ValueError):
+        RingBuffer(0, ("x",))
+
+
+def test_x_window_jumps_a_quarter_window_at_a_time():
+    assert x_window(0, 400) == (-2.0, 50.0) and x_window(60, 400) == (-2.0, 100.0)
+    assert x_window(300, 400) == (-2.0, 400.0) and x_window(400, 400) == (-2.0, 400.0)
+    assert x_window(401, 400) == (98.0, 500.0)
+    assert x_window(499, 400) == (98.0, 500.0)  # no scrolling between jumps
+    assert x_window(500, 400) == (198.0, 600.0)
+    for n in range(401, 2000, 37):
+        lo, hi = x_window(n, 400)
+        assert lo < n - 1 <= hi  # the newest step is always in view
+
+
+@pytest.mark.parametrize("value, expected", [(0.7, 1), (1, 1), (1.01, 2), (3, 5), (7, 10), (0.031, 0.05),
+                                             (420, 500), (0, 1), (float("nan"), 1)])
+def test_nice_ceiling(value, expected):
+    assert nice_ceiling(value) == pytest.approx(expected)
+
+
+def test_each_setting_keeps_one_colour_and_distinct_settings_differ():
+    colours = SettingColours(DARK)
+    fp32_on, fp32_off, bf16_on = "fp32 · kv on", "fp32 · kv off", "bf16 · kv on"
+    assert colours.colour(fp32_on) == dict(DARK.setting_colours)["fp32"]
+    assert colours.colour(fp32_off) == dict(DARK.setting_colours)["kv off"]
+    assert colours.colour(bf16_on) == dict(DARK.setting_colours)["bf16"]
+    assert colours.colour("bf16 · kv off") not in {colours.colour(x) for x in (fp32_on, fp32_off, bf16_on)}
+    assert colours.colour(fp32_on) == colours.colour(fp32_on)
+    colours.set_theme(LIGHT)
+    assert colours.colour(fp32_on) == dict(LIGHT.setting_colours)["fp32"]
+
+
+def test_settings_paths_and_change_labels():
+    s = Settings()
+    assert get_field(s, "sampling.top_p") == 0.95 and has_field(s, "kv_cache") and not has_field(s, "nope")
+    t = with_field(with_field(s, "sampling.temperature", 0.2), "kv_cache", False)
+    assert t.sampling.temperature == 0.2 and t.kv_cache is False and s.kv_cache is True
+    assert describe_changes(s, t) == ["kv cache off", "temperature 0.2"]
+    assert describe_changes(s, with_field(s, "dtype", "bf16")) == ["bf16"]
+    assert describe_changes(s, s) == []
+    fields = [c.field for c in CONTROLS]
+    assert {"dtype", "kv_cache", "max_new_tokens", "sampling.temperature", "sampling.top_p"} <= set(fields)
+
+
+def test_live_data_records_steps_and_annotations():
+    from engine.metrics import StepMetrics
+
+    data = LiveData(step_capacity=8)
+    data.start_reply(100.0)
+
+    def step(i, phase):
+        return StepMetrics(step=i, phase=phase, batch_size=1, new_tokens=10 if phase == "prefill" else 1,
+                           tokens_out=1, context_len=0 if phase == "prefill" else 9 + i, step_s=0.01,
+                           weight_bytes=10**6, kv_read_bytes=1000, kv_write_bytes=100, other_bytes=0,
+                           flops=2 * 10**6, peak_bandwidth_bps=1e9, peak_flops=1e10, t_s=100.0 + 0.01 * (i + 1),
+                           settings_label="fp32 · kv on")
+    data.add_step(step(0, "prefill"))
+    note = data.annotate("kv cache off", "fp32 · kv off", 100.02)
+    data.add_step(step(1, "decode"))
+    assert note.x == 1.0 and note.label == "fp32 · kv off" and data.labels == ["fp32 · kv on"]
+    assert data.ttft_s == pytest.approx(0.01)
+    assert data.steps.column("tokens_per_s").tolist() == pytest.approx([1000.0, 100.0])
+    assert data.steps.column("ceiling_tps")[1] == pytest.approx(1e9 / (10**6 + 1100))
+    v = data.version
+    data.clear()
+    assert data.version > v and data.steps.total == 0 and data.annotations == []
+
+
+# ---- engine.ceilings: the seed table --------------------------------------------------------
+def test_seed_table_matches_the_formula_by_hand():
+    cfg = ModelConfig.from_name("llama3-8b")
+    size = ceilings.model_size(cfg)
+    # 32 layers of (4096*(4096+2*1024) + 4096*4096 + 3*4096*14336) plus the 128256 x 4096 head
+    assert size.read_params == 32 * (4096 * 6144 + 4096 * 4096 + 3 * 4096 * 14336) + 128256 * 4096
+    h100 = ceilings.gpu_chip("H100 SXM")
+    assert (h100.bandwidth_gbs, h100.memory_bytes) == (3350, 80 * 2**30)
+    bf16 = ceilings.decode_ceiling(size, h100, "bf16")
+    assert bf16.fits and bf16.tokens_per_s == pytest.approx(3350e9 / (2 * size.read_params))
+    assert 200 < bf16.tokens_per_s < 230  # the number every talk quotes: ~215 tok/s
+    int4 = ceilings.decode_ceiling(size, h100, "int4")
+    assert int4.tokens_per_s / bf16.tokens_per_s == pytest.approx(2 / (0.5 + 2 / 128))
+
+
+def test_seed_table_says_oom_where_the_weights_do_not_fit():
+    big = ceilings.model_size(ModelConfig.from_name("llama3-70b"))
+    chips = [ceilings.gpu_chip(label) for label in ceilings.REFERENCE_GPUS]
+    fp16, int8 = ceilings.seed_table([big], chips, "fp16")[0], ceilings.seed_table([big], chips, "int8")[0]
+    assert [c.text() for c in fp16] == ["OOM", "OOM", "OOM"]  # 141 GB of weights
+    assert all(c.fits and c.tokens_per_s > 0 for c in int8)
+    cpu = ceilings.device_chip(fake_cpu())
+    assert (cpu.label, cpu.bandwidth_gbs, cpu.source) == ("this CPU", 20.0, "measured")
+    assert not ceilings.decode_ceiling(big, cpu, "fp16").fits  # 16 GiB of RAM
+
+
+def test_ceiling_text_is_short():
+    cell = ceilings.Ceiling
+    assert cell(12345.0, 1, 1, True).text() == "12k" and cell(2.5e6, 1, 1, True).text() == "2.5M"
+    assert cell(215.4, 1, 1, True).text() == "215" and cell(3.14, 1, 1, True).text() == "3.1"
+    assert cell(None, 1, 1, False).text() == "OOM"
+
+
+def test_every_datasheet_gpu_has_a_memory_size():
+    from engine.hardware import KNOWN_GPUS
+
+    assert {g.label for g in KNOWN_GPUS} <= set(ceilings.GPU_MEMORY_BYTES)
+
+
+def test_sampling_default_round_trip():
+    s = Settings(sampling=SamplingParams(temperature=0.5))
+    assert with_field(s, "sampling.top_p", 0.5).sampling == SamplingParams(temperature=0.5, top_p=0.5)
+    assert np.isclose(get_field(s, "sampling.temperature"), 0.5)
+
+
+def test_long_replies_draw_merged_timeline_bars_without_losing_a_spike():
+    x0 = np.arange(1000) * 0.01
+    ms = np.full(1000, 10.0)
+    ms[777] = 90.0
+    starts, ends, heights = merge_bars(x0, ms, max_bars=300)
+    assert len(starts) <= 300 + 3 and starts[0] == 0 and ends[-1] == pytest.approx(10.0)
+    assert heights.max() == 90.0 and np.all(np.diff(starts) > 0)
+    same = merge_bars(x0[:50], ms[:50], max_bars=300)
+    assert np.array_equal(same[0], x0[:50]) and np.array_equal(same[2], ms[:50])

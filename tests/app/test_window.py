@@ -1,0 +1,242 @@
+"""The window on a tiny random model: streamed replies, plots fed from ring buffers, settings
+changed mid-reply (annotated where the engine applied them), Stop, errors that leave the app
+running, and closing mid-reply. Every test also passes the conftest's leak check."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from PySide6.QtCore import Qt
+
+from engine.engine import DoneEvent, Engine, Settings, TokenEvent
+from engine.metrics import StepMetrics
+
+from app_test_helpers import activate, send_and_wait
+
+
+def test_a_prompt_streams_a_reply_into_the_chat_panel(make_window, qtbot):
+    window = make_window(max_new_tokens=200)
+    batches = []
+    window.worker.events.connect(lambda batch: batches.append(
+        "".join(e.text for e in batch if isinstance(e, TokenEvent))))
+    partial = []
+    window.worker.events.connect(lambda _batch: partial.append(window.chat.reply_text))
+    done = send_and_wait(window, qtbot, "hello there")
+    assert isinstance(done, DoneEvent) and done.reason == "max_tokens" and done.n_new_tokens == 200
+    streamed = [text for text in batches if text]
+    assert len(streamed) >= 2, "the reply arrived in one piece, not streamed"
+    assert "".join(streamed) == done.text
+    assert 0 < len(partial[0]) < len(done.text)  # the panel showed part of it before the end
+    transcript = window.chat.plain_text()
+    assert "hello there" in transcript and done.text in transcript and "200 tokens" in transcript
+    assert "assistant:" not in transcript  # the chat template stays hidden
+    assert window.chat.send_button.isEnabled() and not window.chat.stop_button.isEnabled()
+
+
+def test_plots_receive_every_step_in_their_ring_buffers(make_window, qtbot):
+    window = make_window(max_new_tokens=40)
+    done = send_and_wait(window, qtbot, "count the steps")
+    steps = window.data.steps
+    assert steps.total == done.n_new_tokens == 40
+    assert steps.column("prefill")[0] == 1 and np.all(steps.column("prefill")[1:] == 0)
+    assert np.all(steps.column("tokens_per_s") > 0) and np.all(steps.column("gbs") > 0)
+    qtbot.waitUntil(lambda: window.plots.frames_drawn > 0 and window.plots._drawn_version == window.data.version)
+    decode_series = window.plots._series["tokens"][0]
+    x, y = decode_series.getData()
+    assert len(x) == 40 and np.isfinite(y).sum() == 39  # the prefill step is its own marker
+    assert len(window.plots.prefill_item.getData()[0]) == 1
+    assert window.data.ttft_s is not None and window.data.ttft_s > 0
+    # the roofline's live dot is the last (decode) step, left of the ridge: memory-bound
+    ridge = 1e11 / 20e9  # the fake CPU's peak FLOP/s / peak bytes/s
+    assert window.plots.dot_item.xData[0] == pytest.approx(window.data.steps.last("ai"))
+    assert window.data.steps.last("ai") < ridge
+    assert window.plots.last_prefill_item.xData[0] > window.data.steps.last("ai")  # prefill lands right
+
+
+def test_kv_cache_toggled_mid_reply_reaches_the_engine_and_is_annotated(make_window, qtbot):
+    window = make_window(max_new_tokens=3000)
+    activate(window, qtbot)
+    window.send("a long reply please")
+    qtbot.waitUntil(lambda: window.data.steps.total > 5, timeout=10_000)
+    qtbot.keyClick(window, Qt.Key.Key_F2)  # the stage shortcut for the KV cache switch
+    assert window.settings.kv_cache is False
+    qtbot.waitUntil(lambda: any("kv cache off" in n.text for n in window.data.annotations), timeout=10_000)
+    note = next(n for n in window.data.annotations if "kv cache off" in n.text)
+    assert window.worker.engine.settings.kv_cache is False
+    with qtbot.waitSignal(window.reply_finished, timeout=10_000) as finished:
+        window.stop()
+    assert finished.args[0].reason == "stopped"
+    after = [s for s in window._reply_steps if s.step >= window._reply_steps[0].step + note.x]
+    assert after and all(s.kv_bytes == 0 and s.new_tokens > 1 for s in after)  # recomputes the context
+    assert all(s.kv_read_bytes > 0 for s in window._reply_steps[1:int(note.x)])
+    window.plots.refresh(force=True)
+    labels = [line.label.format for line in window.plots._annotation_lines["tokens"]]
+    assert any("kv cache off" in text for text in labels)
+    for plot in ("memory", "compute", "timeline"):  # every time plot carries the line
+        assert len(window.plots._annotation_lines[plot]) == len(window.plots._annotation_lines["tokens"])
+    assert "off" in window.controls.widgets["kv_cache"].text().lower()
+
+
+def test_a_setting_changed_between_replies_is_annotated_at_once(make_window, qtbot):
+    window = make_window(max_new_tokens=8)
+    before = len(window.data.annotations)
+    window.controls.cycle("dtype")  # fp32 -> bf16 (fp16 is refused on a CPU and skipped)
+    assert window.settings.dtype == "bf16"
+    assert len(window.data.annotations) == before + 1 and window.data.annotations[-1].text == "bf16"
+    fp16 = next(b for b in window.controls.widgets["dtype"].buttons() if b.value == "fp16")
+    assert not fp16.isEnabled() and "fp16" in fp16.toolTip()
+    done = send_and_wait(window, qtbot, "now in bf16")
+    assert done.n_new_tokens == 8 and window._reply_steps[-1].settings_label.startswith("bf16")
+
+
+def test_stop_ends_the_reply_and_the_chat_goes_on(make_window, qtbot):
+    window = make_window(max_new_tokens=3000)
+    activate(window, qtbot)
+    window.send("go on forever")
+    qtbot.waitUntil(lambda: window.data.steps.total > 3, timeout=10_000)
+    with qtbot.waitSignal(window.reply_finished, timeout=10_000) as finished:
+        qtbot.keyClick(window.chat.input, Qt.Key.Key_Escape)
+    done = finished.args[0]
+    assert done.reason == "stopped" and 0 < done.n_new_tokens < 3000
+    assert "stopped" in window.chat.plain_text()
+    window.apply_settings(Settings(max_new_tokens=5, sampling=window.settings.sampling))
+    done2 = send_and_wait(window, qtbot, "second turn")
+    assert done2.reason == "max_tokens" and done2.n_new_tokens == 5
+    assert [m["role"] for m in window.worker.engine.messages] == ["user", "assistant", "user", "assistant"]
+
+
+def test_a_failing_step_shows_a_message_and_the_app_survives(make_window, qtbot, monkeypatch):
+    window = make_window(max_new_tokens=20)
+    send_and_wait(window, qtbot, "first turn")
+    kept = list(window.worker.engine.messages)
+    real_step = Engine._step
+    calls = {"n": 0}
+
+    def failing_step(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise RuntimeError("simulated kernel failure")
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "_step", failing_step)
+    with qtbot.waitSignal(window.error_shown, timeout=10_000):
+        window.send("this one breaks")
+    qtbot.waitUntil(lambda: not window.replying)
+    assert "simulated kernel failure" in window.last_error and window.error_bar.isVisibleTo(window)
+    assert "simulated kernel failure" in window.chat.plain_text()
+    assert window.worker.engine.messages == kept  # the failed turn is not part of the conversation
+    monkeypatch.setattr(Engine, "_step", real_step)
+    done = send_and_wait(window, qtbot, "and again")
+    assert done.n_new_tokens == 20 and not window.error_bar.isVisibleTo(window)
+    assert len(window.worker.engine.messages) == len(kept) + 2
+
+
+def test_a_bad_model_path_is_reported_and_the_loaded_model_stays(make_window, qtbot, tmp_path):
+    window = make_window(max_new_tokens=6)
+    loaded = window.model_info
+    with qtbot.waitSignal(window.error_shown, timeout=10_000) as shown:
+        window.load_model(str(tmp_path / "missing.gguf"), "cpu", window.hardware, window.settings)
+    assert "model not found" in shown.args[0] and "still using" in shown.args[0]
+    qtbot.waitUntil(lambda: not window.loading)
+    assert window.model_info is loaded and window.chat.send_button.isEnabled()
+    assert send_and_wait(window, qtbot, "still here?").n_new_tokens == 6
+
+
+def test_a_broken_model_file_is_reported_without_a_model(qtbot, tmp_path):
+    from app.window import MainWindow
+    from app_test_helpers import fake_cpu
+
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    window = MainWindow(model=str(bad), hardware=fake_cpu())
+    qtbot.addWidget(window)
+    with qtbot.waitSignal(window.error_shown, timeout=20_000) as shown:
+        pass
+    assert shown.args[0].startswith("could not load the model")
+    qtbot.waitUntil(lambda: not window.loading)
+    assert window.model_info is None and not window.chat.send_button.isEnabled()
+
+
+def test_closing_mid_reply_stops_the_worker_and_every_timer(make_window, qtbot):
+    window = make_window(max_new_tokens=3000)
+    window.send("keep talking")
+    qtbot.waitUntil(lambda: window.data.steps.total > 3, timeout=10_000)
+    assert window.replying and window.worker.isRunning() and window.frame_timer.isActive()
+    t0 = time.monotonic()
+    window.close()
+    assert time.monotonic() - t0 < 5.0
+    assert not window.worker.isRunning() and not window.frame_timer.isActive()
+    assert window.worker.engine.messages[-1]["role"] == "assistant"  # the reply ended as "stopped"
+
+
+def test_themes_and_large_fonts_redraw_the_same_data(make_window, qtbot):
+    window = make_window(max_new_tokens=12)
+    send_and_wait(window, qtbot, "colours")
+    colour_dark = window.colours.colour(window.data.labels[0])
+    window.toggle_theme()
+    assert window.theme.name == "light" and window.theme.background in window.styleSheet()
+    window.set_large_fonts(True)
+    assert window.theme.font_pt >= 15 and window.fonts_button.isChecked()
+    assert window.plots.refresh(force=True)
+    assert window.colours.colour(window.data.labels[0]) != colour_dark  # same slot, light palette
+    x, _ = window.plots._series["tokens"][0].getData()
+    assert len(x) == 12
+    window.toggle_theme()
+    window.set_large_fonts(False)
+    assert window.theme.name == "dark" and window.colours.colour(window.data.labels[0]) == colour_dark
+
+
+def test_the_hardware_strip_and_seed_table_name_their_sources(make_window):
+    window = make_window()
+    strip = window.hardware_strip
+    assert "CPU — measured bandwidth" in strip.device_label.text()
+    assert "20.0 GB/s (measured)" in strip.bandwidth_label.text()
+    assert "(model)" in strip.memory_label.text() and "no NVML" in strip.live_label.text()
+    table = window.seed_table.table
+    headers = [table.horizontalHeaderItem(i).text() for i in range(table.columnCount())]
+    assert headers[0].startswith("this CPU") and [h.split()[0] for h in headers[1:]] == ["A100", "H100", "H200"]
+    rows = [table.verticalHeaderItem(i).text() for i in range(table.rowCount())]
+    assert rows[0].startswith("tiny") and any(r.startswith("llama3-70b") for r in rows)
+    r70 = next(i for i, r in enumerate(rows) if r.startswith("llama3-70b"))
+    assert table.item(r70, 1).text() == "OOM"  # 70B fp32 weights do not fit in 80 GB
+
+
+def test_model_picker_builds_engine_specs(qtbot):
+    from app.model_picker import ModelPicker
+
+    picker = ModelPicker("synthetic:llama3-8b")
+    qtbot.addWidget(picker)
+    assert picker.spec() == "synthetic:llama3-8b" and picker.shape_box.isEnabled()
+    picker.gguf_radio.setChecked(True)
+    picker.path_edit.setText("/models/x.gguf")
+    assert picker.spec() == "/models/x.gguf" and not picker.shape_box.isEnabled()
+    picker.default_radio.setChecked(True)
+    assert picker.spec() == "default" and picker.device() == "auto"
+
+
+def test_screenshot_mode_answers_and_saves_the_window(qapp, tiny_model, tmp_path):
+    from types import SimpleNamespace
+
+    from PySide6.QtGui import QImage
+
+    from app.main import SCREENSHOT_SIZE, main
+    from app_test_helpers import GREEDY, fake_cpu
+
+    path = tmp_path / "shot.png"
+    code = main(SimpleNamespace(screenshot=str(path), prompt="hi", debug=False), model=tiny_model,
+                hardware=fake_cpu(), settings=Settings(max_new_tokens=30, sampling=GREEDY), timeout_s=60)
+    assert code == 0
+    image = QImage(str(path))
+    assert (image.width(), image.height()) == SCREENSHOT_SIZE
+
+
+def test_step_metrics_reach_the_gui_as_plain_frozen_data(make_window, qtbot):
+    window = make_window(max_new_tokens=5)
+    seen = []
+    window.worker.events.connect(lambda batch: seen.extend(batch))
+    send_and_wait(window, qtbot, "types")
+    kinds = {type(e).__name__ for e in seen}
+    assert {"StepMetrics", "TokenEvent", "DoneEvent"} <= kinds
+    metrics = next(e for e in seen if isinstance(e, StepMetrics))
+    assert metrics.__dataclass_params__.frozen and isinstance(metrics.to_dict(), dict)
