@@ -3,7 +3,7 @@ shortcut, built from the declarative `CONTROLS` table. A later setting (weights 
 attention backend, KV layout, batching) is one more entry there; an entry whose field the
 engine's Settings lacks is left out, and options the device refuses are greyed with the reason.
 Shortcuts are function keys: they work while the chat input has the focus and clash with no
-text-editing key (F2 KV cache, F3 precision; later switches take F4…)."""
+text-editing key (F2 KV cache, F3 precision, F4 weights, F5 attention, F6 KV layout, F7 INT4 group)."""
 from __future__ import annotations
 
 import dataclasses
@@ -53,6 +53,16 @@ CONTROLS: tuple[Choice | Toggle | Number, ...] = (
            "bytes per weight read every step: fp32 = 4, bf16/fp16 = 2"),
     Toggle("kv_cache", "KV cache", "F2",
            "off: every step recomputes the whole context (tokens/s falls as the context grows)"),
+    Choice("weights", "Weights", (("fp", "FP"), ("int8", "INT8"), ("int4", "INT4")), "F4",
+           "weight-only quantisation: INT8 = 1 byte per weight (+ a scale per row), INT4 = half a byte "
+           "(+ a scale and minimum per group); activations stay in the precision above"),
+    Choice("group_size", "INT4 group", ((32, "32"), (64, "64"), (128, "128")), "F7",
+           "INT4: inputs sharing one scale and minimum (smaller = more accurate, more scale bytes)"),
+    Choice("attention", "Attention", (("flash", "Flash"), ("naive", "Naive")), "F5",
+           "naive writes the score matrix to memory and reads it back; flash keeps it on chip"),
+    Choice("kv_layout", "KV layout", (("contiguous", "Contig."), ("paged", "Paged"), ("off", "Off")), "F6",
+           "contiguous reserves the whole context per sequence; paged takes blocks on demand; "
+           "off recomputes the context every step"),
     Number("max_new_tokens", "Max tokens", 1, 8192, 32, tooltip="longest reply, in tokens"),
     Number("sampling.temperature", "Temperature", 0.0, 2.0, 0.1, 2, "0 = greedy (always the likeliest token)"),
     Number("sampling.top_p", "Top-p", 0.05, 1.0, 0.05, 2, "sample from the smallest set of tokens holding this mass"),
@@ -92,8 +102,14 @@ def describe_changes(old: Settings, new: Settings) -> list[str]:
             continue
         if isinstance(control, Toggle):
             changes.append(f"{control.label.lower()} {'on' if after else 'off'}")
+        elif control.field == "kv_layout":  # the KV cache switch and this choice share one state
+            if get_field(old, "kv_cache") == get_field(new, "kv_cache"):
+                changes.append(f"kv {after}")
+        elif control.field == "group_size":
+            if new.weights == "int4":
+                changes.append(f"int4 group {after}")
         elif isinstance(control, Choice):
-            changes.append(str(after))
+            changes.append(f"{after} attention" if control.field == "attention" else str(after))
         else:
             changes.append(f"{control.label.lower()} {after:g}")
     return changes
@@ -115,16 +131,26 @@ class ControlsBar(QFrame):
         self._enabled = False
         self.widgets: dict[str, Any] = {}  # field -> widget (QButtonGroup for a Choice)
         self.shortcuts: list[QShortcut] = []
-        self.layout_ = QHBoxLayout(self)
-        self.layout_.setContentsMargins(10, 6, 10, 6)
+        # two rows: the switches (each with its stage shortcut) above; the numbers and the
+        # window's own buttons below, so the bar stays narrower than a 1680-pixel screen
+        rows = QVBoxLayout(self)
+        rows.setContentsMargins(10, 6, 10, 6)
+        rows.setSpacing(6)
+        self.layout_ = QHBoxLayout()
         self.layout_.setSpacing(14)
+        second = QHBoxLayout()
+        second.setSpacing(14)
         for control in CONTROLS:
             if has_field(self.settings, control.field):
-                self.layout_.addLayout(self._build(control))
+                target = second if isinstance(control, Number) else self.layout_
+                target.addLayout(self._build(control))
         self.layout_.addStretch(1)
+        second.addStretch(1)
         self.extra = QHBoxLayout()  # the window adds its own buttons (model, theme) here
         self.extra.setSpacing(8)
-        self.layout_.addLayout(self.extra)
+        second.addLayout(self.extra)
+        rows.addLayout(self.layout_)
+        rows.addLayout(second)
         self.set_enabled(False)
 
     # ---- building -----------------------------------------------------------------------------

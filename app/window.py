@@ -9,7 +9,8 @@ import time
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QMainWindow, QPushButton, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (QHBoxLayout, QLabel, QMainWindow, QPushButton, QSplitter, QTabWidget, QVBoxLayout,
+                               QWidget)
 
 from engine.engine import DoneEvent, Settings, SettingsApplied, TokenEvent
 from engine.metrics import StepMetrics
@@ -18,6 +19,7 @@ from app.chat import ChatPanel
 from app.controls import ControlsBar, describe_changes
 from app.hardware_strip import HardwareStrip
 from app.plots import LiveData, PlotsPanel
+from app.kv_panel import KVCachePanel
 from app.seed_table import SeedTable
 from app.theme import SettingColours, stylesheet, themed
 from app.worker import Chat, EngineWorker, Load, ModelInfo, Reset
@@ -78,7 +80,11 @@ class MainWindow(QMainWindow):
             self.controls.extra.addWidget(button)
         self.chat = ChatPanel(self.theme)
         self.seed_table = SeedTable(self.theme, self.colours)
-        self.plots = PlotsPanel(self.data, self.theme, self.colours, extra=self.seed_table)
+        self.kv_panel = KVCachePanel(self.theme)
+        self.side_tabs = QTabWidget()  # the sixth cell: the seed table, or the KV cache's blocks
+        self.side_tabs.addTab(self.seed_table, "What the hardware allows")
+        self.side_tabs.addTab(self.kv_panel, "KV cache")
+        self.plots = PlotsPanel(self.data, self.theme, self.colours, extra=self.side_tabs)
         self.hardware_strip = HardwareStrip(self.theme)
         self.error_label = QLabel("")
         self.error_label.setObjectName("error")
@@ -118,6 +124,7 @@ class MainWindow(QMainWindow):
         self.worker.reply_started.connect(self._on_reply_started)
         self.worker.busy_changed.connect(self._on_busy_changed)
         self.worker.failed.connect(self._on_failed)
+        self.worker.kv_snapshot.connect(self.kv_panel.set_snapshot)
 
         # ---- user actions
         self.chat.send_requested.connect(self.send)
@@ -229,6 +236,7 @@ class MainWindow(QMainWindow):
         self.controls.set_theme(self.theme)
         self.chat.set_theme(self.theme)
         self.seed_table.set_theme(self.theme)
+        self.kv_panel.set_theme(self.theme)
         self.hardware_strip.set_theme(self.theme)
         self.plots.set_theme(self.theme)
         self.theme_button.setText(("Dark" if self.theme.name == "light" else "Light") + " theme  F9")
@@ -399,6 +407,8 @@ class MainWindow(QMainWindow):
         if self.gui_cpu_share <= GUI_CPU_BUDGET or now - self._last_draw >= 1 / MIN_FPS:
             if self.plots.refresh():
                 self._last_draw = now
+        if self.side_tabs.currentWidget() is self.kv_panel and self.side_tabs.isVisible():
+            self.kv_panel.refresh()
         if self._frame % READOUT_EVERY_FRAMES == 0:
             self.plots.update_readouts()
             if self._sampler is None and self.model_info is not None:

@@ -20,6 +20,7 @@ from engine.metrics import StepMetrics
 # Events reach the GUI in batches at most this often (and at once when the engine is slower),
 # so a tiny model decoding thousands of tokens a second does not flood the event loop.
 BATCH_INTERVAL_S = 1 / 60
+KV_SNAPSHOT_INTERVAL_S = 0.15  # the KV panel needs a few pictures a second, not one per token
 
 _workers: "weakref.WeakSet[EngineWorker]" = weakref.WeakSet()
 
@@ -97,6 +98,7 @@ class EngineWorker(QThread):
     reply_started = Signal(float)  # time.monotonic() when the prompt was handed to the engine
     busy_changed = Signal(str, bool)  # ("load" | "reply", running): sent at the start and the end
     failed = Signal(str, str)  # (what failed: "load" | "reply" | "settings", one-line message)
+    kv_snapshot = Signal(object)  # engine.paged.KVCacheSnapshot: the KV cache's blocks, plain data
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -148,6 +150,7 @@ class EngineWorker(QThread):
                 elif isinstance(command, Reset):
                     if self._engine is not None:
                         self._engine.reset()
+                        self._emit_kv_snapshot(self._engine)
             except _Cancelled:
                 return
 
@@ -179,12 +182,19 @@ class EngineWorker(QThread):
                 label=engine.loaded.label, source=engine.loaded.source, device=device, cfg=engine.cfg,
                 weight_bytes=engine.model.linear_weight_bytes(), hardware=engine.hardware,
                 settings=engine.settings))
+            self._emit_kv_snapshot(engine)
         except _Cancelled:
             raise
         except Exception as error:  # the old model (if any) stays loaded and usable
             self.failed.emit("load", one_line(error))
         finally:
             self.busy_changed.emit("load", False)
+
+    def _emit_kv_snapshot(self, engine: Engine) -> None:
+        try:
+            self.kv_snapshot.emit(engine.kv_snapshot())
+        except Exception:  # the panel is a view: a failed snapshot must not end the reply
+            pass
 
     def _chat(self, text: str) -> None:
         engine = self._engine
@@ -195,7 +205,7 @@ class EngineWorker(QThread):
         self.busy_changed.emit("reply", True)
         self.reply_started.emit(time.monotonic())
         batch: list = []
-        last_emit = time.monotonic()
+        last_emit = last_snapshot = time.monotonic()
         try:
             for event in engine.chat(text):
                 batch.append(event)
@@ -206,6 +216,9 @@ class EngineWorker(QThread):
                 if isinstance(event, DoneEvent) or now - last_emit >= BATCH_INTERVAL_S:
                     self.events.emit(batch)
                     batch, last_emit = [], now
+                if isinstance(event, DoneEvent) or now - last_snapshot >= KV_SNAPSHOT_INTERVAL_S:
+                    self._emit_kv_snapshot(engine)  # the generator is paused: between steps
+                    last_snapshot = now
         except Exception as error:  # a failed turn is not part of the conversation
             engine.messages = kept_messages
             if batch:

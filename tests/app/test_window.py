@@ -3,6 +3,7 @@ changed mid-reply (annotated where the engine applied them), Stop, errors that l
 running, and closing mid-reply. Every test also passes the conftest's leak check."""
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -240,3 +241,17 @@ def test_step_metrics_reach_the_gui_as_plain_frozen_data(make_window, qtbot):
     assert {"StepMetrics", "TokenEvent", "DoneEvent"} <= kinds
     metrics = next(e for e in seen if isinstance(e, StepMetrics))
     assert metrics.__dataclass_params__.frozen and isinstance(metrics.to_dict(), dict)
+
+
+def test_kv_layout_switch_reaches_the_engine_and_the_kv_panel_draws_the_blocks(make_window, qtbot):
+    """Paged KV mid-conversation: the engine switches layout and the KV panel gets block snapshots."""
+    window = make_window()
+    window.side_tabs.setCurrentWidget(window.kv_panel)
+    window.apply_settings(dataclasses.replace(window.settings, kv_layout="paged"))
+    send_and_wait(window, qtbot, "hello there")
+    assert window.worker.engine.settings.kv_layout == "paged"
+    qtbot.waitUntil(lambda: window.kv_panel.snapshot is not None and window.kv_panel.snapshot.layout == "paged",
+                    timeout=10_000)
+    snap = window.kv_panel.snapshot
+    assert snap.blocks_used > 0 and snap.used_bytes > 0
+    assert "weights" in window.controls.widgets and "attention" in window.controls.widgets
