@@ -122,18 +122,21 @@ def run_hf(engine, prompt_ids: list[int], decode_tokens: int, our_steps, progres
         decode_bytes_per_token=d_bytes / len(decode))
 
 
+TABLE_ROWS = [
+    ("prefill tok/s", lambda r: f"{r.prefill_tokens_per_s:,.1f}"),
+    ("decode tok/s", lambda r: f"{r.decode_tokens_per_s:,.2f}"),
+    ("TTFT", lambda r: f"{r.ttft_s * 1e3:,.1f} ms"),
+    ("decode bytes/token", lambda r: f"{r.decode_bytes_per_token / 1e6:,.1f} MB"),
+    ("achieved GB/s", lambda r: f"{r.decode_achieved_gbs:,.1f}"),
+    ("peak GB/s", lambda r: f"{r.peak_gbs:,.1f}"),
+    ("MBU", lambda r: f"{100 * r.mbu:.1f}%"),
+    ("MFU", lambda r: f"{100 * r.mfu:.2f}%"),
+    ("predicted ceiling tok/s", lambda r: f"{r.predicted_ceiling_tokens_per_s:,.1f}"),
+]
+
+
 def format_table(results: list[BenchResult]) -> str:
-    rows = [
-        ("prefill tok/s", lambda r: f"{r.prefill_tokens_per_s:,.1f}"),
-        ("decode tok/s", lambda r: f"{r.decode_tokens_per_s:,.2f}"),
-        ("TTFT", lambda r: f"{r.ttft_s * 1e3:,.1f} ms"),
-        ("decode bytes/token", lambda r: f"{r.decode_bytes_per_token / 1e6:,.1f} MB"),
-        ("achieved GB/s", lambda r: f"{r.decode_achieved_gbs:,.1f}"),
-        ("peak GB/s", lambda r: f"{r.peak_gbs:,.1f}"),
-        ("MBU", lambda r: f"{100 * r.mbu:.1f}%"),
-        ("MFU", lambda r: f"{100 * r.mfu:.2f}%"),
-        ("predicted ceiling tok/s", lambda r: f"{r.predicted_ceiling_tokens_per_s:,.1f}"),
-    ]
+    rows = TABLE_ROWS
     names = [r.name for r in results]
     if len(results) == 2:
         names.append("ratio")
@@ -156,6 +159,59 @@ def _value(r: BenchResult, label: str) -> float:
             "achieved GB/s": r.decode_achieved_gbs, "MBU": r.mbu}[label]
 
 
+# ---- --sweep weights ------------------------------------------------------------------------
+def run_weight_sweep(engine, variants: dict, prompt_ids: list[int], decode_tokens: int, repeats: int,
+                     eval_tokens: int, progress) -> tuple[dict, dict, dict]:
+    """Every weight setting on one engine, in one process: (results, steps, quality) by label.
+    Repeats are interleaved across settings, so background load falls on each alike; the best
+    run of each is kept. Quality: perplexity and top-1 agreement with the fp model."""
+    from dataclasses import replace
+    from engine.perplexity import weight_quality
+
+    for i, (label, s) in enumerate(variants.items()):  # make each copy, warm it up (kernels, graphs)
+        progress(i / len(variants), f"preparing {label}")
+        engine.apply(s)
+        engine.model_for(s)  # quantised copies are made in the background: wait for this one
+        run_ours(engine, prompt_ids[: min(16, len(prompt_ids))], 4)
+    results, steps = {}, {}
+    for r in range(repeats):
+        for i, (label, s) in enumerate(variants.items()):
+            progress((r * len(variants) + i) / (repeats * len(variants)),
+                     f"decoding {decode_tokens} tokens with {label} (run {r + 1}/{repeats})")
+            engine.apply(s)  # every copy is made by now: applies at the first step
+            result, run_steps = run_ours(engine, prompt_ids, decode_tokens)
+            if any(m.settings_label != s.label for m in run_steps):
+                raise RuntimeError(f"the sweep asked for {label}, but a step ran other settings")
+            if label not in results or result.decode_tokens_per_s > results[label].decode_tokens_per_s:
+                results[label], steps[label] = replace(result, name=label), run_steps
+    quality = {}
+    if eval_tokens > 0:
+        progress(0.0, "measuring perplexity and top-1 agreement")
+        quality = weight_quality(engine, variants, eval_tokens)
+    progress(1.0, "done")
+    return results, steps, quality
+
+
+def format_sweep(results: list[BenchResult], quality: dict) -> str:
+    """Settings side by side; speed-up and perplexity change are relative to the first (fp)."""
+    base = results[0]
+    rows = list(TABLE_ROWS[:2]) + [
+        (f"speed-up vs {base.name}", lambda r: f"{r.decode_tokens_per_s / base.decode_tokens_per_s:.2f}x"),
+    ] + list(TABLE_ROWS[2:])
+    if quality:
+        base_ppl = quality[base.name].perplexity
+        rows += [
+            ("perplexity", lambda r: f"{quality[r.name].perplexity:.3f}"),
+            (f"perplexity vs {base.name}", lambda r: f"{100 * (quality[r.name].perplexity / base_ppl - 1):+.2f}%"),
+            ("top-1 agreement", lambda r: f"{100 * quality[r.name].top1_agreement:.1f}%"),
+        ]
+    width = max(12, *(len(r.name) for r in results))
+    lines = [f"{'':<24}" + "".join(f"{r.name:>{width + 2}}" for r in results)]
+    for label, fmt in rows:
+        lines.append(f"{label:<24}" + "".join(f"{fmt(r):>{width + 2}}" for r in results))
+    return "\n".join(lines)
+
+
 def run_bench(args, progress) -> int:
     from engine.cli import resolve_dtype
     from engine.engine import Engine, Settings
@@ -165,8 +221,19 @@ def run_bench(args, progress) -> int:
     if args.prompt_tokens < 1 or args.decode_tokens < 2:
         raise ValueError("bench needs --prompt-tokens >= 1 and --decode-tokens >= 2")
     dtype = resolve_dtype(args)
-    settings = Settings(dtype=dtype, kv_cache=not args.no_kv_cache, max_new_tokens=args.decode_tokens + 1,
-                        sampling=SamplingParams(greedy=True, temperature=0.0))
+    weights, group_size = getattr(args, "weights", "fp"), getattr(args, "group_size", 32)
+    sweep = getattr(args, "sweep", None)
+    if args.compare and (sweep or weights != "fp"):
+        raise ValueError("--compare hf runs transformers on floating-point weights: use it without --weights/--sweep")
+    if sweep == "weights" and weights != "fp":
+        raise ValueError("--sweep weights runs fp, int8 and int4 itself: drop --weights")
+    if sweep in ("attention", "kv"):
+        from engine.bench_attention import run_sweep
+        return run_sweep(args, progress)
+    settings = Settings(dtype=dtype, kv_layout=args.kv_layout, attention=args.attention,
+                        kv_cache=False if args.no_kv_cache else None, max_new_tokens=args.decode_tokens + 1,
+                        sampling=SamplingParams(greedy=True, temperature=0.0), weights=weights,
+                        group_size=group_size)
     need = args.prompt_tokens + args.decode_tokens + 1
     engine = Engine(args.model, device=args.device, dtype=dtype, max_context=max(args.max_context, need),
                     progress=progress, settings=settings)
@@ -175,6 +242,8 @@ def run_bench(args, progress) -> int:
     print(f"model: {engine.loaded.label}", file=sys.stderr)
     print(f"device: {describe(engine.hardware)}", file=sys.stderr)
     prompt_ids = bench_prompt_ids(engine.tokenizer, args.prompt_tokens)
+    if sweep == "weights":
+        return _print_weight_sweep(engine, settings, prompt_ids, args, progress)
     progress(0.0, "warming up")
     run_ours(engine, prompt_ids[: min(16, len(prompt_ids))], 4)
     best = None
@@ -189,7 +258,7 @@ def run_bench(args, progress) -> int:
     if args.compare == "hf":
         results.append(run_hf(engine, prompt_ids, args.decode_tokens, steps, progress))
     print(f"\nworkload: batch 1, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens} tokens, "
-          f"greedy, {dtype}, KV cache {'off' if args.no_kv_cache else 'on'}")
+          f"greedy, {settings.label.replace(' · kv', ', KV cache')}")
     print(format_table(results))
     if args.json:
         payload = {
@@ -198,6 +267,36 @@ def run_bench(args, progress) -> int:
             "machine": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "results": [asdict(r) for r in results],
             "steps": [s.to_dict() for s in steps],
+        }
+        with open(args.json, "w") as f:
+            json.dump(payload, f, indent=1)
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+def _print_weight_sweep(engine, settings, prompt_ids: list[int], args, progress) -> int:
+    from engine.perplexity import evaluation_ids, text_description, weight_variants
+
+    variants = weight_variants(settings, args.group_size)
+    results, steps, quality = run_weight_sweep(engine, variants, prompt_ids, args.decode_tokens, args.repeats,
+                                               args.eval_tokens, progress)
+    ordered = [results[label] for label in variants]
+    print(f"\nworkload: batch 1, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens} tokens, greedy, "
+          f"{settings.dtype} activations, KV cache {'off' if args.no_kv_cache else 'on'}; int8 per output channel, "
+          f"int4 asymmetric group {args.group_size}; the head is int8 in both (engine/quant.py)")
+    print(format_sweep(ordered, quality))
+    if quality:
+        n = next(iter(quality.values())).n_tokens
+        print(f"quality text: {text_description(evaluation_ids(engine.tokenizer, args.eval_tokens))}, "
+              f"{n} tokens predicted")
+    if args.json:
+        payload = {
+            "command": "membound " + " ".join(sys.argv[1:]),
+            "model": engine.loaded.label, "device": engine.hardware.to_dict(), "dtype": settings.dtype,
+            "machine": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "results": [asdict(r) for r in ordered],
+            "quality": {label: asdict(q) for label, q in quality.items()},
+            "steps": {label: [s.to_dict() for s in run_steps] for label, run_steps in steps.items()},
         }
         with open(args.json, "w") as f:
             json.dump(payload, f, indent=1)

@@ -33,6 +33,13 @@ def add_model_args(p: argparse.ArgumentParser, default_dtype: str | None = None)
     p.add_argument("--max-context", type=int, default=4096, help="KV cache positions reserved (default 4096)")
 
 
+def add_attention_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--attention", choices=["flash", "naive"], default="flash",
+                   help="flash: fused, scores never in memory (default); naive: score matrix materialised")
+    p.add_argument("--kv-layout", choices=["contiguous", "paged", "off"], default="contiguous",
+                   help="KV cache: a max-length buffer (default), blocks from a pool, or none (recompute)")
+
+
 def resolve_dtype(args) -> str:
     return args.dtype or ("bf16" if args.device == "cuda" else "fp32")
 
@@ -54,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--top-k", type=int, default=0)
     chat.add_argument("--seed", type=int, default=None)
     chat.add_argument("--no-kv-cache", action="store_true", help="recompute the whole context every step")
+    add_attention_args(chat)
     chat.add_argument("--quiet", action="store_true", help="no per-reply statistics line")
 
     bench = sub.add_parser("bench", help="measure prefill and decode against the device's peak")
@@ -64,6 +72,19 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--compare", choices=["hf"], help="also run transformers' generate on the same model")
     bench.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     bench.add_argument("--no-kv-cache", action="store_true")
+    bench.add_argument("--weights", choices=["fp", "int8", "int4"], default="fp",
+                       help="weight storage: the dtype itself, int8 per channel, int4 group-wise (default fp)")
+    bench.add_argument("--group-size", type=int, choices=[32, 64, 128], default=32, help="int4 group size (default 32)")
+    bench.add_argument("--sweep", choices=["weights", "attention", "kv"],
+                       help="weights: fp, int8 and int4 in one run, side by side, with perplexity and top-1 agreement; "
+                            "attention: naive vs flash over contexts (prefill and decode); kv: contiguous, paged "
+                            "and no cache over contexts 128..4096")
+    add_attention_args(bench)
+    bench.add_argument("--contexts", metavar="N,N,...",
+                       help="context lengths for --sweep attention/kv (default: kv 128..4096; attention "
+                            "1024,4096 on cpu, 1024,4096,8192 on cuda)")
+    bench.add_argument("--eval-tokens", type=int, default=2048,
+                       help="tokens of evaluation text for the sweep's perplexity (0: skip quality)")
     return parser
 
 
@@ -100,14 +121,16 @@ def _one_line(e: BaseException) -> str:
 def run_app(args) -> int:
     try:
         import PySide6  # noqa: F401
+        import pyqtgraph  # noqa: F401
     except ImportError:
-        print("membound: the desktop app needs PySide6 (make run installs it); starting the terminal chat",
-              file=sys.stderr)
+        if args.screenshot:
+            print("membound: error: --screenshot needs the desktop app: install PySide6 and pyqtgraph "
+                  "(make run installs them)", file=sys.stderr)
+            return 2
+        print("membound: the desktop app needs PySide6 and pyqtgraph (make run installs them); "
+              "starting the terminal chat", file=sys.stderr)
         return main(["chat"])
-    try:
-        from app.main import main as app_main
-    except ImportError:
-        return main(["chat"])
+    from app.main import main as app_main  # an ImportError inside the app is a bug: let it show
     return app_main(args)
 
 
@@ -119,7 +142,8 @@ def run_chat(args) -> int:
     sampling = SamplingParams(temperature=0.0 if args.greedy else args.temperature, top_p=args.top_p,
                               top_k=args.top_k, seed=args.seed, greedy=args.greedy)
     dtype = resolve_dtype(args)
-    settings = Settings(dtype=dtype, kv_cache=not args.no_kv_cache, max_new_tokens=args.max_tokens,
+    settings = Settings(dtype=dtype, kv_layout=args.kv_layout, attention=args.attention,
+                        kv_cache=False if args.no_kv_cache else None, max_new_tokens=args.max_tokens,
                         sampling=sampling)
     settings.validate(args.device)
     if args.chat_prompt is not None and not args.chat_prompt.strip():

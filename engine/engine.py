@@ -5,6 +5,7 @@ StepMetrics, DoneEvent, SettingsApplied). `apply(settings)` and `stop()` may be 
 another thread; they take effect at the next step boundary."""
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -13,7 +14,8 @@ from typing import Iterator
 import torch
 
 from engine.config import ModelConfig
-from engine.kv_cache import ContiguousKVCache
+from engine.attention import BACKENDS
+from engine.kv_cache import DEFAULT_BLOCK_SIZE, ContiguousKVCache, PagedKVCache
 from engine.loader import LoadedWeights, load_model
 from engine.metrics import StepMetrics, step_cost
 from engine.model import Transformer
@@ -21,6 +23,7 @@ from engine.quant import GROUP_SIZES, WEIGHT_FORMATS, QuantError, QuantisedModel
 from engine.sampling import SamplingParams, sample
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+KV_LAYOUTS = ("contiguous", "paged", "off")
 
 
 class EngineError(ValueError):
@@ -34,7 +37,8 @@ class PromptError(EngineError):
 @dataclass(frozen=True)
 class Settings:
     dtype: str = "fp32"
-    kv_cache: bool = True
+    kv_layout: str = "contiguous"  # "contiguous" | "paged" | "off" (no cache: every step recomputes); see kv_cache
+    attention: str = "flash"  # "flash" (fused: scores never in memory) | "naive" (scores materialised)
     max_new_tokens: int = 256
     sampling: SamplingParams = field(default_factory=SamplingParams)
     cuda_graphs: bool = True  # on a GPU, replay decode steps from a captured graph (torch.compile)
@@ -49,6 +53,10 @@ class Settings:
         if self.weights == "int4" and self.group_size not in GROUP_SIZES:
             raise EngineError(f"int4 group size must be one of {', '.join(map(str, GROUP_SIZES))}, "
                               f"got {self.group_size}")
+        if self.kv_layout not in KV_LAYOUTS:
+            raise EngineError(f"KV layout must be one of {', '.join(KV_LAYOUTS)}, got {self.kv_layout!r}")
+        if self.attention not in BACKENDS:
+            raise EngineError(f"attention must be one of {', '.join(BACKENDS)}, got {self.attention!r}")
         if self.dtype == "fp16" and device == "cpu":
             raise EngineError("fp16 is not offered on the CPU (PyTorch has no fast fp16 matmul there); use fp32 or bf16")
         if int(self.max_new_tokens) != self.max_new_tokens or self.max_new_tokens < 1:
@@ -59,12 +67,35 @@ class Settings:
     @property
     def label(self) -> str:
         weights = "" if self.weights == "fp" else f" · {weights_label(self.weights, self.group_size)}"
-        return f"{self.dtype}{weights} · kv {'on' if self.kv_cache else 'off'}"
+        kv = {"contiguous": "on", "paged": "paged", "off": "off"}.get(self.kv_layout, self.kv_layout)
+        attention = " · naive attention" if self.attention == "naive" else ""
+        return f"{self.dtype}{weights} · kv {kv}{attention}"
+
+    @property
+    def kv_cache(self) -> bool:
+        """The KV cache on/off view of `kv_layout` (the app's KV toggle)."""
+        return self.kv_layout != "off"
 
     @property
     def weights_key(self) -> tuple[str, str, int] | None:
         """Which quantised copy of the model these settings run (None: the dtype's own weights)."""
         return None if self.weights == "fp" else (self.dtype, self.weights, self.group_size)
+
+
+_settings_init = Settings.__init__
+
+
+@functools.wraps(_settings_init)
+def _settings_init_with_kv_cache(self, *args, kv_cache: bool | None = None, **kwargs):
+    """`kv_cache` stays a keyword of Settings(...) and replace(...): False means kv_layout "off";
+    True turns an "off" layout back on (contiguous) and leaves "contiguous"/"paged" as they are."""
+    _settings_init(self, *args, **kwargs)
+    if kv_cache is not None:
+        on = self.kv_layout if self.kv_layout != "off" else "contiguous"
+        object.__setattr__(self, "kv_layout", on if kv_cache else "off")
+
+
+Settings.__init__ = _settings_init_with_kv_cache
 
 
 # ---- events (plain data) ----------------------------------------------------------------
@@ -114,7 +145,7 @@ class Engine:
         self.cfg: ModelConfig = self.loaded.cfg
         self.tokenizer = self.loaded.tokenizer
         self._models: dict[str, Transformer] = {self.settings.dtype: Transformer(self.cfg, self.loaded.weights)}
-        self.cache: ContiguousKVCache | None = None
+        self.cache: ContiguousKVCache | PagedKVCache | None = None
         self.cached_ids: list[int] = []  # token ids whose K/V are in self.cache
         self.messages: list[dict[str, str]] = []
         self._pending: Settings | None = None
@@ -165,6 +196,17 @@ class Engine:
         key = self.settings.weights_key
         return self._models[self.settings.dtype] if key is None else self._quantised.get(key)
 
+    def model_for(self, settings: Settings) -> Transformer:
+        """The model `settings` would run, made now if need be (quality tables, the bench)."""
+        key = settings.validate(self.device).weights_key
+        if key is None:
+            return self._fp_model(settings.dtype)
+        self._request_weights(settings)
+        try:
+            return self._quantised.wait(key)
+        except QuantError as e:
+            raise EngineError(str(e)) from None
+
     @property
     def max_context(self) -> int:
         return self.cfg.max_seq_len
@@ -206,7 +248,9 @@ class Engine:
             raise PromptError("empty prompt: nothing to generate from")
         self._check_prompt_length(len(prompt_ids))
         self._stop.clear()
-        self._take_pending(initial=True)
+        applied = self._take_pending()  # a change made between replies is announced too
+        if applied is not None:
+            yield applied
         budget = max_new_tokens or self.settings.max_new_tokens
         gen = self._make_generator()
         ids = list(prompt_ids)
@@ -285,8 +329,13 @@ class Engine:
             changes.append(new.dtype)
         if new.weights_key != old.weights_key and (new.weights, new.group_size) != (old.weights, old.group_size):
             changes.append(weights_label(new.weights, new.group_size))
-        if new.kv_cache != old.kv_cache:
-            changes.append(f"kv cache {'on' if new.kv_cache else 'off'}")
+        if new.kv_layout != old.kv_layout:  # a new layout starts empty: the next step re-prefills
+            if new.kv_layout == "off" or (old.kv_layout == "off" and new.kv_layout == "contiguous"):
+                changes.append(f"kv cache {'on' if new.kv_cache else 'off'}")
+            else:
+                changes.append(f"kv {new.kv_layout}")
+        if new.attention != old.attention:
+            changes.append(f"{new.attention} attention")
         if new.max_new_tokens != old.max_new_tokens:
             changes.append(f"max tokens {new.max_new_tokens}")
         if new.sampling != old.sampling:
@@ -310,21 +359,37 @@ class Engine:
     def _switch_dtype(self, name: str) -> None:
         self._fp_model(name)
         if self.cache is not None:  # keep the conversation: the cached K/V change precision
-            old = self.cache
-            self.cache = ContiguousKVCache(self.cfg, 1, self.cfg.max_seq_len, DTYPES[name], self.device)
-            n = old.length
-            self.cache.k[:, :, :, :n] = old.k[:, :, :, :n]
-            self.cache.v[:, :, :, :n] = old.v[:, :, :, :n]
-            self.cache.length = n
+            self.cache = self.cache.astype(DTYPES[name])
+
+    def _new_cache(self, dtype: torch.dtype):
+        """An empty cache in the settings' layout. Paged: a pool of blocks for one full-length
+        sequence (the same bytes as the contiguous buffer), filled on demand."""
+        if self.settings.kv_layout == "paged":
+            blocks = -(-self.cfg.max_seq_len // DEFAULT_BLOCK_SIZE)
+            return PagedKVCache(self.cfg, blocks, DEFAULT_BLOCK_SIZE, dtype, self.device)
+        return ContiguousKVCache(self.cfg, 1, self.cfg.max_seq_len, dtype, self.device)
+
+    def kv_snapshot(self):
+        """The KV cache's memory as plain data (engine/paged.py KVCacheSnapshot) for the app's
+        panel: cells per block, owners, fill, reserved vs used bytes. Call between steps."""
+        from engine.paged import KVCacheSnapshot
+        layout = self.settings.kv_layout
+        if layout == "off" or self.cache is None or self.cache.layout != layout:
+            bytes_per_token = self.cfg.kv_bytes_per_token_per_elem * _elem_bytes(self.model.dtype)
+            return KVCacheSnapshot(layout=layout, block_size=DEFAULT_BLOCK_SIZE, bytes_per_token=bytes_per_token)
+        return self.cache.snapshot()
 
     # ---- one step ------------------------------------------------------------------------
     @torch.inference_mode()
     def _step(self, ids: list[int], produced: int, gen) -> tuple[int, StepMetrics]:
         model = self.model
         use_cache = self.settings.kv_cache
+        layout = self.settings.kv_layout
+        attention = self.settings.attention
         if use_cache:
-            if self.cache is None:
-                self.cache = ContiguousKVCache(self.cfg, 1, self.cfg.max_seq_len, model.dtype, self.device)
+            if self.cache is None or self.cache.layout != layout:  # a new layout: prefill into it
+                self.cache = self._new_cache(model.dtype)
+                self.cached_ids = []
             common = _common_prefix(self.cached_ids, ids)
             start = min(common, len(ids) - 1)  # at least one token must run to get logits
             self.cache.truncate(start)
@@ -334,13 +399,13 @@ class Engine:
             feed = ids
         phase = "prefill" if produced == 0 else "decode"
         tokens = torch.tensor([feed], dtype=torch.long, device=self.device)
-        graph_kv_len = self._graph_bucket(start) if use_cache and len(feed) == 1 else None
+        graph_kv_len = self._graph_bucket(start) if layout == "contiguous" and len(feed) == 1 else None
         timer = _Timer(self.device)
         timer.start()
         if graph_kv_len is not None:
             logits = self._decode_graph(model, tokens, start, graph_kv_len)
         else:
-            logits = model(tokens, start_pos=start, cache=self.cache if use_cache else None)
+            logits = model(tokens, start_pos=start, cache=self.cache if use_cache else None, attention=attention)
         token = sample(logits[:, -1], self.settings.sampling, gen)
         token_id = int(token.item())
         step_s = timer.stop()
@@ -351,7 +416,8 @@ class Engine:
         cost = step_cost(self.cfg, batch_size=1, new_tokens=len(feed), context_len=start,
                          weight_bytes=model.linear_weight_bytes(), kv_elem_bytes=_elem_bytes(model.dtype),
                          act_elem_bytes=_elem_bytes(model.dtype), kv_cache=use_cache,
-                         kv_read_tokens=graph_kv_len)
+                         kv_read_tokens=graph_kv_len, attention=attention, kv_layout=layout,
+                         block_size=getattr(self.cache, "block_size", DEFAULT_BLOCK_SIZE))
         metrics = StepMetrics.from_cost(
             cost, step=self.step_count, phase=phase, batch_size=1, new_tokens=len(feed), tokens_out=1,
             context_len=start, step_s=step_s, peak_bandwidth_bps=self.hardware.peak_bandwidth_gbs * 1e9,
@@ -383,14 +449,14 @@ class Engine:
                 self._graph_steps = {key: torch.compile(model.forward_decode_static, mode="reduce-overhead",
                                                         fullgraph=True, dynamic=False)}
             pos = torch.tensor([start], dtype=torch.long, device=self.device)
-            logits = self._graph_steps[key](tokens, pos, self.cache, kv_len).clone()
+            logits = self._graph_steps[key](tokens, pos, self.cache, kv_len, self.settings.attention).clone()
             self.cache.length = start + 1
             return logits
         except Exception as e:  # a compiler problem must not end the conversation
             import warnings
             warnings.warn(f"CUDA graph decode unavailable, running eager: {type(e).__name__}: {e}")
             self._graph_failed = True
-            return model(tokens, start_pos=start, cache=self.cache)
+            return model(tokens, start_pos=start, cache=self.cache, attention=self.settings.attention)
 
 
 def _elem_bytes(dtype: torch.dtype) -> int:

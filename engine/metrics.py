@@ -19,10 +19,11 @@ class StepCost:
     flops: int  # matmul FLOPs + attention FLOPs (2 per multiply-add)
     matmul_flops: int
     attention_flops: int
+    attention_bytes: int = 0  # naive attention: the score matrix written, then read back
 
     @property
     def total_bytes(self) -> int:
-        return self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes + self.other_bytes
+        return self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes + self.other_bytes + self.attention_bytes
 
     @property
     def kv_bytes(self) -> int:
@@ -31,7 +32,8 @@ class StepCost:
 
 def step_cost(cfg: ModelConfig, *, batch_size: int, new_tokens: int, context_len: int,
               weight_bytes: int, kv_elem_bytes: int, act_elem_bytes: int = 4, kv_cache: bool = True,
-              logits_rows: int | None = None, kv_read_tokens: int | None = None) -> StepCost:
+              logits_rows: int | None = None, kv_read_tokens: int | None = None,
+              attention: str = "flash", kv_layout: str = "contiguous", block_size: int = 16) -> StepCost:
     """Cost of one step.
 
     weight_bytes: bytes of all matmul weights as stored (quantised weights count their
@@ -40,7 +42,12 @@ def step_cost(cfg: ModelConfig, *, batch_size: int, new_tokens: int, context_len
     length plus the new token, context_len must be 0) and nothing is cached.
     logits_rows: rows the head is evaluated on (default one per sequence).
     kv_read_tokens: cache positions attention actually reads, when it reads more than the
-    live context (a CUDA-graph step reads a fixed bucket with the tail masked)."""
+    live context (a CUDA-graph step reads a fixed bucket with the tail masked).
+    attention="naive": the (B, n_heads, T, S) score matrix is written to memory and read back
+    in the activation dtype, S = every key of the step (the masked half included: it is computed
+    and stored too), and its FLOPs are the full T x S product; "flash" keeps it on chip and skips
+    the masked half. kv_layout="paged": attention also reads each sequence's block table (int32,
+    once per KV head and layer); the positions it reads are the live ones, as contiguous."""
     B, T, C = batch_size, new_tokens, context_len
     logits_rows = B if logits_rows is None else logits_rows
     kv_elems_per_token = cfg.kv_bytes_per_token_per_elem  # K and V, all layers
@@ -55,15 +62,24 @@ def step_cost(cfg: ModelConfig, *, batch_size: int, new_tokens: int, context_len
     # attention per layer: QK^T and PV, 2 FLOPs per MAC each, q_dim wide; query i of T
     # sees C + i + 1 keys (causal), so the keys seen sum to T*C + T(T+1)/2
     keys_seen = T * C + T * (T + 1) // 2
-    attention = cfg.n_layers * B * 2 * 2 * cfg.q_dim * keys_seen
+    score_bytes = 0
+    if attention == "naive":
+        S = kv_read_tokens if kv_cache and kv_read_tokens is not None else C + T  # keys in the matrix
+        keys_seen = T * S
+        score_bytes = 2 * cfg.n_layers * B * cfg.n_heads * T * S * act_elem_bytes  # written, then read
+    if kv_cache and kv_layout == "paged":
+        blocks = -(-(C + T) // block_size)
+        kv_read += cfg.n_layers * B * cfg.n_kv_heads * blocks * 4
+    flops_attention = cfg.n_layers * B * 2 * 2 * cfg.q_dim * keys_seen
     return StepCost(
         weight_bytes=weight_bytes + norm_bytes,
         kv_read_bytes=kv_read,
         kv_write_bytes=kv_write,
         other_bytes=embed_rows + logits_bytes,
-        flops=layer_matmul + head_matmul + attention,
+        flops=layer_matmul + head_matmul + flops_attention,
         matmul_flops=layer_matmul + head_matmul,
-        attention_flops=attention,
+        attention_flops=flops_attention,
+        attention_bytes=score_bytes,
     )
 
 
@@ -86,6 +102,7 @@ class StepMetrics:
     peak_flops: float  # FLOP/s for the step's dtype
     t_s: float = 0.0  # monotonic time at the end of the step
     settings_label: str = ""  # e.g. "fp32 · kv on"
+    attention_bytes: int = 0  # naive attention's score matrix written and read back (0 for flash)
 
     @classmethod
     def from_cost(cls, cost: StepCost, *, step: int, phase: str, batch_size: int, new_tokens: int,
@@ -95,11 +112,12 @@ class StepMetrics:
                    context_len=context_len, step_s=step_s, weight_bytes=cost.weight_bytes,
                    kv_read_bytes=cost.kv_read_bytes, kv_write_bytes=cost.kv_write_bytes,
                    other_bytes=cost.other_bytes, flops=cost.flops, peak_bandwidth_bps=peak_bandwidth_bps,
-                   peak_flops=peak_flops, t_s=t_s, settings_label=settings_label)
+                   peak_flops=peak_flops, t_s=t_s, settings_label=settings_label,
+                   attention_bytes=cost.attention_bytes)
 
     @property
     def total_bytes(self) -> int:
-        return self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes + self.other_bytes
+        return self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes + self.other_bytes + self.attention_bytes
 
     @property
     def kv_bytes(self) -> int:

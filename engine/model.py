@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from engine.attention import attend
 from engine.config import ModelConfig
 
 # Decode on a CPU is a matrix-vector product per weight. PyTorch's plain F.linear (one
@@ -83,14 +84,15 @@ class Block(nn.Module):
         self.w_gate_up = Linear(torch.cat([weights["w_gate"], weights["w_up"]], dim=0))
         self.w_down = Linear(weights["w_down"])
 
-    def forward(self, x, cos, sin, layer: int, cache, start_pos: int):
+    def forward(self, x, cos, sin, layer: int, cache, start_pos: int, attention: str = "flash"):
         q, k, v = self._qkv(x, cos, sin)
-        if cache is not None:
-            k, v = cache.update(layer, start_pos, k, v)  # (B, n_kv, start_pos + T, hd)
-        y = attention(q, k, v, gqa=self.cfg.n_kv_heads != self.cfg.n_heads)
+        if cache is not None:  # (B, n_kv, start_pos + T, hd) views, or PagedKV handles (paged cache)
+            k, v = cache.update(layer, start_pos, k, v)
+        y = attend(q, k, v, attention)  # engine/attention.py: "naive" or "flash"
         return self._out_and_ffn(x, y)
 
-    def forward_static(self, x, cos, sin, layer: int, cache, pos: torch.Tensor, kv_len: int):
+    def forward_static(self, x, cos, sin, layer: int, cache, pos: torch.Tensor, kv_len: int,
+                       attention: str = "flash"):
         """One decode token per sequence at tensor position `pos` (B == 1): no Python value
         depends on the data, so the step can be captured in a CUDA graph. Attention reads
         the first kv_len cache positions (a fixed bucket) with the unwritten tail masked."""
@@ -99,9 +101,8 @@ class Block(nn.Module):
         v_all = cache.v[layer]
         k_all.index_copy_(2, pos, k)
         v_all.index_copy_(2, pos, v)
-        mask = torch.arange(kv_len, device=x.device)[None, :] <= pos[:, None]  # (1, kv_len)
-        y = F.scaled_dot_product_attention(q, k_all[:, :, :kv_len], v_all[:, :, :kv_len], attn_mask=mask,
-                                           enable_gqa=self.cfg.n_kv_heads != self.cfg.n_heads)
+        # keys past pos are masked (kv_lens = pos + 1, a tensor: nothing here depends on the data)
+        y = attend(q, k_all[:, :, :kv_len], v_all[:, :, :kv_len], attention, kv_lens=pos + 1)
         return self._out_and_ffn(x, y)
 
     def _qkv(self, x, cos, sin):
@@ -164,7 +165,7 @@ class Transformer(nn.Module):
         return self.embed.device
 
     def forward(self, tokens: torch.Tensor, start_pos: int = 0, cache=None,
-                last_only: bool = True) -> torch.Tensor:
+                last_only: bool = True, attention: str = "flash") -> torch.Tensor:
         """tokens (B, T) at positions start_pos .. start_pos+T-1 → logits (B, 1 or T, vocab), fp32."""
         B, T = tokens.shape
         if start_pos + T > self.cfg.max_seq_len:
@@ -173,20 +174,21 @@ class Transformer(nn.Module):
         cos = self.rope_cos[start_pos:start_pos + T]
         sin = self.rope_sin[start_pos:start_pos + T]
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, i, cache, start_pos)
+            x = layer(x, cos, sin, i, cache, start_pos, attention)
         if last_only:
             x = x[:, -1:]
         x = F.rms_norm(x, (self.cfg.dim,), self.norm, self.cfg.norm_eps)
         return self.head(x).float()
 
-    def forward_decode_static(self, tokens: torch.Tensor, pos: torch.Tensor, cache, kv_len: int) -> torch.Tensor:
+    def forward_decode_static(self, tokens: torch.Tensor, pos: torch.Tensor, cache, kv_len: int,
+                              attention: str = "flash") -> torch.Tensor:
         """Decode one token at tensor position pos (shape (1,)) over a cache bucket of kv_len
         positions; the graph-capturable twin of forward(tokens, start_pos, cache)."""
         x = F.embedding(tokens, self.embed)
         cos = self.rope_cos[pos][None]  # (1, 1, hd)
         sin = self.rope_sin[pos][None]
         for i, layer in enumerate(self.layers):
-            x = layer.forward_static(x, cos, sin, i, cache, pos, kv_len)
+            x = layer.forward_static(x, cos, sin, i, cache, pos, kv_len, attention)
         x = F.rms_norm(x, (self.cfg.dim,), self.norm, self.cfg.norm_eps)
         return self.head(x).float()
 

@@ -1,0 +1,158 @@
+"""One forward pass for a whole scheduler plan (engine/scheduler.py): ragged sequences, each at
+its own positions, K/V in a paged cache whose slots the scheduler has already allocated.
+
+The step's tokens are packed into one row (1, N) so every weight is read once for the whole batch
+(the point of batching: decode is a matrix-vector product per weight; a batch of B makes it
+matrix-matrix). Only attention is per sequence: the decode rows together, through their block
+tables (padded, masked by length; the Triton paged kernel on a GPU), each prefill chunk on its own."""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention import attend
+from engine.kv_cache import PagedKV, PagedKVCache, PageLayout
+from engine.metrics import StepCost, StepMetrics, step_cost
+from engine.model import Transformer
+from engine.scheduler import ScheduledSeq, Scheduler
+
+
+def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledSeq, ...] | list[ScheduledSeq],
+                 attention: str = "flash") -> tuple[list[int], torch.Tensor]:
+    """Run every planned token; return (request ids that sample, their next-token logits
+    (n, vocab) fp32), in plan order. `cache.manager` must be the scheduler's KV manager."""
+    if not seqs:
+        return [], torch.empty(0, model.cfg.vocab_size)
+    bs = cache.block_size
+    # decode rows first (attended together), then prefill chunks; `order` maps back to the plan
+    decodes = [s for s in seqs if len(s.token_ids) == 1]
+    prefills = [s for s in seqs if len(s.token_ids) > 1]
+    packed = decodes + prefills
+    device = model.device
+    tokens = torch.tensor([t for s in packed for t in s.token_ids], device=device)[None]  # (1, N)
+    positions = [s.start_pos + i for s in packed for i in range(len(s.token_ids))]
+    if max(positions) >= model.cfg.max_seq_len:
+        raise ValueError(f"context of {max(positions) + 1} tokens exceeds the model's {model.cfg.max_seq_len}")
+    pos = torch.tensor(positions, device=device)
+    slots = torch.tensor([_slot(s.block_table, p, bs) for s in packed
+                          for p in range(s.start_pos, s.start_pos + len(s.token_ids))], device=device)
+    decode_layout = _layout(decodes, bs) if decodes else None
+    prefill_layouts = [_layout([s], bs) for s in prefills]
+
+    x = F.embedding(tokens, model.embed)  # (1, N, dim)
+    cos, sin = model.rope_cos[pos], model.rope_sin[pos]  # (N, hd): each token at its own position
+    for i, layer in enumerate(model.layers):
+        q, k, v = layer._qkv(x, cos, sin)  # q (1, H, N, hd); k, v (1, n_kv, N, hd)
+        cache.k[i].index_copy_(1, slots, k[0])  # pool (n_kv, slots, hd)
+        cache.v[i].index_copy_(1, slots, v[0])
+        parts = []
+        if decode_layout is not None:
+            qd = q[0, :, :len(decodes)].transpose(0, 1)[:, :, None]  # (B_dec, H, 1, hd)
+            yd = attend(qd, PagedKV(cache.k[i], decode_layout), PagedKV(cache.v[i], decode_layout), attention)
+            parts.append(yd[:, :, 0].transpose(0, 1)[None])  # (1, H, B_dec, hd)
+        offset = len(decodes)
+        for s, lay in zip(prefills, prefill_layouts):
+            T = len(s.token_ids)
+            parts.append(attend(q[:, :, offset:offset + T], PagedKV(cache.k[i], lay), PagedKV(cache.v[i], lay),
+                                attention))  # (1, H, T, hd)
+            offset += T
+        y = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
+        x = layer._out_and_ffn(x, y)
+
+    # next-token logits only where a request samples (its chunk reaches its last token)
+    ends, offset = {}, 0
+    for s in packed:
+        offset += len(s.token_ids)
+        ends[s.request_id] = offset - 1
+    ids = [s.request_id for s in seqs if s.samples]
+    if not ids:
+        return [], torch.empty(0, model.cfg.vocab_size, device=device)
+    last = x[0, [ends[r] for r in ids]]  # (n, dim)
+    last = F.rms_norm(last, (model.cfg.dim,), model.norm, model.cfg.norm_eps)
+    return ids, model.head(last[None])[0].float()
+
+
+def _slot(table, pos: int, block_size: int) -> int:
+    return table[pos // block_size] * block_size + pos % block_size
+
+
+def _layout(seqs: list[ScheduledSeq], block_size: int) -> PageLayout:
+    """Where the rows' keys live once this step's tokens are written (their whole context)."""
+    lens = [s.start_pos + len(s.token_ids) for s in seqs]
+    tables = [list(s.block_table) for s in seqs]
+    runs = []
+    for table, n in zip(tables, lens):
+        row: list[tuple[int, int]] = []
+        for j, block in enumerate(table[: -(-n // block_size)]):
+            take = min(block_size, n - j * block_size)
+            if row and row[-1][0] + row[-1][1] == block * block_size:
+                row[-1] = (row[-1][0], row[-1][1] + take)
+            else:
+                row.append((block * block_size, take))
+        runs.append(row)
+    return PageLayout(block_size=block_size, block_tables=tables, context_lens=lens, runs=runs, write_runs=[])
+
+
+def plan_cost(cfg, seqs, *, weight_bytes: int, elem_bytes: int, attention: str = "flash",
+              block_size: int = 16) -> StepCost:
+    """The cost model for a ragged plan: the weights once for the whole step; KV traffic,
+    attention and matmul FLOPs per sequence (each its own context and chunk length)."""
+    parts = [step_cost(cfg, batch_size=1, new_tokens=len(s.token_ids), context_len=s.start_pos, weight_bytes=0,
+                       kv_elem_bytes=elem_bytes, act_elem_bytes=elem_bytes, logits_rows=int(s.samples),
+                       attention=attention, kv_layout="paged", block_size=block_size) for s in seqs]
+    norm_bytes = parts[0].weight_bytes if parts else 0  # the norms: read once per step too
+    fields = ("kv_read_bytes", "kv_write_bytes", "other_bytes", "flops", "matmul_flops", "attention_flops",
+              "attention_bytes")
+    return StepCost(weight_bytes=weight_bytes + norm_bytes, **{f: sum(getattr(p, f) for p in parts) for f in fields})
+
+
+class BatchRunner:
+    """A model, a paged KV cache and a scheduler over it: `step()` schedules a plan, runs it as
+    one forward, samples (greedy unless `sample` is given) and updates the scheduler.
+    Returns (plan, {request_id: token}, StepMetrics or None for an empty plan)."""
+
+    def __init__(self, model: Transformer, num_blocks: int, block_size: int = 16, *, max_batch_size: int = 8,
+                 token_budget: int = 512, policy: str = "continuous", chunk_size: int | None = None,
+                 attention: str = "flash", peak_bandwidth_bps: float = float("nan"),
+                 peak_flops: float = float("nan"), sample=None, settings_label: str = ""):
+        self.model = model
+        self.cache = PagedKVCache(model.cfg, num_blocks=num_blocks, block_size=block_size, dtype=model.dtype,
+                                  device=model.device)
+        self.scheduler = Scheduler(self.cache.manager, max_batch_size=max_batch_size, token_budget=token_budget,
+                                   policy=policy, chunk_size=chunk_size)
+        self.attention = attention
+        self.peak_bandwidth_bps, self.peak_flops = peak_bandwidth_bps, peak_flops
+        self.sample = sample or (lambda logits: logits.argmax(dim=-1))
+        self.settings_label = settings_label
+        self.step_count = 0
+        self._weight_bytes = model.linear_weight_bytes()
+        self._elem_bytes = model.embed.element_size()
+
+    def step(self):
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return plan, {}, None
+        sync = torch.cuda.synchronize if self.model.device.type == "cuda" else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            ids, logits = forward_plan(self.model, self.cache, plan.seqs, self.attention)
+            tokens = self.sample(logits).tolist() if ids else []
+        sync()
+        step_s = time.perf_counter() - t0
+        sampled = dict(zip(ids, tokens))
+        self.scheduler.update_from_output(plan, sampled)
+        cost = plan_cost(self.model.cfg, plan.seqs, weight_bytes=self._weight_bytes, elem_bytes=self._elem_bytes,
+                         attention=self.attention, block_size=self.cache.block_size)
+        n = len(plan.seqs)
+        decode = all(len(s.token_ids) == 1 and s.samples for s in plan.seqs)
+        metrics = StepMetrics.from_cost(
+            cost, step=self.step_count, phase="decode" if decode else "prefill", batch_size=n,
+            new_tokens=max(1, round(plan.total_num_scheduled_tokens / n)), tokens_out=len(ids),
+            context_len=round(sum(s.start_pos for s in plan.seqs) / n), step_s=step_s,
+            peak_bandwidth_bps=self.peak_bandwidth_bps, peak_flops=self.peak_flops, t_s=time.monotonic(),
+            settings_label=self.settings_label)
+        self.step_count += 1
+        return plan, sampled, metrics

@@ -1,0 +1,278 @@
+"""Requests and the batching scheduler in vLLM's shape, pure Python (no torch): every step
+`schedule()` returns a plan {request_id: n_tokens} (a prefill chunk or one decode token each) and
+allocates its KV slots; the model runs the plan; `update_from_output(plan, sampled)` appends the
+sampled tokens, finishes requests (EOS, max tokens, cancel), frees their blocks and lets waiting
+ones in. When the KV pool runs dry the newest running request is pre-empted: its blocks are freed
+and it is re-queued to recompute its prompt and the tokens it already produced.
+
+Policies: `continuous` admits and evicts at every step; `static` forms a batch when none is
+running and admits nobody else until every member of that batch has finished (a pre-empted
+member rejoins its own batch)."""
+from __future__ import annotations
+
+import enum
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from engine.paged import KVCacheManager
+
+POLICIES = ("continuous", "static")
+
+
+class RequestState(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # blocks freed; waiting to recompute what it had
+    FINISHED = "finished"
+    CANCELLED = "cancelled"
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: int
+    prompt_ids: list[int]
+    max_new_tokens: int
+    eos_ids: frozenset[int] = frozenset()
+    arrival_s: float = 0.0
+    state: RequestState = RequestState.WAITING
+    output_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # positions whose K/V are in the cache
+    first_token_s: float | None = None
+    token_times_s: list[float] = field(default_factory=list)
+    finish_reason: str | None = None  # "eos" | "length" | "cancelled"
+    num_preemptions: int = 0
+    cancel_requested: bool = False
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens still to run through the model before it can sample: the (rest of the)
+        prompt, everything after a pre-emption, or the last sampled token at decode."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state in (RequestState.FINISHED, RequestState.CANCELLED)
+
+    @property
+    def max_cached_tokens(self) -> int:
+        """Positions it can hold at most: the last sampled token is never run through the model."""
+        return len(self.prompt_ids) + self.max_new_tokens - 1
+
+
+@dataclass(frozen=True)
+class ScheduledSeq:
+    """One request's share of a step: run `token_ids` at positions start_pos.. (their K/V slots
+    are allocated: `block_table`); when `samples`, the step's last logits give its next token."""
+    request_id: int
+    token_ids: tuple[int, ...]
+    start_pos: int
+    block_table: tuple[int, ...]
+    samples: bool
+
+    @property
+    def is_prefill(self) -> bool:
+        return len(self.token_ids) > 1 or not self.samples
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    num_scheduled_tokens: dict[int, int]  # the plan: request_id -> tokens this step
+    seqs: tuple[ScheduledSeq, ...]  # the same plan, with what the model runner needs
+    preempted_req_ids: tuple[int, ...] = ()
+    num_waiting: int = 0  # after this step's admissions
+    num_running: int = 0
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.num_scheduled_tokens
+
+
+class Scheduler:
+    def __init__(self, kv_manager: KVCacheManager, max_batch_size: int = 8, token_budget: int = 512,
+                 policy: str = "continuous", chunk_size: int | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
+        if policy not in POLICIES:
+            raise ValueError(f"batching policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        if max_batch_size < 1 or token_budget < 1 or (chunk_size is not None and chunk_size < 1):
+            raise ValueError("max_batch_size, token_budget and chunk_size must be >= 1")
+        self.kv = kv_manager
+        self.max_batch_size = max_batch_size
+        self.token_budget = token_budget
+        self.policy = policy
+        self.chunk_size = chunk_size or token_budget
+        self.clock = clock
+        self.requests: dict[int, Request] = {}  # every request not yet finished
+        self.waiting: deque[Request] = deque()  # WAITING and PREEMPTED, in admission order
+        self.running: list[Request] = []  # oldest admitted first
+        self.num_preemptions = 0
+        self._static_batch: set[int] = set()  # members of the batch a static policy is running
+        self._in_flight: SchedulerOutput | None = None  # scheduled, not yet updated
+        self._finished: list[Request] = []  # since the last take_finished()
+
+    # ---- requests in and out -------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request {request.request_id} is already scheduled")
+        if not request.prompt_ids or request.max_new_tokens < 1:
+            raise ValueError("a request needs a prompt and max_new_tokens >= 1")
+        capacity = self.kv.pool.num_blocks * self.kv.block_size
+        if request.max_cached_tokens > capacity:
+            raise ValueError(f"request {request.request_id} needs up to {request.max_cached_tokens} positions; "
+                             f"the whole KV pool holds {capacity}")
+        request.state = RequestState.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def cancel(self, request_id: int) -> bool:
+        """Cancel now, or at the end of the step in flight if it is part of it. False: unknown."""
+        req = self.requests.get(request_id)
+        if req is None:
+            return False
+        req.cancel_requested = True
+        in_step = self._in_flight is not None and request_id in self._in_flight.num_scheduled_tokens
+        if not in_step:
+            self._finish(req, RequestState.CANCELLED, "cancelled")
+        return True
+
+    def take_finished(self) -> list[Request]:
+        """Requests that finished or were cancelled since the last call (each reported once)."""
+        done, self._finished = self._finished, []
+        return done
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # ---- one step --------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        if self._in_flight is not None:
+            raise RuntimeError("schedule() called twice without update_from_output()")
+        plan: dict[int, int] = {}
+        budget = self.token_budget
+        preempted: list[int] = []
+        # decodes first, then prefill chunks: a long prompt never stalls the running decodes
+        for req in sorted(self.running, key=lambda r: r.num_uncomputed_tokens > 1):
+            if budget == 0:
+                break
+            if req.state is not RequestState.RUNNING:  # pre-empted earlier in this loop
+                continue
+            n = min(req.num_uncomputed_tokens, self.chunk_size, budget)
+            while not self.kv.can_allocate(req.request_id, n):
+                victim = self.running[-1]
+                budget += plan.pop(victim.request_id, 0)  # un-plan it if it already ran this step
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is req:
+                    break
+            else:
+                self.kv.allocate_slots(req.request_id, n)
+                plan[req.request_id] = n
+                budget -= n
+        if not preempted:
+            budget = self._admit(plan, budget)
+        seqs = tuple(self._scheduled_seq(self.requests[rid], n) for rid, n in plan.items())
+        out = SchedulerOutput(num_scheduled_tokens=plan, seqs=seqs, preempted_req_ids=tuple(preempted),
+                              num_waiting=len(self.waiting), num_running=len(self.running))
+        self._in_flight = out if plan else None
+        return out
+
+    def _admit(self, plan: dict[int, int], budget: int) -> int:
+        forming = self.policy == "static" and not self.running
+        if forming:
+            self._static_batch = set()
+        while self.waiting and budget > 0 and len(self.running) < self.max_batch_size:
+            req = self.waiting[0]
+            if self.policy == "static" and not forming and req.request_id not in self._static_batch:
+                break  # the static batch is closed until all its members finish
+            n = min(req.num_uncomputed_tokens, self.chunk_size, budget)
+            if not self.kv.can_allocate(req.request_id, n):
+                break  # first come, first served: nobody overtakes the head of the queue
+            self.waiting.popleft()
+            req.state = RequestState.RUNNING
+            self.running.append(req)
+            if forming:
+                self._static_batch.add(req.request_id)
+            self.kv.allocate_slots(req.request_id, n)
+            plan[req.request_id] = n
+            budget -= n
+        return budget
+
+    def _scheduled_seq(self, req: Request, n: int) -> ScheduledSeq:
+        start = req.num_computed_tokens
+        return ScheduledSeq(request_id=req.request_id, token_ids=tuple(req.all_token_ids[start:start + n]),
+                            start_pos=start, block_table=tuple(self.kv.block_tables[req.request_id]),
+                            samples=start + n == req.num_tokens)
+
+    def _preempt(self, req: Request) -> None:
+        self.kv.free(req.request_id)
+        self.running.remove(req)
+        req.num_computed_tokens = 0
+        req.state = RequestState.PREEMPTED
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)  # first in line once there is room again
+
+    def update_from_output(self, plan: SchedulerOutput, sampled: dict[int, int | None]) -> list[Request]:
+        """Record a step's result: `sampled[request_id]` is the token drawn for each plan entry
+        that `samples` (others may be absent or None). Returns the requests finished by it."""
+        if plan is not self._in_flight and not plan.is_empty:
+            raise RuntimeError("update_from_output() got a plan that is not the one in flight")
+        self._in_flight = None
+        now = self.clock()
+        done = []
+        for seq in plan.seqs:
+            req = self.requests[seq.request_id]
+            if req.cancel_requested:
+                self._finish(req, RequestState.CANCELLED, "cancelled")
+                done.append(req)
+                continue
+            req.num_computed_tokens += len(seq.token_ids)
+            if not seq.samples:
+                continue
+            token = sampled.get(seq.request_id)
+            if token is None:
+                raise ValueError(f"request {seq.request_id} finished its prefill but no token was sampled")
+            req.output_ids.append(token)
+            req.token_times_s.append(now)
+            if req.first_token_s is None:
+                req.first_token_s = now
+            if token in req.eos_ids:
+                self._finish(req, RequestState.FINISHED, "eos")
+            elif len(req.output_ids) >= req.max_new_tokens:
+                self._finish(req, RequestState.FINISHED, "length")
+            if req.is_finished:
+                done.append(req)
+        return done
+
+    def _finish(self, req: Request, state: RequestState, reason: str) -> None:
+        if req.state is RequestState.RUNNING:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.kv.free(req.request_id)
+        req.state = state
+        req.finish_reason = reason
+        del self.requests[req.request_id]
+        self._finished.append(req)
+
+    def set_policy(self, policy: str) -> None:
+        """Switch between steps; a static batch already running keeps its members."""
+        if policy not in POLICIES:
+            raise ValueError(f"batching policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        if policy == "static" and self.policy != "static":
+            self._static_batch = {r.request_id for r in self.running}
+        self.policy = policy

@@ -1,0 +1,309 @@
+"""Weight-only quantisation: quantiser round trips, the Q4_1 reproduction, the quantised
+linears' CPU path against their one-line references, the bytes they report, the model swap,
+switching weights between steps of a streaming reply, and the one-line errors."""
+import math
+import threading
+
+import pytest
+import torch
+from hypothesis import given, settings as hyp_settings, strategies as st
+
+from engine.byte_tokenizer import ByteTokenizer
+from engine.config import ModelConfig
+from engine.engine import Engine, EngineError, Settings, SettingsApplied, TokenEvent
+from engine.loader import LoadedWeights, synthetic_weights
+from engine.metrics import StepMetrics
+from engine.model import Linear, Transformer
+from engine.perplexity import evaluate, evaluation_ids, evaluation_text, score, weight_quality
+from engine.quant import (HEAD_WEIGHTS, Int4Linear, Int8Linear, QuantError, QuantisedModels, check_weights,
+                          dequantize_int4, dequantize_int8, quantize_int4, quantize_int8, quantize_model,
+                          valid_group_sizes)
+from engine.sampling import SamplingParams
+from kernels.int4_pack import pack_int4, unpack_int4
+from tests.engine.test_engine import fake_cpu
+
+CFG = ModelConfig(name="tiny", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=192, vocab_size=256,
+                  tied_embeddings=True, max_seq_len=200)
+GREEDY = SamplingParams(greedy=True, temperature=0.0)
+
+
+def tiny_loaded(cfg=CFG, seed=0) -> LoadedWeights:
+    w = synthetic_weights(cfg, torch.float32, "cpu", seed=seed)
+    w = {k: (v * 20 if "norm" not in k else v) for k, v in w.items()}  # sharper logits: fewer near-ties
+    return LoadedWeights(cfg, w, ByteTokenizer(cfg.vocab_size), "synthetic", "tiny", "fp32")
+
+
+def tiny_engine(**settings) -> Engine:
+    s = Settings(dtype="fp32", max_new_tokens=12, sampling=GREEDY, **settings)
+    return Engine(tiny_loaded(), device="cpu", hardware=fake_cpu(), settings=s)
+
+
+# ---- quantisers -------------------------------------------------------------------------------
+def test_int8_round_trip_error_is_at_most_half_a_step():
+    w = torch.randn(37, 100) * torch.linspace(0.01, 3, 37)[:, None]  # rows of very different ranges
+    q, scales = quantize_int8(w)
+    assert q.dtype == torch.int8 and q.abs().max() <= 127 and scales.shape == (37,)
+    err = (dequantize_int8(q, scales) - w).abs()
+    # half a step, plus the clip of the row maximum when its scale rounds down to a bf16 value
+    assert (err <= scales[:, None] * (0.5 + 1e-3) + w.abs().amax(1, keepdim=True) * 2 ** -8).all()
+    assert torch.equal(scales, scales.bfloat16().float())  # bf16-exact: the CPU kernel takes bf16
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_int4_round_trip_error_is_at_most_half_a_step(group):
+    w = torch.randn(21, 384) * 0.05
+    packed, scales, mins = quantize_int4(w, group)
+    assert packed.shape == (21, 192) and scales.shape == mins.shape == (21, 384 // group)
+    assert scales.dtype == mins.dtype == torch.float16
+    deq = dequantize_int4(packed, scales, mins, group)
+    step = scales.float().repeat_interleave(group, 1)
+    # half a step, plus what rounding the min to fp16 moves the grid (a code can clamp at 0 or 15)
+    slack = mins.float().abs().repeat_interleave(group, 1) * 2 ** -10
+    assert ((deq - w).abs() <= step * 0.5 + slack + 1e-7).all()
+
+
+def test_int4_constant_group_is_exact():
+    w = torch.full((16, 64), 0.25)
+    packed, scales, mins = quantize_int4(w, 32)
+    assert torch.equal(dequantize_int4(packed, scales, mins, 32), w)
+
+
+@hyp_settings(max_examples=25, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 40), st.integers(0, 2 ** 31 - 1))
+def test_int4_pack_unpack_exact(n, half_k, seed):
+    codes = torch.randint(0, 16, (n, 2 * half_k), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8)
+    packed = pack_int4(codes)
+    assert packed.shape == (n, half_k) and torch.equal(unpack_int4(packed), codes)
+    assert torch.equal(packed & 0xF, codes[:, 0::2])  # low nibble = even k: the kernel relies on it
+
+
+def test_int4_group32_reproduces_the_default_models_q4_1_blocks():
+    """Q4_1 stores, per 32 weights, fp16 d and m and 4-bit codes: w = code * d + m. Quantising the
+    dequantised tensor back must give the same d, m and codes."""
+    gguf = pytest.importorskip("gguf")
+    from engine.models import find_default_model
+    try:
+        path = find_default_model()
+    except Exception as e:
+        pytest.skip(f"default model not installed: {e}")
+    reader = gguf.GGUFReader(str(path))
+    tensor = next(t for t in reader.tensors if t.name == "blk.0.attn_q.weight")
+    assert tensor.tensor_type.name == "Q4_1"
+    raw = torch.from_numpy(tensor.data.copy())  # (rows, blocks * 20) bytes
+    blocks = raw.reshape(raw.shape[0], -1, 20)
+    d = blocks[..., 0:2].contiguous().view(torch.float16)[..., 0]
+    m = blocks[..., 2:4].contiguous().view(torch.float16)[..., 0]
+    qs = blocks[..., 4:20]
+    codes = torch.cat([qs & 0xF, qs >> 4], dim=-1).reshape(raw.shape[0], -1)  # llama.cpp: low nibbles first
+    w = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type))
+    packed, scales, mins = quantize_int4(w, 32)
+    assert torch.equal(scales, d) and torch.equal(mins, m)
+    assert torch.equal(unpack_int4(packed), codes)
+    assert torch.equal(dequantize_int4(packed, scales, mins, 32), w)
+
+
+# ---- quantised linears on the CPU -------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows", [1, 3, 17, 40, 300])  # 40, 300: past CPU_PACKED_MAX_ROWS (dequantise + GEMM)
+def test_cpu_packed_kernels_match_the_reference_forward(rows, dtype):
+    gen = torch.Generator().manual_seed(rows)
+    w = torch.randn(56, 128, generator=gen) * 0.05  # 56 rows: int4 pads to 64 for PyTorch's CPU kernel
+    x = torch.randn(1, rows, 128, generator=gen).to(dtype)
+    for module in (Int8Linear.from_weight(w), Int4Linear.from_weight(w, 32), Int4Linear.from_weight(w, 64)):
+        assert module.backend == "cpu"
+        got, want = module(x), module.reference(x)
+        assert got.shape == (1, rows, 56) and got.dtype == dtype
+        # the CPU kernels take bf16 activations (and int4 bf16 scales): a few bf16 roundings
+        rel = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+        assert rel < 2e-2, f"{type(module).__name__}: {rel:.2e}"
+
+
+def test_weight_bytes_are_codes_plus_scales_as_stored():
+    w = torch.randn(64, 128)
+    assert Int8Linear.from_weight(w).weight_bytes == 64 * 128 + 64 * 2  # bf16 scales on the CPU
+    # half a byte per weight + a bf16 (scale, zero) pair per group of 32
+    assert Int4Linear.from_weight(w, 32).weight_bytes == 64 * 128 // 2 + 64 * (128 // 32) * 2 * 2
+    ref = Int4Linear.from_weight(w, 32)
+    ref.backend = "reference"  # the GPU layout: packed codes + fp16 scales + fp16 mins
+    assert ref.weight_bytes == 64 * 64 + 2 * 64 * 4 * 2
+
+
+def test_quantize_model_swaps_linears_and_shares_the_rest():
+    model = Transformer(CFG, tiny_loaded().weights)
+    q = quantize_model(model, "int4", 32)
+    assert all(isinstance(m, Int4Linear) for b in q.layers for m in (b.wqkv, b.wo, b.w_gate_up, b.w_down))
+    assert type(q.head).__name__ == {"int8": "Int8Linear"}[HEAD_WEIGHTS]
+    assert q.embed is model.embed and q.layers[0].attn_norm is model.layers[0].attn_norm
+    assert isinstance(model.layers[0].wqkv, Linear) and isinstance(model.head, Linear)  # source untouched
+    expected = sum(m.weight_bytes for m in q.modules() if isinstance(m, (Int4Linear, Int8Linear)))
+    assert q.linear_weight_bytes() == expected < model.linear_weight_bytes() / 4
+    tokens = torch.tensor([[1, 2, 3, 4]])
+    assert torch.allclose(q(tokens), model(tokens), atol=0.5 * model(tokens).abs().max().item())
+
+
+def test_group_sizes_the_model_cannot_take_are_refused_in_one_line():
+    cfg = ModelConfig(name="odd", dim=96, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=160, vocab_size=64)
+    assert valid_group_sizes(cfg) == (32,)
+    with pytest.raises(QuantError, match=r"group size 64 does not divide wqkv and w_gate_up \(dim\) = 96 of odd: use group 32"):
+        check_weights(cfg, "int4", 64)
+    with pytest.raises(QuantError, match="weights must be one of"):
+        check_weights(cfg, "int3", 32)
+    smollm = ModelConfig.from_name("smollm2-135m")
+    assert valid_group_sizes(smollm) == (32, 64)  # 576 inputs: 128 does not divide them
+    with pytest.raises(QuantError, match="does not divide"):
+        check_weights(smollm, "int4", 128)
+    check_weights(ModelConfig.from_name("llama3-8b"), "int4", 128)
+
+
+# ---- the engine: switching weights while a reply streams ----------------------------------
+def test_switch_to_int8_then_int4_between_steps_of_one_reply():
+    eng = tiny_engine()
+    stream = eng.generate(list(range(1, 20)), max_new_tokens=10, ignore_eos=True)
+    seen = []
+    for event in stream:
+        seen.append(event)
+        n_steps = sum(isinstance(e, StepMetrics) for e in seen)
+        if isinstance(event, StepMetrics) and n_steps == 3:
+            eng.apply(Settings(dtype="fp32", max_new_tokens=12, sampling=GREEDY, weights="int8"))
+            eng._quantised.wait(("fp32", "int8", 32))  # make the switch land at the next boundary
+        if isinstance(event, StepMetrics) and n_steps == 6:
+            eng.apply(Settings(dtype="fp32", max_new_tokens=12, sampling=GREEDY, weights="int4", group_size=32))
+            eng._quantised.wait(("fp32", "int4", 32))
+    applied = [e for e in seen if isinstance(e, SettingsApplied)]
+    assert [a.changes for a in applied] == [("int8",), ("int4 g32",)]
+    steps = [e for e in seen if isinstance(e, StepMetrics)]
+    assert len(steps) == 10 and sum(isinstance(e, TokenEvent) for e in seen) == 10
+    fp_bytes, int8_bytes, int4_bytes = steps[0].weight_bytes, steps[4].weight_bytes, steps[8].weight_bytes
+    assert fp_bytes > 3 * int8_bytes and int8_bytes > int4_bytes  # the cost model follows at once
+    assert steps[2].settings_label == "fp32 · kv on" and steps[3].settings_label == "fp32 · int8 · kv on"
+    assert steps[6].settings_label == "fp32 · int4 g32 · kv on"
+
+
+def test_the_reply_keeps_streaming_while_weights_are_made_and_switches_when_ready():
+    eng = tiny_engine()
+    release = threading.Event()
+    source = eng._fp_model
+
+    def slow_source(name):
+        release.wait(10)
+        return source(name)
+
+    eng._fp_model = slow_source
+    stream = eng.generate(list(range(1, 20)), max_new_tokens=8, ignore_eos=True)
+    seen = [next(stream), next(stream)]  # prefill: metrics, token
+    eng.apply(Settings(dtype="fp32", max_new_tokens=12, sampling=GREEDY, weights="int8"))
+    assert eng.weights_building[0] == "int8"
+    for _ in range(4):  # two more steps with fp weights: nothing waits for the quantiser
+        seen.append(next(stream))
+    with pytest.raises(EngineError, match="int8 weights are still being made .*switch again when they are ready"):
+        eng.apply(Settings(dtype="fp32", max_new_tokens=12, sampling=GREEDY, weights="int4"))
+    release.set()
+    eng._quantised.wait(("fp32", "int8", 32))
+    seen += list(stream)
+    applied = [e for e in seen if isinstance(e, SettingsApplied)]
+    assert len(applied) == 1 and applied[0].changes == ("int8",) and applied[0].step >= 3
+    assert eng.weights_building is None and eng.model is eng.model_for(eng.settings)
+
+
+def test_engine_started_with_int4_and_bad_group_is_refused():
+    eng = tiny_engine(weights="int4", group_size=64)
+    fp_bytes = eng.model_for(Settings()).linear_weight_bytes()
+    assert "int4 g64" in eng.settings.label and eng.model.linear_weight_bytes() < fp_bytes / 6
+    with pytest.raises(EngineError, match="group size 128 does not divide"):
+        eng.apply(Settings(weights="int4", group_size=128))
+    with pytest.raises(EngineError, match="int4 group size must be one of 32, 64, 128"):
+        eng.apply(Settings(weights="int4", group_size=48))
+    with pytest.raises(EngineError, match="weights must be one of fp, int8, int4"):
+        eng.apply(Settings(weights="nf4"))
+
+
+def test_quantised_models_one_build_at_a_time_and_failures_reported():
+    models = QuantisedModels()
+    gate = threading.Event()
+    model = Transformer(CFG, tiny_loaded().weights)
+
+    def slow():
+        gate.wait(10)
+        return model
+
+    models.start(("fp32", "int8", 32), slow)
+    models.start(("fp32", "int8", 32), slow)  # the same copy again: nothing new
+    with pytest.raises(QuantError, match="still being made"):
+        models.start(("fp32", "int4", 32), slow)
+    gate.set()
+    assert isinstance(models.wait(("fp32", "int8", 32)).head, Int8Linear)
+
+    def broken():
+        raise MemoryError("out of memory")
+
+    models.start(("bf16", "int4", 32), broken)
+    with pytest.raises(QuantError, match="making int4 g32 weights failed: MemoryError: out of memory"):
+        models.wait(("bf16", "int4", 32))
+
+
+# ---- quality ----------------------------------------------------------------------------------
+def test_evaluation_text_is_stdlib_prose_and_deterministic():
+    text = evaluation_text()
+    assert text == evaluation_text() and len(text.split()) > 2000
+    assert "argparse" in text.lower()
+
+
+def test_perplexity_is_the_exponentiated_mean_cross_entropy():
+    model = Transformer(CFG, tiny_loaded().weights)
+    ids = evaluation_ids(ByteTokenizer(256), 50)
+    nll, count, argmax = score(model, ids, window=20)  # windows of 20, 20 and 9 predictions
+    assert count == 49 and argmax.shape == (49,)
+    manual = 0.0
+    for start in (0, 20, 40):
+        chunk = torch.tensor([ids[start:start + 21]])
+        logits = model(chunk[:, :-1], last_only=False)[0]
+        manual += torch.nn.functional.cross_entropy(logits, chunk[0, 1:], reduction="sum").item()
+    assert math.isclose(nll, manual, rel_tol=1e-5)
+    quality = evaluate({"fp": model, "int8": quantize_model(model, "int8")}, ids, reference="fp", window=20)
+    assert quality["fp"].top1_agreement == 1.0 and 0.5 < quality["int8"].top1_agreement <= 1.0
+
+
+def test_weight_sweep_reports_each_setting_side_by_side():
+    from engine.bench import format_sweep, run_weight_sweep
+    from engine.perplexity import weight_variants
+
+    eng = tiny_engine()
+    variants = weight_variants(eng.settings, 32)
+    assert list(variants) == ["fp32", "int8", "int4 g32"]
+    results, steps, quality = run_weight_sweep(eng, variants, list(range(1, 17)), decode_tokens=4, repeats=1,
+                                               eval_tokens=64, progress=lambda f, m: None)
+    table = format_sweep([results[k] for k in variants], quality)
+    for row in ("decode tok/s", "speed-up vs fp32", "MBU", "perplexity", "top-1 agreement"):
+        assert row in table
+    assert "1.00x" in table and "100.0%" in table
+    assert results["int4 g32"].decode_bytes_per_token < results["int8"].decode_bytes_per_token \
+        < results["fp32"].decode_bytes_per_token
+
+
+def test_default_model_quality_int8_within_1_percent_int4_within_10():
+    try:
+        eng = Engine("default", device="cpu", hardware=fake_cpu(), max_context=1024)
+    except Exception as e:  # the GGUF package or the model is not installed here
+        pytest.skip(f"default model unavailable: {e}")
+    quality = weight_quality(eng, n_tokens=256)  # what the app's quality table calls
+    assert list(quality) == ["fp32", "int8", "int4 g32"]
+    fp, int8, int4 = quality.values()
+    assert int8.perplexity <= 1.01 * fp.perplexity and int4.perplexity <= 1.10 * fp.perplexity
+    assert int8.top1_agreement > 0.9 and int4.top1_agreement > 0.85
+
+
+def test_engine_and_kernels_import_without_triton():
+    import subprocess
+    import sys
+    code = (
+        "import sys; sys.modules['triton'] = None\n"  # `import triton` now raises ImportError
+        "import torch, engine.engine, engine.quant\n"
+        "from kernels.int8_matmul import int8_matmul, reference_int8_matmul\n"
+        "q = torch.ones(4, 8, dtype=torch.int8); s = torch.ones(4); x = torch.ones(1, 8)\n"
+        "assert reference_int8_matmul(x, q, s).sum() == 32\n"
+        "try:\n    int8_matmul(x, q, s)\nexcept RuntimeError as e:\n    print(e)\n")
+    from pathlib import Path
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr
+    assert "triton is not installed" in out.stdout

@@ -1,0 +1,223 @@
+"""The batching scheduler against a fake model that keeps its "KV cache" in the pool's slots: each
+step writes the planned tokens into the slots of their block tables and samples from the context
+read back through them, so wrong positions, lost blocks or a bad recompute change the tokens.
+Property tests (hypothesis): every request ends exactly once, no block leaks, the token budget and
+batch size hold, and pre-empted requests produce the tokens of an undisturbed run."""
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.paged import FREE, BlockPool, KVCacheManager
+from engine.scheduler import Request, RequestState, Scheduler
+
+VOCAB = 50
+EOS = 0
+
+
+def next_token(request_id: int, context: list[int]) -> int:
+    return hash((request_id, *context)) % VOCAB
+
+
+def reference_output(req: Request) -> list[int]:
+    """What the request produces run alone, token by token."""
+    ids, out = list(req.prompt_ids), []
+    while len(out) < req.max_new_tokens:
+        token = next_token(req.request_id, ids)
+        out.append(token)
+        ids.append(token)
+        if token in req.eos_ids:
+            break
+    return out
+
+
+class FakeModel:
+    """K/V stand-in: slot -> token id. Reads a request's context back through its block table."""
+
+    def __init__(self, kv: KVCacheManager):
+        self.kv = kv
+        self.slots: list[int | None] = [None] * (kv.pool.num_blocks * kv.block_size)
+
+    def slot(self, table, pos):
+        bs = self.kv.block_size
+        return table[pos // bs] * bs + pos % bs
+
+    def step(self, plan) -> dict[int, int | None]:
+        sampled = {}
+        for seq in plan.seqs:
+            assert len(seq.block_table) * self.kv.block_size >= seq.start_pos + len(seq.token_ids)
+            for i, token in enumerate(seq.token_ids):
+                self.slots[self.slot(seq.block_table, seq.start_pos + i)] = token
+            if seq.samples:
+                n = seq.start_pos + len(seq.token_ids)
+                context = [self.slots[self.slot(seq.block_table, p)] for p in range(n)]
+                sampled[seq.request_id] = next_token(seq.request_id, context)
+        return sampled
+
+
+def make(num_blocks=16, block_size=4, **kw):
+    kv = KVCacheManager(BlockPool(num_blocks), block_size)
+    return Scheduler(kv, clock=iter(range(10**6)).__next__, **kw), FakeModel(kv)
+
+
+def request(rid, prompt_len, max_new, eos=(EOS,)):
+    return Request(rid, [(rid * 7 + i) % VOCAB + 1 for i in range(prompt_len)], max_new, frozenset(eos))
+
+
+def drive(sched, model, max_steps=10_000):
+    steps = []
+    while sched.has_unfinished and len(steps) < max_steps:
+        plan = sched.schedule()
+        steps.append(plan)
+        sched.update_from_output(plan, model.step(plan))
+    return steps
+
+
+# ---- examples ---------------------------------------------------------------------------------
+def test_prefill_is_chunked_then_one_decode_token_per_step():
+    sched, model = make(chunk_size=4, token_budget=8)
+    req = request(1, prompt_len=10, max_new=3, eos=())
+    sched.add_request(req)
+    steps = drive(sched, model)
+    assert [p.num_scheduled_tokens[1] for p in steps] == [4, 4, 2, 1, 1]
+    assert [s.samples for p in steps for s in p.seqs] == [False, False, True, True, True]
+    assert req.state is RequestState.FINISHED and req.finish_reason == "length"
+    assert req.output_ids == reference_output(req)
+    assert req.first_token_s == 2 and req.token_times_s == [2, 3, 4]  # the fake clock ticks per step
+    assert sched.kv.pool.num_free == 16 and sched.take_finished() == [req]
+
+
+def test_decodes_go_first_and_a_long_prompt_does_not_stall_them():
+    sched, model = make(num_blocks=64, chunk_size=6, token_budget=8, max_batch_size=4)
+    short = request(1, 2, 20, eos=())
+    sched.add_request(short)
+    drive_steps = [sched.schedule()]
+    sched.update_from_output(drive_steps[0], model.step(drive_steps[0]))
+    sched.add_request(request(2, 40, 2, eos=()))
+    for _ in range(5):  # the long prompt prefills in chunks beside the decode
+        plan = sched.schedule()
+        assert plan.num_scheduled_tokens[1] == 1 and plan.num_scheduled_tokens[2] == 6
+        assert plan.total_num_scheduled_tokens <= 8
+        sched.update_from_output(plan, model.step(plan))
+
+
+def test_the_newest_request_is_preempted_when_the_pool_runs_dry_and_recomputes_the_same_tokens():
+    sched, model = make(num_blocks=6, block_size=2, token_budget=16, max_batch_size=4)
+    old, new = request(1, 4, 5, eos=()), request(2, 4, 5, eos=())
+    sched.add_request(old)
+    sched.add_request(new)
+    steps = drive(sched, model)
+    assert sched.num_preemptions >= 1 and new.num_preemptions >= 1 and old.num_preemptions == 0
+    assert any(p.preempted_req_ids == (2,) for p in steps)
+    assert old.output_ids == reference_output(old) and new.output_ids == reference_output(new)
+    assert sched.kv.pool.num_free == 6
+
+
+def test_static_batch_admits_nobody_until_its_longest_member_finishes():
+    sched, model = make(num_blocks=64, token_budget=64, max_batch_size=4, policy="static")
+    a, b = request(1, 3, 2, eos=()), request(2, 3, 6, eos=())
+    sched.add_request(a)
+    sched.add_request(b)
+    plan = sched.schedule()
+    sched.update_from_output(plan, model.step(plan))
+    late = request(3, 3, 2, eos=())
+    sched.add_request(late)
+    batches = []
+    while sched.has_unfinished:
+        plan = sched.schedule()
+        batches.append(set(plan.num_scheduled_tokens))
+        sched.update_from_output(plan, model.step(plan))
+    assert 3 not in set().union(*batches[:5])  # b runs 5 more decode steps; late waits for them all
+    assert batches[5] == {3}
+
+
+def test_continuous_batch_admits_at_once():
+    sched, model = make(num_blocks=64, token_budget=64, max_batch_size=4)
+    sched.add_request(request(1, 3, 6, eos=()))
+    plan = sched.schedule()
+    sched.update_from_output(plan, model.step(plan))
+    sched.add_request(request(2, 3, 2, eos=()))
+    assert set(sched.schedule().num_scheduled_tokens) == {1, 2}
+
+
+def test_cancel_waiting_running_and_in_flight():
+    sched, model = make(num_blocks=64, token_budget=64, max_batch_size=1)
+    running, waiting = request(1, 3, 9, eos=()), request(2, 3, 9, eos=())
+    sched.add_request(running)
+    sched.add_request(waiting)
+    assert sched.cancel(2) and waiting.state is RequestState.CANCELLED
+    plan = sched.schedule()
+    assert sched.cancel(1) and running.state is RequestState.RUNNING  # in the step in flight
+    assert sched.update_from_output(plan, model.step(plan)) == [running]
+    assert running.state is RequestState.CANCELLED and running.output_ids == []
+    assert not sched.cancel(1) and not sched.has_unfinished
+    assert sched.take_finished() == [waiting, running] and sched.kv.pool.num_free == 64
+
+
+def test_bad_requests_and_settings_are_refused():
+    sched, _ = make(num_blocks=2, block_size=4)
+    with pytest.raises(ValueError, match="whole KV pool holds 8"):
+        sched.add_request(request(1, 6, 4))
+    with pytest.raises(ValueError, match="needs a prompt"):
+        sched.add_request(Request(2, [], 3))
+    with pytest.raises(ValueError, match="policy"):
+        make(policy="fifo")
+
+
+# ---- properties -------------------------------------------------------------------------------
+@settings(max_examples=120, deadline=None)
+@given(num_blocks=st.integers(4, 24), block_size=st.sampled_from([1, 2, 4, 16]),
+       max_batch=st.integers(1, 6), budget=st.integers(1, 24), chunk=st.one_of(st.none(), st.integers(1, 12)),
+       policy=st.sampled_from(["continuous", "static"]),
+       reqs=st.lists(st.tuples(st.integers(0, 12), st.integers(1, 20), st.integers(1, 12)), min_size=1, max_size=14),
+       cancels=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 13), st.booleans()), max_size=4),
+       switch_at=st.one_of(st.none(), st.integers(0, 30)))
+def test_random_workloads_end_every_request_once_leak_nothing_and_keep_the_budget(
+        num_blocks, block_size, max_batch, budget, chunk, policy, reqs, cancels, switch_at):
+    sched, model = make(num_blocks, block_size, max_batch_size=max_batch, token_budget=budget,
+                        chunk_size=chunk, policy=policy)
+    capacity = num_blocks * block_size
+    arrivals: dict[int, list[Request]] = {}
+    for rid, (arrive, prompt_len, max_new) in enumerate(reqs):
+        prompt_len = min(prompt_len, capacity)
+        max_new = max(1, min(max_new, capacity - prompt_len + 1))
+        arrivals.setdefault(arrive, []).append(request(rid, prompt_len, max_new))
+    cancel_at: dict[tuple[int, bool], list[int]] = {}  # (step, while the step is in flight) -> ids
+    for step, rid, in_flight in cancels:
+        cancel_at.setdefault((step, in_flight), []).append(rid)
+    every = [r for rs in arrivals.values() for r in rs]
+    ended: list[Request] = []
+    step = 0
+    while step < 2000 and (sched.has_unfinished or any(k >= step for k in arrivals)):
+        for req in arrivals.get(step, []):
+            sched.add_request(req)
+        for rid in cancel_at.get((step, False), []):
+            sched.cancel(rid)
+        if step == switch_at:
+            sched.set_policy("static" if policy == "continuous" else "continuous")
+        plan = sched.schedule()
+        if sched.has_unfinished:
+            assert not plan.is_empty  # always progress
+        assert plan.total_num_scheduled_tokens <= budget
+        assert len(plan.seqs) <= max_batch and len(sched.running) <= max_batch
+        assert all(chunk is None or n <= chunk for n in plan.num_scheduled_tokens.values())
+        # ownership: each running request owns exactly its table; nobody else owns anything
+        owned = [o for o in sched.kv.pool.owners if o != FREE]
+        assert sorted(owned) == sorted(r for r, t in sched.kv.block_tables.items() for _ in t)
+        assert set(sched.kv.block_tables) <= {r.request_id for r in sched.running}
+        for rid in cancel_at.get((step, True), []):
+            sched.cancel(rid)
+        sched.update_from_output(plan, model.step(plan))
+        ended += sched.take_finished()
+        step += 1
+    assert not sched.has_unfinished
+    assert sorted(r.request_id for r in ended) == sorted(r.request_id for r in every)  # each exactly once
+    assert sched.kv.pool.num_free == num_blocks and sched.kv.block_tables == {}
+    for req in every:
+        assert req.is_finished
+        ref = reference_output(req)
+        if req.state is RequestState.FINISHED:
+            assert req.output_ids == ref
+            assert req.finish_reason == ("eos" if ref[-1] == EOS else "length")
+        else:  # cancelled: what it produced so far is a prefix of the undisturbed run
+            assert req.output_ids == ref[:len(req.output_ids)]
+        assert len(req.token_times_s) == len(req.output_ids)
