@@ -14,7 +14,7 @@ endif
 TORCH_INDEX ?=
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: run test bench setup clean chat
+.PHONY: run test bench setup clean chat screenshot
 
 setup: $(STAMP)
 
@@ -35,6 +35,10 @@ chat: $(STAMP)
 
 test: $(STAMP)
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q
+
+# the README's picture: the app answers a prompt offscreen and saves the whole window
+screenshot: $(STAMP)
+	QT_QPA_PLATFORM=offscreen $(BIN)/membound --screenshot assets/screenshot.png
 
 bench: $(STAMP)
 	$(BIN)/membound bench --compare hf

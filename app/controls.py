@@ -69,6 +69,9 @@ CONTROLS: tuple[Choice | Toggle | Number, ...] = (
 )
 
 
+CONTROL_TOOLTIPS = {c.field: c.tooltip for c in CONTROLS}
+
+
 def get_field(settings: Any, path: str) -> Any:
     for part in path.split("."):
         settings = getattr(settings, part)
@@ -205,6 +208,19 @@ class ControlsBar(QFrame):
             self.widgets[control.field] = box
             column.addWidget(box)
         return column
+
+    def set_quality(self, table: dict) -> None:
+        """Show perplexity and top-1 agreement of each weight setting on the weights switch."""
+        group = self.widgets.get("weights")
+        if group is None or not table:
+            return
+        rows = "".join(f"<tr><td>{label}</td><td align='right'>{q.perplexity:.2f}</td>"
+                       f"<td align='right'>{100 * q.top1_agreement:.1f}%</td></tr>" for label, q in table.items())
+        n = next(iter(table.values())).n_tokens
+        tip = (f"{CONTROL_TOOLTIPS['weights']}<br><br><b>Quality</b> on {n} tokens of evaluation text"
+               f"<table><tr><th>weights</th><th>perplexity</th><th>top-1 = fp</th></tr>{rows}</table>")
+        for button in group.buttons():
+            button.setToolTip(tip)
 
     def _add_shortcut(self, keys: str | None, action) -> None:
         if not keys:

@@ -22,7 +22,7 @@ from app.plots import LiveData, PlotsPanel
 from app.kv_panel import KVCachePanel
 from app.seed_table import SeedTable
 from app.theme import SettingColours, stylesheet, themed
-from app.worker import Chat, EngineWorker, Load, ModelInfo, Reset
+from app.worker import Chat, EngineWorker, Load, MeasureQuality, ModelInfo, Reset
 
 FRAME_MS = 33  # ~30 fps redraw
 READOUT_EVERY_FRAMES = 8  # numbers in titles and the strip: ~4 Hz
@@ -57,6 +57,8 @@ class MainWindow(QMainWindow):
         self.loading = False
         self.replying = False
         self.last_error = ""
+        self.quality: dict | None = None  # {label: Quality} once measured
+        self._quality_asked = False
         self.last_done: DoneEvent | None = None
         self._pending_change: tuple[Settings, list[str]] | None = None
         self._reply_steps: list[StepMetrics] = []
@@ -125,6 +127,7 @@ class MainWindow(QMainWindow):
         self.worker.busy_changed.connect(self._on_busy_changed)
         self.worker.failed.connect(self._on_failed)
         self.worker.kv_snapshot.connect(self.kv_panel.set_snapshot)
+        self.worker.quality.connect(self._on_quality)
 
         # ---- user actions
         self.chat.send_requested.connect(self.send)
@@ -323,6 +326,11 @@ class MainWindow(QMainWindow):
     def _on_reply_started(self, t0: float) -> None:
         self.data.start_reply(t0)
 
+    def _on_quality(self, table: dict) -> None:
+        """Perplexity / top-1 agreement per weight setting: shown on the weights switch."""
+        self.quality = table
+        self.controls.set_quality(table)
+
     def _on_events(self, batch: list) -> None:
         text = []
         for event in batch:
@@ -337,6 +345,9 @@ class MainWindow(QMainWindow):
                     text = []
                 self._pending_change = None
                 self.data.annotate(", ".join(event.changes) or event.settings.label, event.settings.label, event.t_s)
+                if event.settings.weights != "fp" and self.quality is None and not self._quality_asked:
+                    self._quality_asked = True  # runs after this reply, on the worker thread
+                    self.worker.submit(MeasureQuality())
             elif isinstance(event, DoneEvent):
                 if text:
                     self.chat.append_reply("".join(text))

@@ -69,6 +69,12 @@ class Reset:
 
 
 @dataclass(frozen=True)
+class MeasureQuality:
+    """Perplexity and top-1 agreement of fp / int8 / int4 on the evaluation text (seconds on a CPU)."""
+    n_tokens: int = 256
+
+
+@dataclass(frozen=True)
 class Quit:
     pass
 
@@ -99,6 +105,7 @@ class EngineWorker(QThread):
     busy_changed = Signal(str, bool)  # ("load" | "reply", running): sent at the start and the end
     failed = Signal(str, str)  # (what failed: "load" | "reply" | "settings", one-line message)
     kv_snapshot = Signal(object)  # engine.paged.KVCacheSnapshot: the KV cache's blocks, plain data
+    quality = Signal(object)  # {label: engine.perplexity.Quality} for the weight settings
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -147,6 +154,8 @@ class EngineWorker(QThread):
                     self._load(command)
                 elif isinstance(command, Chat):
                     self._chat(command.text)
+                elif isinstance(command, MeasureQuality):
+                    self._measure_quality(command)
                 elif isinstance(command, Reset):
                     if self._engine is not None:
                         self._engine.reset()
@@ -189,6 +198,16 @@ class EngineWorker(QThread):
             self.failed.emit("load", one_line(error))
         finally:
             self.busy_changed.emit("load", False)
+
+    def _measure_quality(self, command: MeasureQuality) -> None:
+        engine = self._engine
+        if engine is None:
+            return
+        from engine.perplexity import weight_quality
+        try:
+            self.quality.emit(weight_quality(engine, n_tokens=command.n_tokens))
+        except Exception as error:  # quality is extra information: report, keep running
+            self.failed.emit("quality", one_line(error))
 
     def _emit_kv_snapshot(self, engine: Engine) -> None:
         try:

@@ -22,11 +22,12 @@ from engine.scheduler import ScheduledSeq, Scheduler
 def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledSeq, ...] | list[ScheduledSeq],
                  attention: str = "flash") -> tuple[list[int], torch.Tensor]:
     """Run every planned token; return (request ids that sample, their next-token logits
-    (n, vocab) fp32), in plan order. `cache.manager` must be the scheduler's KV manager."""
+    (n, vocab) fp32), in plan order. The plan's block tables index `cache`'s pool: the scheduler
+    that made it must run on `cache.manager`."""
     if not seqs:
         return [], torch.empty(0, model.cfg.vocab_size)
     bs = cache.block_size
-    # decode rows first (attended together), then prefill chunks; `order` maps back to the plan
+    # one-token rows first (decodes: attended together), then prefill chunks, each on its own
     decodes = [s for s in seqs if len(s.token_ids) == 1]
     prefills = [s for s in seqs if len(s.token_ids) > 1]
     packed = decodes + prefills
@@ -49,7 +50,7 @@ def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledS
         cache.v[i].index_copy_(1, slots, v[0])
         parts = []
         if decode_layout is not None:
-            qd = q[0, :, :len(decodes)].transpose(0, 1)[:, :, None]  # (B_dec, H, 1, hd)
+            qd = q[0, :, :len(decodes)].transpose(0, 1).contiguous()[:, :, None]  # (B_dec, H, 1, hd)
             yd = attend(qd, PagedKV(cache.k[i], decode_layout), PagedKV(cache.v[i], decode_layout), attention)
             parts.append(yd[:, :, 0].transpose(0, 1)[None])  # (1, H, B_dec, hd)
         offset = len(decodes)

@@ -48,23 +48,31 @@ def run_ours(engine, prompt_ids: list[int], decode_tokens: int) -> tuple[BenchRe
     from engine.engine import DoneEvent
     from engine.metrics import StepMetrics
 
+    from engine.engine import TokenEvent
+
     engine.reset()
     steps: list[StepMetrics] = []
     done = None
+    t_first_token = t_done = 0.0
     for event in engine.generate(prompt_ids, max_new_tokens=decode_tokens + 1, ignore_eos=True):
         if isinstance(event, StepMetrics):
             steps.append(event)
+        elif isinstance(event, TokenEvent) and event.index == 0:
+            t_first_token = time.perf_counter()
         elif isinstance(event, DoneEvent):
-            done = event
+            done, t_done = event, time.perf_counter()
     prefill = [s for s in steps if s.phase == "prefill"]
     decode = [s for s in steps if s.phase == "decode"]
     engine.reset()
-    return summarise("membound", prefill, decode, done.ttft_s, engine.hardware.peak_bandwidth_gbs), steps
+    # decode time is wall-clock from the first token to the last, as for transformers below:
+    # it includes everything the loop does per token (sampling, detokenising), not only the steps
+    return summarise("membound", prefill, decode, done.ttft_s, engine.hardware.peak_bandwidth_gbs,
+                     decode_wall_s=t_done - t_first_token), steps
 
 
-def summarise(name, prefill, decode, ttft_s, peak_gbs) -> BenchResult:
+def summarise(name, prefill, decode, ttft_s, peak_gbs, decode_wall_s: float | None = None) -> BenchResult:
     p_s = sum(s.step_s for s in prefill)
-    d_s = sum(s.step_s for s in decode)
+    d_s = decode_wall_s if decode_wall_s else sum(s.step_s for s in decode)
     d_bytes = sum(s.total_bytes for s in decode)
     d_flops = sum(s.flops for s in decode)
     n_prompt = sum(s.new_tokens for s in prefill)
@@ -227,6 +235,9 @@ def run_bench(args, progress) -> int:
         raise ValueError("--compare hf runs transformers on floating-point weights: use it without --weights/--sweep")
     if sweep == "weights" and weights != "fp":
         raise ValueError("--sweep weights runs fp, int8 and int4 itself: drop --weights")
+    if sweep == "batch" or getattr(args, "workload", None):  # the scheduler under load: engine/bench_batch.py
+        from engine.bench_batch import run_batch_bench
+        return run_batch_bench(args, progress)
     if sweep in ("attention", "kv"):
         from engine.bench_attention import run_sweep
         return run_sweep(args, progress)

@@ -75,11 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--weights", choices=["fp", "int8", "int4"], default="fp",
                        help="weight storage: the dtype itself, int8 per channel, int4 group-wise (default fp)")
     bench.add_argument("--group-size", type=int, choices=[32, 64, 128], default=32, help="int4 group size (default 32)")
-    bench.add_argument("--sweep", choices=["weights", "attention", "kv"],
+    bench.add_argument("--sweep", choices=["weights", "attention", "kv", "batch"],
                        help="weights: fp, int8 and int4 in one run, side by side, with perplexity and top-1 agreement; "
                             "attention: naive vs flash over contexts (prefill and decode); kv: contiguous, paged "
-                            "and no cache over contexts 128..4096")
+                            "and no cache over contexts 128..4096; batch: batch sizes 1..64 (engine/bench_batch.py)")
     add_attention_args(bench)
+    from engine.bench_batch import add_batch_args  # --batch-sizes, --workload, --policy, --users, --requests
+    add_batch_args(bench)
     bench.add_argument("--contexts", metavar="N,N,...",
                        help="context lengths for --sweep attention/kv (default: kv 128..4096; attention "
                             "1024,4096 on cpu, 1024,4096,8192 on cuda)")

@@ -6,14 +6,24 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 from engine.scheduler import Request
 
 
+PROMPTS_FILE = Path(__file__).resolve().parents[1] / "assets" / "user_prompts.txt"
+
+
+def bundled_prompts(path: Path = PROMPTS_FILE) -> list[str]:
+    """The prompts simulated users send: one per line of assets/user_prompts.txt (# comments)."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
 @dataclass(frozen=True)
 class Workload:
-    prompts: tuple[tuple[int, ...], ...]  # token ids; each request takes one, cut to its length
-    prompt_lens: tuple[int, int] = (16, 128)  # uniform in [lo, hi]
+    prompts: tuple[tuple[int, ...], ...]  # token ids; each request takes one
+    prompt_lens: tuple[int, int] | None = (16, 128)  # cut (or repeated) to uniform in [lo, hi]; None: as is
     output_lens: tuple[int, int] = (8, 64)
     think_s: tuple[float, float] = (0.0, 0.0)
     eos_ids: frozenset[int] = frozenset()
@@ -31,6 +41,7 @@ class SimulatedUsers:
         self.sent = 0
         self._next_send_s = {user: start_s for user in range(n_users)}  # user -> when it sends next
         self._user_of: dict[int, int] = {}  # request id -> the user waiting on it
+        self._target = n_users
 
     @property
     def n_users(self) -> int:
@@ -38,6 +49,7 @@ class SimulatedUsers:
 
     def set_users(self, n_users: int, now: float) -> None:
         """Grow at once; shrink by retiring idle users (busy ones leave when their request ends)."""
+        self._target = n_users
         while self.n_users < n_users:
             self._next_send_s[max(self._all_users(), default=-1) + 1] = now
         for user in sorted(self._next_send_s, reverse=True):
@@ -59,7 +71,7 @@ class SimulatedUsers:
 
     def finished(self, request: Request, now: float) -> None:
         user = self._user_of.pop(request.request_id, None)
-        if user is not None:
+        if user is not None and self.n_users < self._target:  # else it leaves (the slider went down)
             lo, hi = self.workload.think_s
             self._next_send_s[user] = now + self.rng.uniform(lo, hi)
 
@@ -71,7 +83,7 @@ class SimulatedUsers:
     def _new_request(self, user: int, now: float) -> Request:
         w, rng = self.workload, self.rng
         prompt = rng.choice(w.prompts)
-        n = rng.randint(*w.prompt_lens)
+        n = len(prompt) if w.prompt_lens is None else rng.randint(*w.prompt_lens)
         ids = (prompt * -(-n // len(prompt)))[:n]
         req = Request(self.next_id, list(ids), rng.randint(*w.output_lens), w.eos_ids, arrival_s=now)
         self._user_of[req.request_id] = user

@@ -35,7 +35,7 @@ class Request:
     prompt_ids: list[int]
     max_new_tokens: int
     eos_ids: frozenset[int] = frozenset()
-    arrival_s: float = 0.0
+    arrival_s: float | None = None  # the scheduler's clock; add_request stamps it when None
     state: RequestState = RequestState.WAITING
     output_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # positions whose K/V are in the cache
@@ -62,6 +62,10 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.state in (RequestState.FINISHED, RequestState.CANCELLED)
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
 
     @property
     def max_cached_tokens(self) -> int:
@@ -102,6 +106,10 @@ class SchedulerOutput:
 
 
 class Scheduler:
+    """Plans each step within `token_budget` tokens and `max_batch_size` running requests;
+    prefill runs in chunks of at most `chunk_size` tokens (default: the budget). The KV manager's
+    token count of a request always equals its `num_computed_tokens` between steps."""
+
     def __init__(self, kv_manager: KVCacheManager, max_batch_size: int = 8, token_budget: int = 512,
                  policy: str = "continuous", chunk_size: int | None = None,
                  clock: Callable[[], float] = time.perf_counter):
@@ -134,6 +142,8 @@ class Scheduler:
             raise ValueError(f"request {request.request_id} needs up to {request.max_cached_tokens} positions; "
                              f"the whole KV pool holds {capacity}")
         request.state = RequestState.WAITING
+        if request.arrival_s is None:
+            request.arrival_s = self.clock()
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
@@ -172,7 +182,8 @@ class Scheduler:
                 continue
             n = min(req.num_uncomputed_tokens, self.chunk_size, budget)
             while not self.kv.can_allocate(req.request_id, n):
-                victim = self.running[-1]
+                # the newest running request (skipping any that hold no blocks: they free nothing)
+                victim = next(r for r in reversed(self.running) if r is req or self.kv.block_tables.get(r.request_id))
                 budget += plan.pop(victim.request_id, 0)  # un-plan it if it already ran this step
                 self._preempt(victim)
                 preempted.append(victim.request_id)
@@ -192,23 +203,30 @@ class Scheduler:
 
     def _admit(self, plan: dict[int, int], budget: int) -> int:
         forming = self.policy == "static" and not self.running
-        if forming:
-            self._static_batch = set()
-        while self.waiting and budget > 0 and len(self.running) < self.max_batch_size:
+        if forming:  # a static batch takes everyone whose whole context fits (the budget only
+            self._static_batch = set()  # limits what runs this step: the rest start next step)
+            room = self.kv.pool.num_free
+        while self.waiting and len(self.running) < self.max_batch_size:
             req = self.waiting[0]
-            if self.policy == "static" and not forming and req.request_id not in self._static_batch:
-                break  # the static batch is closed until all its members finish
             n = min(req.num_uncomputed_tokens, self.chunk_size, budget)
-            if not self.kv.can_allocate(req.request_id, n):
+            if forming:
+                need = self.kv.blocks_for(req.num_tokens)
+                if need > room:
+                    break
+                room -= need
+            elif self.policy == "static" and req.request_id not in self._static_batch:
+                break  # the static batch is closed until all its members finish
+            elif n == 0 or not self.kv.can_allocate(req.request_id, n):
                 break  # first come, first served: nobody overtakes the head of the queue
             self.waiting.popleft()
             req.state = RequestState.RUNNING
             self.running.append(req)
             if forming:
                 self._static_batch.add(req.request_id)
-            self.kv.allocate_slots(req.request_id, n)
-            plan[req.request_id] = n
-            budget -= n
+            if n:
+                self.kv.allocate_slots(req.request_id, n)
+                plan[req.request_id] = n
+                budget -= n
         return budget
 
     def _scheduled_seq(self, req: Request, n: int) -> ScheduledSeq:
@@ -231,6 +249,10 @@ class Scheduler:
         that `samples` (others may be absent or None). Returns the requests finished by it."""
         if plan is not self._in_flight and not plan.is_empty:
             raise RuntimeError("update_from_output() got a plan that is not the one in flight")
+        missing = [s.request_id for s in plan.seqs if s.samples and sampled.get(s.request_id) is None
+                   and not self.requests[s.request_id].cancel_requested]
+        if missing:  # checked before anything changes: the step can be retried
+            raise ValueError(f"no token sampled for request(s) {missing}, whose step reached their last token")
         self._in_flight = None
         now = self.clock()
         done = []
@@ -243,9 +265,7 @@ class Scheduler:
             req.num_computed_tokens += len(seq.token_ids)
             if not seq.samples:
                 continue
-            token = sampled.get(seq.request_id)
-            if token is None:
-                raise ValueError(f"request {seq.request_id} finished its prefill but no token was sampled")
+            token = sampled[seq.request_id]
             req.output_ids.append(token)
             req.token_times_s.append(now)
             if req.first_token_s is None:

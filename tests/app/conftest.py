@@ -49,7 +49,10 @@ def find_leaks(threads_before: set[threading.Thread]) -> list[str]:
     """Threads started since `threads_before` that still run, running worker QThreads, and active
     QTimers owned by the application or any widget."""
     app = QApplication.instance()
-    leaks = [f"thread {t.name!r}" for t in threading.enumerate() if t not in threads_before and t.is_alive()]
+    # a _DummyThread is Python's alias for a thread it did not start (a QThread that ran Python and
+    # called current_thread()); it never "ends", and QThreads are checked below by isRunning()
+    leaks = [f"thread {t.name!r}" for t in threading.enumerate()
+             if t not in threads_before and t.is_alive() and not isinstance(t, threading._DummyThread)]
     leaks += [f"worker QThread {w.objectName()!r}" for w in running_workers()]
     owners = [app] + list(app.allWidgets()) if app is not None else []
     seen = set()

@@ -1,0 +1,250 @@
+"""`membound bench --sweep batch` and `--workload mixed`: the scheduler and the batched forward
+(engine/batch_forward.py) under load. The sweep runs B identical requests together for B = 1, 2,
+4, ...: aggregate vs per-request decode tok/s, arithmetic intensity, MBU, MFU, and where the
+step turns compute-bound (cost model). The mixed workload has simulated users (engine/load.py)
+send varied requests; static and continuous batching serve the same requests."""
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+from engine.load import SimulatedUsers, Workload
+
+# no torch at import: engine/cli.py imports this module to build its parser (the app's process too)
+
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
+BLOCK_SIZE = 16
+
+
+def add_batch_args(bench) -> None:
+    """The batching options of `membound bench` (engine/cli.py calls this)."""
+    bench.add_argument("--batch-sizes", metavar="N,N,...", help="batch sizes for --sweep batch (default 1,2,4,...,64)")
+    bench.add_argument("--workload", choices=["mixed"], help="mixed: simulated users with varied prompt and "
+                       "output lengths (with --policy; both policies when it is not given)")
+    bench.add_argument("--policy", choices=["continuous", "static"], help="batching policy for --workload mixed")
+    bench.add_argument("--users", type=int, default=8, help="simulated users for --workload mixed (default 8)")
+    bench.add_argument("--requests", type=int, default=32, help="requests the users send in all (default 32)")
+
+
+@dataclass
+class BatchPoint:
+    batch_size: int
+    decode_steps: int
+    aggregate_tokens_per_s: float  # every sequence's decode tokens / decode time
+    per_request_tokens_per_s: float  # what one user sees
+    decode_step_ms: float
+    arithmetic_intensity: float  # FLOPs per byte (cost model)
+    achieved_gbs: float
+    mbu: float
+    mfu: float
+    bound: str  # "memory" | "compute" (cost model against the device's ridge point)
+
+
+def _runner(model, hardware, dtype: str, num_blocks: int, **kw):
+    from engine.batch_forward import BatchRunner
+    return BatchRunner(model, num_blocks, BLOCK_SIZE, peak_bandwidth_bps=hardware.peak_bandwidth_gbs * 1e9,
+                       peak_flops=hardware.peak_flops_for(dtype) or float("nan"), **kw)
+
+
+def run_batch_point(model, hardware, dtype: str, batch_size: int, prompt_ids: list[int], decode_tokens: int,
+                    attention: str = "flash") -> BatchPoint:
+    """B copies of one request, started together; the decode steps that run all B are measured."""
+    per_seq = -(-(len(prompt_ids) + decode_tokens) // BLOCK_SIZE)
+    runner = _runner(model, hardware, dtype, batch_size * per_seq, max_batch_size=batch_size,
+                     token_budget=max(512, batch_size), attention=attention)
+    for i in range(batch_size):
+        runner.scheduler.add_request(_request(i, prompt_ids, decode_tokens))
+    steps = []
+    while runner.scheduler.has_unfinished:
+        _, _, m = runner.step()
+        if m is not None and m.phase == "decode" and m.batch_size == batch_size:
+            steps.append(m)
+    if not steps:
+        raise ValueError("no decode step ran the whole batch: use --decode-tokens >= 2")
+    step_s = sum(m.step_s for m in steps)
+    moved = sum(m.total_bytes for m in steps)
+    flops = sum(m.flops for m in steps)
+    aggregate = sum(m.tokens_out for m in steps) / step_s
+    ridge = steps[0].peak_flops / steps[0].peak_bandwidth_bps
+    return BatchPoint(batch_size=batch_size, decode_steps=len(steps), aggregate_tokens_per_s=aggregate,
+                      per_request_tokens_per_s=aggregate / batch_size, decode_step_ms=1e3 * step_s / len(steps),
+                      arithmetic_intensity=flops / moved, achieved_gbs=moved / step_s / 1e9,
+                      mbu=moved / step_s / steps[0].peak_bandwidth_bps, mfu=flops / step_s / steps[0].peak_flops,
+                      bound="compute" if flops / moved >= ridge else "memory")
+
+
+def _request(i: int, prompt_ids: list[int], decode_tokens: int):
+    from engine.scheduler import Request
+    return Request(i, list(prompt_ids), decode_tokens)  # no EOS: every request decodes in full
+
+
+@dataclass
+class MixedResult:
+    policy: str
+    users: int
+    requests: int
+    output_tokens: int
+    wall_s: float
+    aggregate_tokens_per_s: float
+    median_ttft_s: float
+    p90_ttft_s: float
+    median_itl_s: float  # inter-token latency, all requests' gaps pooled
+    mean_batch: float
+    preemptions: int
+
+
+def run_mixed(model, hardware, dtype: str, policy: str, n_users: int, n_requests: int, workload: Workload,
+              attention: str = "flash", seed: int = 0, num_blocks: int | None = None,
+              token_budget: int = 256, chunk_size: int | None = 128) -> MixedResult:
+    """Closed loop: each user sends its next request when the last one ends (after think time)."""
+    longest = workload.prompt_lens[1] + workload.output_lens[1]
+    num_blocks = num_blocks or n_users * -(-longest // BLOCK_SIZE)
+    runner = _runner(model, hardware, dtype, num_blocks, max_batch_size=n_users, token_budget=token_budget,
+                     policy=policy, chunk_size=chunk_size, attention=attention)
+    users = SimulatedUsers(n_users, workload, seed=seed, max_requests=n_requests, start_s=time.perf_counter())
+    done, batches = [], []
+    t0 = time.perf_counter()
+    while not users.done:
+        for req in users.due(time.perf_counter()):
+            runner.scheduler.add_request(req)
+        plan, _, m = runner.step()
+        if m is not None:
+            batches.append(m.batch_size)
+        for req in runner.scheduler.take_finished():
+            users.finished(req, time.perf_counter())
+            done.append(req)
+        if m is None:
+            time.sleep(0.001)  # everyone is thinking
+    wall_s = time.perf_counter() - t0
+    ttfts = sorted(r.ttft_s for r in done)
+    gaps = [b - a for r in done for a, b in zip(r.token_times_s, r.token_times_s[1:])]
+    out_tokens = sum(len(r.output_ids) for r in done)
+    return MixedResult(policy=policy, users=n_users, requests=len(done), output_tokens=out_tokens, wall_s=wall_s,
+                       aggregate_tokens_per_s=out_tokens / wall_s, median_ttft_s=statistics.median(ttfts),
+                       p90_ttft_s=ttfts[min(len(ttfts) - 1, int(0.9 * len(ttfts)))],
+                       median_itl_s=statistics.median(gaps) if gaps else float("nan"),
+                       mean_batch=statistics.fmean(batches), preemptions=runner.scheduler.num_preemptions)
+
+
+def format_batch_table(points: list[BatchPoint], ridge: float) -> str:
+    base = points[0]
+    rows = [
+        ("aggregate tok/s", lambda p: f"{p.aggregate_tokens_per_s:,.1f}"),
+        (f"vs batch {base.batch_size}", lambda p: f"{p.aggregate_tokens_per_s / base.aggregate_tokens_per_s:.2f}x"),
+        ("per-request tok/s", lambda p: f"{p.per_request_tokens_per_s:,.1f}"),
+        ("decode step", lambda p: f"{p.decode_step_ms:,.1f} ms"),
+        ("FLOP/byte (model)", lambda p: f"{p.arithmetic_intensity:,.1f}"),
+        ("achieved GB/s", lambda p: f"{p.achieved_gbs:,.1f}"),
+        ("MBU", lambda p: f"{100 * p.mbu:.1f}%"),
+        ("MFU", lambda p: f"{100 * p.mfu:.2f}%"),
+        ("bound (model)", lambda p: p.bound),
+    ]
+    width = 10
+    lines = [f"{'batch':<20}" + "".join(f"{p.batch_size:>{width}}" for p in points)]
+    for label, fmt in rows:
+        lines.append(f"{label:<20}" + "".join(f"{fmt(p):>{width}}" for p in points))
+    turn = next((p.batch_size for p in points if p.bound == "compute"), None)
+    lines.append(f"ridge point {ridge:,.1f} FLOP/byte: " + (f"compute-bound from batch {turn} (cost model)"
+                 if turn else f"memory-bound up to batch {points[-1].batch_size} (cost model)"))
+    return "\n".join(lines)
+
+
+def format_mixed_table(results: list[MixedResult]) -> str:
+    rows = [
+        ("aggregate tok/s", lambda r: f"{r.aggregate_tokens_per_s:,.1f}"),
+        ("median TTFT", lambda r: f"{r.median_ttft_s * 1e3:,.0f} ms"),
+        ("p90 TTFT", lambda r: f"{r.p90_ttft_s * 1e3:,.0f} ms"),
+        ("median inter-token", lambda r: f"{r.median_itl_s * 1e3:,.1f} ms"),
+        ("mean batch", lambda r: f"{r.mean_batch:.1f}"),
+        ("pre-emptions", lambda r: f"{r.preemptions}"),
+        ("requests / tokens", lambda r: f"{r.requests} / {r.output_tokens}"),
+    ]
+    lines = [f"{'':<20}" + "".join(f"{r.policy:>14}" for r in results)]
+    for label, fmt in rows:
+        lines.append(f"{label:<20}" + "".join(f"{fmt(r):>14}" for r in results))
+    if len(results) == 2 and results[1].aggregate_tokens_per_s:
+        a, b = results
+        lines.append(f"{a.policy} / {b.policy}: {a.aggregate_tokens_per_s / b.aggregate_tokens_per_s:.2f}x aggregate tok/s")
+    return "\n".join(lines)
+
+
+def mixed_workload(tokenizer, prompt_tokens: int, decode_tokens: int) -> Workload:
+    """Varied lengths around the bench's: prompts 1/4 .. 2x, outputs 1/4 .. 2x (one fixed text)."""
+    from engine.bench import bench_prompt_ids
+    ids = tuple(bench_prompt_ids(tokenizer, 2 * prompt_tokens))
+    return Workload(prompts=(ids,), prompt_lens=(max(1, prompt_tokens // 4), 2 * prompt_tokens),
+                    output_lens=(max(2, decode_tokens // 4), 2 * decode_tokens))
+
+
+def run_batch_bench(args, progress) -> int:
+    import torch
+
+    from engine.bench import bench_prompt_ids
+    from engine.cli import resolve_dtype
+    from engine.engine import Engine, Settings
+    from engine.hardware import describe
+
+    dtype = resolve_dtype(args)
+    if args.prompt_tokens < 1 or args.decode_tokens < 2:
+        raise ValueError("bench needs --prompt-tokens >= 1 and --decode-tokens >= 2")
+    sizes = _batch_sizes(args.batch_sizes)  # a bad option fails before the model loads
+    if args.workload == "mixed" and (args.users < 1 or args.requests < 1):
+        raise ValueError("--users and --requests must be >= 1")
+    need = 2 * (args.prompt_tokens + args.decode_tokens)
+    engine = Engine(args.model, device=args.device, dtype=dtype, max_context=max(args.max_context, need),
+                    progress=progress, settings=Settings(dtype=dtype, attention=args.attention))
+    print(f"model: {engine.loaded.label}", file=sys.stderr)
+    print(f"device: {describe(engine.hardware)}", file=sys.stderr)
+    model, hw = engine.model, engine.hardware
+    payload = {"command": "membound " + " ".join(sys.argv[1:]), "model": engine.loaded.label,
+               "device": hw.to_dict(), "dtype": dtype, "machine": platform.platform(), "torch": torch.__version__,
+               "threads": torch.get_num_threads()}
+    if args.workload == "mixed":
+        workload = mixed_workload(engine.tokenizer, args.prompt_tokens, args.decode_tokens)
+        policies = [args.policy] if args.policy else ["continuous", "static"]
+        run_mixed(model, hw, dtype, policies[0], args.users, args.users, workload, args.attention)  # warm-up
+        results = []
+        for i, policy in enumerate(policies):
+            progress(i / len(policies), f"serving {args.requests} requests from {args.users} users ({policy})")
+            results.append(run_mixed(model, hw, dtype, policy, args.users, args.requests, workload, args.attention))
+        progress(1.0, "done")
+        print(f"\nworkload: {args.users} simulated users, {args.requests} requests, prompts "
+              f"{workload.prompt_lens[0]}..{workload.prompt_lens[1]} tokens, outputs {workload.output_lens[0]}.."
+              f"{workload.output_lens[1]} tokens, greedy, no think time, {dtype}, paged KV")
+        print(format_mixed_table(results))
+        payload["results"] = [asdict(r) for r in results]
+    else:
+        prompt_ids = bench_prompt_ids(engine.tokenizer, args.prompt_tokens)
+        run_batch_point(model, hw, dtype, 1, prompt_ids[:16], 4, args.attention)  # warm-up
+        points = []
+        for i, b in enumerate(sizes):
+            progress(i / len(sizes), f"batch {b}: {b} x ({args.prompt_tokens} prompt + {args.decode_tokens} decode)")
+            points.append(run_batch_point(model, hw, dtype, b, prompt_ids, args.decode_tokens, args.attention))
+        progress(1.0, "done")
+        ridge = (hw.peak_flops_for(dtype) or float("nan")) / (hw.peak_bandwidth_gbs * 1e9)
+        print(f"\nworkload: B requests together, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens} "
+              f"tokens each, greedy, {dtype}, paged KV, {args.attention} attention")
+        print(format_batch_table(points, ridge))
+        payload["results"] = [asdict(p) for p in points]
+        payload["ridge_flop_per_byte"] = ridge
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(payload, f, indent=1)
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+def _batch_sizes(text: str | None) -> list[int]:
+    if not text:
+        return list(DEFAULT_BATCH_SIZES)
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--batch-sizes takes numbers like 1,2,4: got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"--batch-sizes must be >= 1: got {text!r}")
+    return sizes

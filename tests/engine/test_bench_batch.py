@@ -1,0 +1,118 @@
+"""Simulated users (engine/load.py), the batch runner's step metrics, and the batching bench
+(engine/bench_batch.py) on a tiny random model; `membound bench --sweep batch` end to end."""
+import json
+
+import pytest
+import torch
+
+from engine.batch_forward import BatchRunner
+from engine.bench_batch import run_batch_point, run_mixed
+from engine.load import SimulatedUsers, Workload, bundled_prompts
+from engine.loader import synthetic_weights
+from engine.model import Transformer
+from engine.scheduler import Request
+
+from test_cli import assert_one_line_error, run_cli
+from test_engine import CFG, fake_cpu
+
+WORKLOAD = Workload(prompts=((5, 6, 7), (9, 10)), prompt_lens=(2, 20), output_lens=(2, 9), think_s=(0.0, 0.5))
+
+
+@pytest.fixture(scope="module")
+def model():
+    return Transformer(CFG, synthetic_weights(CFG, torch.float32, "cpu", seed=1))
+
+
+def test_each_user_waits_for_its_reply_then_thinks():
+    users = SimulatedUsers(3, WORKLOAD, seed=4, max_requests=7)
+    first = users.due(0.0)
+    assert len(first) == 3 and users.due(0.0) == []  # one request in flight per user
+    assert all(2 <= len(r.prompt_ids) <= 20 and 2 <= r.max_new_tokens <= 9 for r in first)
+    assert first[0].prompt_ids[:2] in ([5, 6], [9, 10]) and first[0].arrival_s == 0.0
+    users.finished(first[1], now=1.0)
+    assert users.due(0.99) == [] and len(users.due(1.5)) == 1  # think time at most 0.5 s
+    again = SimulatedUsers(3, WORKLOAD, seed=4, max_requests=7).due(0.0)
+    assert [r.prompt_ids for r in again] == [r.prompt_ids for r in first]  # same seed, same workload
+
+
+def test_bundled_prompts_are_sent_whole():
+    texts = bundled_prompts()
+    assert len(texts) >= 20 and not any(t.startswith("#") for t in texts)
+    prompts = tuple(tuple(t.encode()) for t in texts)  # bytes as token ids
+    users = SimulatedUsers(4, Workload(prompts=prompts, prompt_lens=None), seed=2)
+    assert all(tuple(r.prompt_ids) in prompts for r in users.due(0.0))
+
+
+def test_users_stop_at_max_requests_and_can_be_fewer_or_more():
+    users = SimulatedUsers(2, WORKLOAD, seed=0, max_requests=3)
+    sent = users.due(0.0)
+    users.set_users(4, now=0.0)
+    sent += users.due(0.0)
+    assert len(sent) == 3 and not users.done  # capped at 3 though 4 users want to send
+    for r in sent:
+        users.finished(r, 0.0)
+    assert users.due(10.0) == [] and users.done
+    users.set_users(1, now=10.0)
+    assert users.n_users == 1
+
+
+def test_busy_users_leave_when_their_reply_ends():
+    users = SimulatedUsers(3, WORKLOAD, seed=0)
+    busy = users.due(0.0)
+    users.set_users(1, now=0.0)
+    assert users.n_users == 3  # all three wait on a reply
+    for r in busy:
+        users.finished(r, 0.0)
+    assert users.n_users == 1 and len(users.due(1.0)) == 1
+
+
+def test_a_decode_step_reads_the_weights_once_for_the_whole_batch(model):
+    runner = BatchRunner(model, num_blocks=16, block_size=4, max_batch_size=4, peak_bandwidth_bps=2e10,
+                         peak_flops=1e11)
+    for i in range(4):
+        runner.scheduler.add_request(Request(i, [1 + i] * (3 + i), 3))
+    _, sampled, prefill = runner.step()
+    assert prefill.phase == "prefill" and prefill.batch_size == 4 and len(sampled) == 4
+    _, _, decode = runner.step()
+    assert decode.phase == "decode" and decode.tokens_out == 4
+    one = BatchRunner(model, num_blocks=4, block_size=4, peak_bandwidth_bps=2e10, peak_flops=1e11)
+    one.scheduler.add_request(Request(0, [1, 2, 3], 3))
+    one.step()
+    _, _, single = one.step()
+    assert decode.weight_bytes == single.weight_bytes == prefill.weight_bytes
+    assert decode.kv_read_bytes > 4 * single.kv_read_bytes  # longer contexts, four of them
+    assert decode.arithmetic_intensity > 3 * single.arithmetic_intensity
+
+
+def test_batch_point_measures_the_full_batch_decode_steps(model):
+    p = run_batch_point(model, fake_cpu(), "fp32", 4, list(range(1, 9)), 5)
+    assert p.batch_size == 4 and p.decode_steps == 4  # the first token comes from the prefill
+    assert p.aggregate_tokens_per_s == pytest.approx(4 * p.per_request_tokens_per_s)
+    assert p.bound == "memory" and 0 < p.mbu and p.arithmetic_intensity > 0
+
+
+@pytest.mark.parametrize("policy", ["continuous", "static"])
+def test_mixed_workload_serves_every_request(model, policy):
+    wl = Workload(prompts=((5, 6, 7),), prompt_lens=(2, 30), output_lens=(2, 8))
+    r = run_mixed(model, fake_cpu(), "fp32", policy, n_users=3, n_requests=6, workload=wl, token_budget=16,
+                  chunk_size=8)
+    assert r.requests == 6 and r.output_tokens >= 12 and r.preemptions == 0
+    assert 1 <= r.mean_batch <= 3 and r.median_ttft_s > 0
+
+
+def test_cli_sweep_batch_prints_the_table_and_json(capsys, tmp_path):
+    path = tmp_path / "b.json"
+    code, out, err = run_cli(capsys, "bench", "--model", "synthetic:smollm2-135m", "--sweep", "batch",
+                             "--batch-sizes", "1,3", "--prompt-tokens", "4", "--decode-tokens", "3",
+                             "--max-context", "64", "--json", str(path))
+    assert code == 0, err
+    for row in ("aggregate tok/s", "per-request tok/s", "FLOP/byte", "MBU", "MFU", "ridge point"):
+        assert row in out
+    data = json.loads(path.read_text())
+    assert [p["batch_size"] for p in data["results"]] == [1, 3]
+
+
+def test_cli_refuses_bad_batch_sizes(capsys):
+    code, _, err = run_cli(capsys, "bench", "--model", "synthetic:smollm2-135m", "--sweep", "batch",
+                           "--batch-sizes", "1,x", "--max-context", "64")
+    assert_one_line_error(code, err, "--batch-sizes")
