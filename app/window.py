@@ -207,6 +207,11 @@ class MainWindow(QMainWindow):
             return
         self.settings = new
         self.controls.set_settings(new)
+        if new.weights != "fp" and not self._quality_asked:
+            # the quantised copies are being made anyway: measure their quality once, on the
+            # worker thread after the reply in progress (it waits for the copies)
+            self._quality_asked = True
+            self.worker.submit(MeasureQuality())
         changes = describe_changes(old, new)
         if not changes:
             return
@@ -345,9 +350,6 @@ class MainWindow(QMainWindow):
                     text = []
                 self._pending_change = None
                 self.data.annotate(", ".join(event.changes) or event.settings.label, event.settings.label, event.t_s)
-                if event.settings.weights != "fp" and self.quality is None and not self._quality_asked:
-                    self._quality_asked = True  # runs after this reply, on the worker thread
-                    self.worker.submit(MeasureQuality())
             elif isinstance(event, DoneEvent):
                 if text:
                     self.chat.append_reply("".join(text))

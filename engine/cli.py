@@ -121,19 +121,11 @@ def _one_line(e: BaseException) -> str:
 
 
 def run_app(args) -> int:
-    try:
-        import PySide6  # noqa: F401
-        import pyqtgraph  # noqa: F401
-    except ImportError:
-        if args.screenshot:
-            print("membound: error: --screenshot needs the desktop app: install PySide6 and pyqtgraph "
-                  "(make run installs them)", file=sys.stderr)
-            return 2
-        print("membound: the desktop app needs PySide6 and pyqtgraph (make run installs them); "
-              "starting the terminal chat", file=sys.stderr)
-        return main(["chat"])
-    from app.main import main as app_main  # an ImportError inside the app is a bug: let it show
-    return app_main(args)
+    """The engine has no GUI: without a subcommand it chats in the terminal. (`membound`, the
+    installed command, is app.launcher, which opens the desktop app instead.)"""
+    if args.screenshot:
+        raise ValueError("--screenshot needs the desktop app: run `membound --screenshot FILE`")
+    return main(["chat"])
 
 
 def run_chat(args) -> int:

@@ -134,6 +134,10 @@ class Engine:
         from engine.hardware import detect_device
 
         self.device = device
+        if device == "cpu":
+            # subnormal floats take a slow microcode path on x86: random and real weights produce
+            # them in decode, and steps ran 10-30x slower at random until they were flushed to zero
+            torch.set_flush_denormal(True)
         self.settings = (settings or Settings(dtype=dtype)).validate(device)
         if settings is None:
             self.settings = replace(self.settings, dtype=dtype)

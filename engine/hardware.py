@@ -232,7 +232,9 @@ def measure_matmul_flops(device: str | torch.device = "cpu", dtype: str | torch.
     if device.type == "cuda":
         n = _GPU_MATMUL_N
     else:
-        n = 256
+        # fp32/bf16 start at 1024: a smaller product measures call overhead, not arithmetic (under
+        # load a 256 probe read 2.8 GFLOP/s, which put MFU over 100%); slow fp16 starts small
+        n = 1024 if dtype_name(dtype) in ("fp32", "bf16") else 256
         while n < _CPU_MATMUL_MAX_N:
             probe = torch.randn(n, n).to(torch_dtype)
             call_s = _best_seconds_per_call(lambda: probe @ probe, device, seconds=0.0)

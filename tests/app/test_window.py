@@ -260,8 +260,8 @@ def test_kv_layout_switch_reaches_the_engine_and_the_kv_panel_draws_the_blocks(m
 def test_switching_to_int8_measures_quality_and_shows_it_on_the_weights_switch(make_window, qtbot):
     window = make_window(max_new_tokens=8)
     window.apply_settings(dataclasses.replace(window.settings, weights="int8"))
-    send_and_wait(window, qtbot, "hello")
     qtbot.waitUntil(lambda: window.quality is not None, timeout=180_000)
+    send_and_wait(window, qtbot, "hello")  # and the int8 weights answer
     assert any("int8" in label for label in window.quality)
     tip = window.controls.widgets["weights"].buttons()[0].toolTip()
     assert "perplexity" in tip and "int8" in tip
