@@ -55,6 +55,13 @@ def main(args=None, *, model="default", device: str = "auto", hardware=None, set
     if screenshot and not os.environ.get("QT_QPA_PLATFORM") and not (
             os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) and sys.platform.startswith("linux"):
         os.environ["QT_QPA_PLATFORM"] = "offscreen"  # a screenshot needs no screen
+    if not screenshot and not os.environ.get("QT_QPA_PLATFORM") and not (
+            os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) and sys.platform.startswith("linux"):
+        # Qt would abort ("could not connect to display"): say so and chat in the terminal instead
+        print("membound: no display here (DISPLAY is not set): starting the terminal chat; "
+              "`membound --screenshot FILE` draws the app offscreen", file=sys.stderr)
+        from engine.cli import main as engine_main
+        return engine_main(["chat"])
     if pyside_drops_none_references():
         import PySide6
 

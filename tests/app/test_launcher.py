@@ -26,3 +26,13 @@ def test_launching_the_cli_leaves_openmp_alone():
     out = subprocess.run([sys.executable, "-c", "import app.launcher, engine.cli, os; "
                           "print(os.environ.get('OMP_WAIT_POLICY'))"], capture_output=True, text=True, env=env)
     assert out.stdout.strip() == "None"  # the bench keeps OpenMP's fast default; only the GUI sets PASSIVE
+
+
+def test_no_display_falls_back_to_the_terminal_chat(monkeypatch, capsys):
+    import app.main
+    for name in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM"):
+        monkeypatch.delenv(name, raising=False)
+    called = []
+    monkeypatch.setattr("engine.cli.main", lambda argv: called.append(argv) or 0)
+    assert app.main.main(None) == 0
+    assert called == [["chat"]] and "no display" in capsys.readouterr().err
