@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from engine.tables import rows_of, side_by_side
+
 # A fixed, self-written text: the bench prompt is its first N tokens (repeated if need be).
 BENCH_TEXT = (
     "A decoder writes one token at a time. For every token it must read each weight of the model once, "
@@ -149,17 +151,15 @@ def format_table(results: list[BenchResult]) -> str:
     if len(results) == 2:
         names.append("ratio")
     width = max(12, *(len(n) for n in names))
-    lines = [f"{'':<24}" + "".join(f"{n:>{width + 2}}" for n in names)]
-    for label, fmt in rows:
-        cells = [fmt(r) for r in results]
-        if len(results) == 2:
+    table = rows_of(results, rows)
+    if len(results) == 2:
+        for label, cells in table:
             ratio = ""
             if label in ("prefill tok/s", "decode tok/s", "achieved GB/s", "MBU"):
                 a, b = _value(results[0], label), _value(results[1], label)
                 ratio = f"{a / b:.2f}x" if b else ""
             cells.append(ratio)
-        lines.append(f"{label:<24}" + "".join(f"{c:>{width + 2}}" for c in cells))
-    return "\n".join(lines)
+    return "\n".join(side_by_side("", names, table, 24, width + 2))
 
 
 def _value(r: BenchResult, label: str) -> float:
@@ -214,10 +214,7 @@ def format_sweep(results: list[BenchResult], quality: dict) -> str:
             ("top-1 agreement", lambda r: f"{100 * quality[r.name].top1_agreement:.1f}%"),
         ]
     width = max(12, *(len(r.name) for r in results))
-    lines = [f"{'':<24}" + "".join(f"{r.name:>{width + 2}}" for r in results)]
-    for label, fmt in rows:
-        lines.append(f"{label:<24}" + "".join(f"{fmt(r):>{width + 2}}" for r in results))
-    return "\n".join(lines)
+    return "\n".join(side_by_side("", [r.name for r in results], rows_of(results, rows), 24, width + 2))
 
 
 def run_bench(args, progress) -> int:

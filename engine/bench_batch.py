@@ -13,6 +13,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from engine.load import SimulatedUsers, Workload
+from engine.tables import rows_of, side_by_side
 
 # no torch at import: engine/cli.py imports this module to build its parser (the app's process too)
 
@@ -143,10 +144,7 @@ def format_batch_table(points: list[BatchPoint], ridge: float) -> str:
         ("MFU", lambda p: f"{100 * p.mfu:.2f}%"),
         ("bound (model)", lambda p: p.bound),
     ]
-    width = 10
-    lines = [f"{'batch':<20}" + "".join(f"{p.batch_size:>{width}}" for p in points)]
-    for label, fmt in rows:
-        lines.append(f"{label:<20}" + "".join(f"{fmt(p):>{width}}" for p in points))
+    lines = side_by_side("batch", [str(p.batch_size) for p in points], rows_of(points, rows), 20, 10)
     turn = next((p.batch_size for p in points if p.bound == "compute"), None)
     lines.append(f"ridge point {ridge:,.1f} FLOP/byte: " + (f"compute-bound from batch {turn} (cost model)"
                  if turn else f"memory-bound up to batch {points[-1].batch_size} (cost model)"))
@@ -163,9 +161,7 @@ def format_mixed_table(results: list[MixedResult]) -> str:
         ("pre-emptions", lambda r: f"{r.preemptions}"),
         ("requests / tokens", lambda r: f"{r.requests} / {r.output_tokens}"),
     ]
-    lines = [f"{'':<20}" + "".join(f"{r.policy:>14}" for r in results)]
-    for label, fmt in rows:
-        lines.append(f"{label:<20}" + "".join(f"{fmt(r):>14}" for r in results))
+    lines = side_by_side("", [r.policy for r in results], rows_of(results, rows), 20, 14)
     if len(results) == 2 and results[1].aggregate_tokens_per_s:
         a, b = results
         lines.append(f"{a.policy} / {b.policy}: {a.aggregate_tokens_per_s / b.aggregate_tokens_per_s:.2f}x aggregate tok/s")
