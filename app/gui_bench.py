@@ -28,7 +28,7 @@ def headless_decode_tokens_per_s(model: str, tokens: int) -> float:
     return result.decode_tokens_per_s
 
 
-def in_app(model: str, tokens: int, replies: int) -> dict:
+def in_app(model: str, tokens: int, replies: int, engine_process: bool = True) -> dict:
     import numpy as np
     from PySide6.QtCore import QElapsedTimer, QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
@@ -38,7 +38,8 @@ def in_app(model: str, tokens: int, replies: int) -> dict:
     from engine.sampling import SamplingParams
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
-    window = MainWindow(model=model, settings=Settings(max_new_tokens=tokens, sampling=SamplingParams(greedy=True)))
+    window = MainWindow(model=model, settings=Settings(max_new_tokens=tokens, sampling=SamplingParams(greedy=True)),
+                        engine_process=engine_process)
     window.resize(1600, 960)
     window.show()
     loop = QEventLoop()
@@ -86,10 +87,13 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default="default")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--replies", type=int, default=2)
+    parser.add_argument("--engine-thread", action="store_true",
+                        help="the engine on a thread of the app's process (the app's --engine-thread)")
     args = parser.parse_args(argv)
     t0 = time.time()
     headless = headless_decode_tokens_per_s(args.model, args.tokens)
-    result = in_app(args.model, args.tokens, args.replies)
+    result = in_app(args.model, args.tokens, args.replies, engine_process=not args.engine_thread)
+    result["engine"] = "thread" if args.engine_thread else "process"
     result["headless_decode_tokens_per_s"] = headless
     result["app_over_headless"] = result["app_decode_tokens_per_s"] / headless
     result["wall_s"] = time.time() - t0

@@ -7,12 +7,14 @@ from __future__ import annotations
 import os
 import sys
 
-# The engine's OpenMP threads share the CPU with the GUI thread. Spinning OpenMP threads (the
-# default) stall at every barrier while a core runs something else: on a 2-core machine the
-# default model decoded at 0.8 tok/s in the app and 17 tok/s with passive waiting (measured, 2-core
-# AMD EPYC under load). It must be set before torch loads, hence here, before the window (and so
-# the engine) is imported; a user's setting wins. The headless CLI keeps OpenMP's default.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# With --engine-thread the engine's OpenMP threads share the app's process with the GUI thread.
+# Spinning OpenMP threads (the default) stall at every barrier while a core runs something else: on
+# a 2-core machine the default model decoded at 0.8 tok/s in the app and 17 tok/s with passive
+# waiting (measured, 2-core AMD EPYC under load). It must be set before torch loads, hence here,
+# before the window (and so the engine) is imported; a user's setting wins. The engine's own
+# process (the default) keeps OpenMP's default, as the headless CLI does.
+if "--engine-thread" in sys.argv:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 DEFAULT_PROMPT = ("In a few sentences: why is generating text one token at a time limited by memory "
                   "bandwidth rather than by compute?")
@@ -75,7 +77,8 @@ def main(args=None, *, model="default", device: str = "auto", hardware=None, set
     pg.setConfigOptions(antialias=True)
     from app.window import MainWindow
 
-    window = MainWindow(model=model, device=device, hardware=hardware, settings=settings, autoload=False)
+    window = MainWindow(model=model, device=device, hardware=hardware, settings=settings, autoload=False,
+                        engine_process=not getattr(args, "engine_thread", False))
     if screenshot:
         return take_screenshot(window, screenshot, prompt or DEFAULT_PROMPT, model, timeout_s)
     window.show()

@@ -42,7 +42,8 @@ class MainWindow(QMainWindow):
     error_shown = Signal(str)
 
     def __init__(self, model="default", device: str = "auto", hardware=None, settings: Settings | None = None,
-                 theme: str = "dark", large_fonts: bool = False, autoload: bool = True, max_context: int = 4096):
+                 theme: str = "dark", large_fonts: bool = False, autoload: bool = True, max_context: int = 4096,
+                 engine_process: bool = False):
         super().__init__()
         self.setWindowTitle("membound — watch decoding hit the memory wall")
         self.theme = themed(theme, large_fonts)
@@ -119,7 +120,7 @@ class MainWindow(QMainWindow):
         self.splitter.setSizes([520, 1080])
 
         # ---- the worker thread: commands in through its queue, plain-data signals out (queued)
-        self.worker = EngineWorker(self)
+        self.worker = EngineWorker(self, process=engine_process)
         self.worker.progress.connect(self._on_progress)
         self.worker.model_loaded.connect(self._on_model_loaded)
         self.worker.events.connect(self._on_events)
@@ -392,6 +393,11 @@ class MainWindow(QMainWindow):
             self.reply_finished.emit(done)
 
     def _on_failed(self, what: str, message: str) -> None:
+        if what == "engine":  # its process died (killed, out of memory): nothing is loaded now
+            self.model_info = None
+            self.loading = False
+            self.chat.set_ready(False)
+            self.controls.set_enabled(False)
         if what == "load":
             text = f"could not load the model: {message}"
             if self.model_info is not None:

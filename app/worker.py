@@ -1,100 +1,47 @@
-"""The worker thread: the only owner of the `Engine`. Commands go in through a queue (load, chat,
-reset, quit); events come out as Qt signals carrying plain data (the engine's frozen event
-dataclasses, lists of them, strings). `apply()` and `stop()` go straight to the engine, which
-takes them at its next step boundary."""
+"""The worker: the GUI's only line to the `Engine`, which an `engine.host.EngineHost` owns.
+
+Two ways to run the host, one interface: commands go in (`submit`, `apply`, `stop`), events come
+out as Qt signals carrying plain data (the engine's frozen event dataclasses, lists of them,
+strings).
+- `process=True` (the app): the host runs in a process of its own and this QThread relays its
+  pipe to the signals. The engine's Python never waits for the GIL while the GUI draws (in one
+  process the app decoded at about half of `membound bench`'s speed on a 2-core CPU), and closing
+  the window never waits on a long step: the process is ended if it does not stop in time.
+- `process=False` (most tests, `--engine-thread`): the host runs on this QThread itself, and the
+  test can reach the engine (`worker.engine`)."""
 from __future__ import annotations
 
+import multiprocessing
+import pickle
 import queue
-import time
+import threading
 import weakref
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import replace
 
 from PySide6.QtCore import QThread, Signal
 
-from engine.config import ModelConfig
-from engine.engine import DoneEvent, Engine, Settings
-from engine.hardware import DeviceSpec
-from engine.metrics import StepMetrics
+from engine.engine import Settings
+from engine.host import (Apply, Cancelled, Chat, EngineHost, Load, MeasureQuality, ModelInfo, Quit, Reset, Stop,
+                         default_dtype, one_line)
 
-# Events reach the GUI in batches at most this often (and at once when the engine is slower),
-# so a tiny model decoding thousands of tokens a second does not flood the event loop.
-BATCH_INTERVAL_S = 1 / 60
-KV_SNAPSHOT_INTERVAL_S = 0.15  # the KV panel needs a few pictures a second, not one per token
+__all__ = ["EngineWorker", "Chat", "Load", "MeasureQuality", "ModelInfo", "Reset", "default_dtype", "one_line",
+           "running_workers"]
+
+PROCESS_EXIT_WAIT_S = 5.0  # after Quit, how long the engine process may take before it is ended
 
 _workers: "weakref.WeakSet[EngineWorker]" = weakref.WeakSet()
 
 
 def running_workers() -> list["EngineWorker"]:
-    """Workers whose thread is still running (the tests' leak check)."""
+    """Workers whose thread or engine process is still running (the tests' leak check)."""
     running = []
     for worker in list(_workers):
         try:
-            if worker.isRunning():
+            if worker.isRunning() or worker.process_alive():
                 running.append(worker)
         except RuntimeError:  # its C++ object is gone with its parent window: the thread ended before
             pass
     return running
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the GUI needs to know about a loaded model (plain data)."""
-    label: str
-    source: str  # "gguf", "hf", "synthetic"
-    device: str
-    cfg: ModelConfig
-    weight_bytes: int  # matmul weights one step reads, at the current dtype
-    hardware: DeviceSpec
-    settings: Settings
-
-
-@dataclass(frozen=True)
-class Load:
-    model: Any  # "default", "synthetic:SHAPE", a path, or a prebuilt engine.loader.LoadedWeights
-    device: str = "auto"
-    settings: Settings | None = None  # None: the device's default dtype
-    hardware: DeviceSpec | None = None  # None: measured (once per process)
-    max_context: int = 4096
-
-
-@dataclass(frozen=True)
-class Chat:
-    text: str
-
-
-@dataclass(frozen=True)
-class Reset:
-    pass
-
-
-@dataclass(frozen=True)
-class MeasureQuality:
-    """Perplexity and top-1 agreement of fp / int8 / int4 on the evaluation text (seconds on a CPU)."""
-    n_tokens: int = 256
-
-
-@dataclass(frozen=True)
-class Quit:
-    pass
-
-
-class _Cancelled(BaseException):
-    """Raised inside a model load from its progress callback when the window closes."""
-
-
-def one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    message = text[0] if text else ""
-    if isinstance(error, MemoryError) or "out of memory" in message.lower():
-        return f"out of memory: {message or 'the allocation failed'}"
-    if isinstance(error, (ValueError, FileNotFoundError, PermissionError)):
-        return message or type(error).__name__
-    return f"{type(error).__name__}: {message}" if message else type(error).__name__
-
-
-def default_dtype(device_kind: str) -> str:
-    return "bf16" if device_kind == "cuda" else "fp32"
 
 
 class EngineWorker(QThread):
@@ -103,148 +50,155 @@ class EngineWorker(QThread):
     events = Signal(object)  # list of engine events, in order
     reply_started = Signal(float)  # time.monotonic() when the prompt was handed to the engine
     busy_changed = Signal(str, bool)  # ("load" | "reply", running): sent at the start and the end
-    failed = Signal(str, str)  # (what failed: "load" | "reply" | "settings", one-line message)
+    failed = Signal(str, str)  # (what failed: "load" | "reply" | "settings" | "quality" | "engine", message)
     kv_snapshot = Signal(object)  # engine.paged.KVCacheSnapshot: the KV cache's blocks, plain data
     quality = Signal(object)  # {label: engine.perplexity.Quality} for the weight settings
 
-    def __init__(self, parent=None):
+    def __init__(self, parent=None, process: bool = False):
         super().__init__(parent)
         self.setObjectName("EngineWorker")
-        self._commands: queue.Queue = queue.Queue()
-        self._engine: Engine | None = None
+        self.process_mode = process
         self._quitting = False
+        self._device = "cpu"  # of the loaded model: settings are checked against it at once
+        # thread mode
+        self._commands: queue.Queue = queue.Queue()
+        self._host = EngineHost(self._emit)
+        # process mode
+        self._process = None
+        self._conn = None
+        self._unsent: list = []  # commands given before the process was up
+        self._send_lock = threading.Lock()
+        self.model_loaded.connect(self._remember_device)
         _workers.add(self)
+
+    def _emit(self, kind: str, *args) -> None:
+        getattr(self, kind).emit(*args)
+
+    def _remember_device(self, info: ModelInfo) -> None:
+        self._device = info.device
 
     # ---- GUI thread -------------------------------------------------------------------------
     def submit(self, command) -> None:
-        self._commands.put(command)
+        if self.process_mode:
+            if isinstance(command, Load) and self._process is not None and not self._quitting \
+                    and not self.isRunning():
+                self._end_process()  # it died: a new load starts a new one
+                self._process = None
+                self.start()
+            if not isinstance(command, Load) or isinstance(command.model, str):
+                self._send(command)
+                return
+            # A model already in memory crosses as plain pickled bytes: the pipe's own pickler would
+            # share its tensors through file descriptors, which needs a helper thread that never ends.
+            self._send(replace(command, model=pickle.dumps(command.model)))
+        else:
+            self._commands.put(command)
 
     def apply(self, settings: Settings) -> None:
-        """Raises ValueError (one-line message) for settings the device cannot run."""
-        engine = self._engine
-        if engine is not None:
-            engine.apply(settings)
+        """Raises ValueError (one-line message) for settings the device cannot run; a failure
+        only the engine can find (a quantisation the shapes do not allow) comes back as
+        failed("settings", ...)."""
+        if self.process_mode:
+            settings.validate(self._device)
+            self._send(Apply(settings))
+        else:
+            self._host.apply(settings)
 
     def stop(self) -> None:
-        engine = self._engine
-        if engine is not None:
-            engine.stop()
+        if self.process_mode:
+            self._send(Stop())
+        else:
+            self._host.stop()
 
     @property
-    def engine(self) -> Engine | None:
-        return self._engine
+    def engine(self):
+        """The engine itself when it runs on this thread (None in process mode)."""
+        return self._host.engine
+
+    def process_alive(self) -> bool:
+        process = self._process
+        return process is not None and process.is_alive()
 
     def shutdown(self, timeout_s: float = 30.0) -> bool:
-        """Stop the reply or load in progress and end the thread; True if it ended in time."""
+        """Stop the reply or load in progress and end the thread (and the engine process);
+        True if it ended in time."""
         self._quitting = True
-        self.stop()
+        if self.process_mode:
+            self._send(Quit())
+            ended = self.wait(int(PROCESS_EXIT_WAIT_S * 1000)) if self.isRunning() else True
+            self._end_process()
+            return self.wait(int(timeout_s * 1000)) if not ended else True
+        self._host.quit()
         self._commands.put(Quit())
         if not self.isRunning():
             return True
         return self.wait(int(timeout_s * 1000))
 
-    # ---- worker thread ----------------------------------------------------------------------
-    def run(self) -> None:
-        while True:
-            command = self._commands.get()
-            if isinstance(command, Quit) or self._quitting:
+    def _send(self, message) -> None:
+        with self._send_lock:
+            if self._conn is None:
+                self._unsent.append(message)
                 return
             try:
-                if isinstance(command, Load):
-                    self._load(command)
-                elif isinstance(command, Chat):
-                    self._chat(command.text)
-                elif isinstance(command, MeasureQuality):
-                    self._measure_quality(command)
-                elif isinstance(command, Reset):
-                    if self._engine is not None:
-                        self._engine.reset()
-                        self._emit_kv_snapshot(self._engine)
-            except _Cancelled:
-                return
+                self._conn.send(message)
+            except (OSError, ValueError):  # the process has gone; the relay reports it
+                pass
 
-    def _progress(self, fraction: float, message: str) -> None:
-        if self._quitting:
-            raise _Cancelled()
-        self.progress.emit(float(fraction), str(message))
-
-    def _load(self, command: Load) -> None:
-        self.busy_changed.emit("load", True)
-        try:
-            hardware = command.hardware
-            device = command.device
-            if device == "auto":
-                if hardware is not None:
-                    device = hardware.kind
-                else:
-                    from engine.hardware import detect_device
-                    device = detect_device("auto", measure=False).kind
-            settings = command.settings or Settings(dtype=default_dtype(device))
-            self._progress(0.0, f"loading {command.model if isinstance(command.model, str) else 'model'}…")
-            engine = Engine(command.model, device=device, dtype=settings.dtype, max_context=command.max_context,
-                            progress=self._progress, hardware=hardware, settings=settings)
-            old, self._engine = self._engine, engine
-            if old is not None:
-                old.stop()
-            self._progress(1.0, "ready")
-            self.model_loaded.emit(ModelInfo(
-                label=engine.loaded.label, source=engine.loaded.source, device=device, cfg=engine.cfg,
-                weight_bytes=engine.model.linear_weight_bytes(), hardware=engine.hardware,
-                settings=engine.settings))
-            self._emit_kv_snapshot(engine)
-        except _Cancelled:
-            raise
-        except Exception as error:  # the old model (if any) stays loaded and usable
-            self.failed.emit("load", one_line(error))
-        finally:
-            self.busy_changed.emit("load", False)
-
-    def _measure_quality(self, command: MeasureQuality) -> None:
-        engine = self._engine
-        if engine is None:
+    def _end_process(self) -> None:
+        process = self._process
+        if process is None:
             return
-        from engine.perplexity import weight_quality
-        try:
-            self.quality.emit(weight_quality(engine, n_tokens=command.n_tokens))
-        except Exception as error:  # quality is extra information: report, keep running
-            self.failed.emit("quality", one_line(error))
+        process.join(PROCESS_EXIT_WAIT_S if process.is_alive() else 0)
+        if process.is_alive():  # in the middle of a long step: it holds nothing worth waiting for
+            process.terminate()
+            process.join(2.0)
+        if process.is_alive():
+            process.kill()
+            process.join(2.0)
+        with self._send_lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
-    def _emit_kv_snapshot(self, engine: Engine) -> None:
+    # ---- worker thread ----------------------------------------------------------------------
+    def run(self) -> None:
+        if self.process_mode:
+            self._relay()
+            return
         try:
-            self.kv_snapshot.emit(engine.kv_snapshot())
-        except Exception:  # the panel is a view: a failed snapshot must not end the reply
+            self._host.run(self._commands)
+        except Cancelled:
             pass
 
-    def _chat(self, text: str) -> None:
-        engine = self._engine
-        if engine is None:
-            self.failed.emit("reply", "no model is loaded yet")
-            return
-        kept_messages = list(engine.messages)
-        self.busy_changed.emit("reply", True)
-        self.reply_started.emit(time.monotonic())
-        batch: list = []
-        last_emit = last_snapshot = time.monotonic()
-        try:
-            for event in engine.chat(text):
-                batch.append(event)
-                # Metrics come just before their step's token: hold them so the two travel together.
-                if isinstance(event, StepMetrics):
-                    continue
-                now = time.monotonic()
-                if isinstance(event, DoneEvent) or now - last_emit >= BATCH_INTERVAL_S:
-                    self.events.emit(batch)
-                    batch, last_emit = [], now
-                if isinstance(event, DoneEvent) or now - last_snapshot >= KV_SNAPSHOT_INTERVAL_S:
-                    self._emit_kv_snapshot(engine)  # the generator is paused: between steps
-                    last_snapshot = now
-        except Exception as error:  # a failed turn is not part of the conversation
-            engine.messages = kept_messages
-            if batch:
-                self.events.emit(batch)
-                batch = []
-            self.failed.emit("reply", one_line(error))
-        finally:
-            if batch:
-                self.events.emit(batch)
-            self.busy_changed.emit("reply", False)
+    def _relay(self) -> None:
+        from engine.host import serve
+
+        context = multiprocessing.get_context("spawn")  # never fork a process that runs Qt
+        ours, theirs = context.Pipe(duplex=True)
+        process = context.Process(target=serve, args=(theirs,), name="membound-engine", daemon=True)
+        process.start()
+        theirs.close()
+        self._process = process
+        with self._send_lock:
+            self._conn = ours
+            for message in self._unsent:
+                ours.send(message)
+            self._unsent = []
+        while True:
+            try:
+                kind, args = ours.recv()
+            except (EOFError, OSError):
+                with self._send_lock:
+                    self._conn = None
+                if not self._quitting:
+                    process.join(1.0)
+                    self.failed.emit("engine", f"the engine process ended unexpectedly (exit code "
+                                               f"{process.exitcode}); load a model to start it again")
+                    self.busy_changed.emit("reply", False)
+                return
+            if kind == "exited":
+                with self._send_lock:
+                    self._conn = None
+                ours.close()
+                return
+            self._emit(kind, *args)

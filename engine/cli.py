@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     parser.add_argument("--screenshot", metavar="FILE", help="(app) answer a prompt, save a PNG of the window, exit")
     parser.add_argument("--prompt", help="(app) prompt to send at start")
+    parser.add_argument("--engine-thread", action="store_true",
+                        help="(app) run the engine on a thread of the app's process, not in its own process")
     sub = parser.add_subparsers(dest="command")
 
     chat = sub.add_parser("chat", help="chat in the terminal")

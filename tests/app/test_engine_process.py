@@ -1,0 +1,101 @@
+"""The app's engine in its own process (what `membound` runs): replies stream through the pipe,
+settings and Stop reach the engine mid-reply, errors come back as messages, a dead engine process
+is reported and a new load starts another, and closing mid-reply leaves no process behind (the
+conftest's leak check counts a live engine process as a leak)."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from PySide6.QtCore import Qt
+
+from engine.engine import Settings, SettingsApplied, TokenEvent
+
+from app_test_helpers import GREEDY, activate, fake_cpu, send_and_wait
+
+
+@pytest.fixture
+def make_process_window(qtbot, tiny_model, monkeypatch):
+    from app.window import MainWindow
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the child's torch: one thread, as the other app tests
+
+    def make(max_new_tokens: int = 64, model=None):
+        window = MainWindow(model=model if model is not None else tiny_model, hardware=fake_cpu(),
+                            settings=Settings(max_new_tokens=max_new_tokens, sampling=GREEDY), engine_process=True)
+        qtbot.addWidget(window)
+        if model is None:
+            with qtbot.waitSignal(window.model_ready, timeout=60_000):
+                pass
+        return window
+    return make
+
+
+def test_a_reply_streams_from_the_engine_process(make_process_window, qtbot):
+    window = make_process_window(max_new_tokens=120)
+    assert window.worker.process_alive() and window.worker.engine is None  # not in this process
+    pieces = []
+    window.worker.events.connect(lambda batch: pieces.extend(e.text for e in batch if isinstance(e, TokenEvent)))
+    done = send_and_wait(window, qtbot, "hello from the other process")
+    assert done.reason == "max_tokens" and done.n_new_tokens == 120
+    assert "".join(pieces) == done.text and done.text in window.chat.plain_text()
+    assert window.data.steps.total == 120 and window.data.steps.column("gbs").min() > 0
+    assert send_and_wait(window, qtbot, "and again").n_new_tokens == 120  # multi-turn over the pipe
+
+
+def test_settings_and_stop_reach_the_engine_process_mid_reply(make_process_window, qtbot):
+    window = make_process_window(max_new_tokens=5000)
+    activate(window, qtbot)
+    applied = []
+    window.worker.events.connect(lambda batch: applied.extend(e for e in batch if isinstance(e, SettingsApplied)))
+    window.send("a long reply please")
+    qtbot.waitUntil(lambda: window.data.steps.total > 5, timeout=20_000)
+    qtbot.keyClick(window, Qt.Key.Key_F2)  # KV cache off
+    qtbot.waitUntil(lambda: any("kv cache off" in n.text for n in window.data.annotations), timeout=20_000)
+    assert applied and applied[-1].settings.kv_layout == "off"
+    with qtbot.waitSignal(window.reply_finished, timeout=20_000) as finished:
+        window.stop()
+    assert finished.args[0].reason == "stopped" and finished.args[0].n_new_tokens < 5000
+    assert window.chat.send_button.isEnabled()
+
+
+def test_settings_the_device_cannot_run_are_refused_at_once(make_process_window):
+    window = make_process_window()
+    before = window.settings
+    window.apply_settings(Settings(dtype="fp16", sampling=GREEDY))  # no fp16 on a CPU
+    assert "fp16" in window.last_error and window.settings == before
+
+
+def test_a_bad_model_path_is_reported_and_the_loaded_model_stays(make_process_window, qtbot, tmp_path):
+    window = make_process_window(max_new_tokens=4)
+    with qtbot.waitSignal(window.error_shown, timeout=30_000) as shown:
+        window.load_model(str(tmp_path / "missing.gguf"), "cpu", window.hardware, window.settings)
+    assert "model not found" in shown.args[0] and "still using" in shown.args[0]
+    qtbot.waitUntil(lambda: not window.loading)
+    assert send_and_wait(window, qtbot, "still here?").n_new_tokens == 4
+
+
+def test_a_dead_engine_process_is_reported_and_a_new_load_starts_another(make_process_window, qtbot, tiny_model):
+    window = make_process_window(max_new_tokens=4)
+    pid = window.worker._process.pid
+    with qtbot.waitSignal(window.error_shown, timeout=20_000) as shown:
+        os.kill(pid, signal.SIGKILL)
+    assert "engine process ended unexpectedly" in shown.args[0]
+    assert window.model_info is None and not window.chat.send_button.isEnabled()
+    with qtbot.waitSignal(window.model_ready, timeout=60_000):
+        window.load_model(tiny_model, "cpu", window.hardware, window.settings)
+    assert window.worker._process.pid != pid and window.worker.process_alive()
+    assert send_and_wait(window, qtbot, "back again").n_new_tokens == 4
+
+
+def test_closing_mid_reply_ends_the_engine_process(make_process_window, qtbot):
+    window = make_process_window(max_new_tokens=5000)
+    window.send("keep talking")
+    qtbot.waitUntil(lambda: window.data.steps.total > 3, timeout=20_000)
+    process = window.worker._process
+    t0 = time.monotonic()
+    window.close()
+    assert time.monotonic() - t0 < 10.0
+    assert not process.is_alive() and not window.worker.isRunning() and not window.frame_timer.isActive()
