@@ -3,7 +3,8 @@ shortcut, built from the declarative `CONTROLS` table. A later setting (weights 
 attention backend, KV layout, batching) is one more entry there; an entry whose field the
 engine's Settings lacks is left out, and options the device refuses are greyed with the reason.
 Shortcuts are function keys: they work while the chat input has the focus and clash with no
-text-editing key (F2 KV cache, F3 precision, F4 weights, F5 attention, F6 KV layout, F7 INT4 group)."""
+text-editing key (F2 KV cache, F3 precision, F4 weights, F5 attention, F6 KV layout, F7 INT4 group,
+F12 batching policy); the simulated-users slider steps with Alt+Up / Alt+Down (text boxes keep Ctrl+arrows)."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +14,7 @@ from typing import Any
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (QAbstractSpinBox, QButtonGroup, QDoubleSpinBox, QFrame, QHBoxLayout, QLabel,
-                               QPushButton, QSpinBox, QVBoxLayout)
+                               QPushButton, QSlider, QSpinBox, QVBoxLayout)
 
 from engine.engine import Settings
 
@@ -38,6 +39,16 @@ class Toggle:
 
 
 @dataclass(frozen=True)
+class Slider:
+    field: str
+    label: str
+    minimum: int
+    maximum: int  # the most the control offers; `ControlsBar.set_limit` lowers it (device memory)
+    shortcuts: tuple[str, str]  # down, up
+    tooltip: str = ""
+
+
+@dataclass(frozen=True)
 class Number:
     field: str
     label: str
@@ -48,7 +59,7 @@ class Number:
     tooltip: str = ""
 
 
-CONTROLS: tuple[Choice | Toggle | Number, ...] = (
+CONTROLS: tuple[Choice | Toggle | Slider | Number, ...] = (
     Choice("dtype", "Precision", (("fp32", "FP32"), ("bf16", "BF16"), ("fp16", "FP16")), "F3",
            "bytes per weight read every step: fp32 = 4, bf16/fp16 = 2"),
     Toggle("kv_cache", "KV cache", "F2",
@@ -63,6 +74,12 @@ CONTROLS: tuple[Choice | Toggle | Number, ...] = (
     Choice("kv_layout", "KV layout", (("contiguous", "Contig."), ("paged", "Paged"), ("off", "Off")), "F6",
            "contiguous reserves the whole context per sequence; paged takes blocks on demand; "
            "off recomputes the context every step"),
+    Slider("users", "Users", 0, 64, ("Alt+Down", "Alt+Up"),
+           "simulated users sending requests beside your chat: the engine batches every running request "
+           "into one forward, so the weights are read once per step for all of them"),
+    Choice("policy", "Batching", (("continuous", "Contin."), ("static", "Static")), "F12",
+           "continuous: requests join and leave the batch at every step; static: a batch forms, runs until "
+           "its longest member ends, then the next forms"),
     Number("max_new_tokens", "Max tokens", 1, 8192, 32, tooltip="longest reply, in tokens"),
     Number("sampling.temperature", "Temperature", 0.0, 2.0, 0.1, 2, "0 = greedy (always the likeliest token)"),
     Number("sampling.top_p", "Top-p", 0.05, 1.0, 0.05, 2, "sample from the smallest set of tokens holding this mass"),
@@ -111,6 +128,10 @@ def describe_changes(old: Settings, new: Settings) -> list[str]:
         elif control.field == "group_size":
             if new.weights == "int4":
                 changes.append(f"int4 group {after}")
+        elif control.field == "policy":
+            changes.append(f"{after} batching")
+        elif isinstance(control, Slider):
+            changes.append(f"{after} {control.label.lower()}")
         elif isinstance(control, Choice):
             changes.append(f"{after} attention" if control.field == "attention" else str(after))
         else:
@@ -133,6 +154,7 @@ class ControlsBar(QFrame):
         self._updating = False
         self._enabled = False
         self.widgets: dict[str, Any] = {}  # field -> widget (QButtonGroup for a Choice)
+        self.slider_values: dict[str, QLabel] = {}  # a slider's number beside it
         self.shortcuts: list[QShortcut] = []
         # two rows: the switches (each with its stage shortcut) above; the numbers and the
         # window's own buttons below, so the bar stays narrower than a 1680-pixel screen
@@ -145,7 +167,7 @@ class ControlsBar(QFrame):
         second.setSpacing(14)
         for control in CONTROLS:
             if has_field(self.settings, control.field):
-                target = second if isinstance(control, Number) else self.layout_
+                target = second if isinstance(control, (Number, Slider)) else self.layout_
                 target.addLayout(self._build(control))
         self.layout_.addStretch(1)
         second.addStretch(1)
@@ -194,6 +216,28 @@ class ControlsBar(QFrame):
             self.widgets[control.field] = button
             column.addWidget(button)
             self._add_shortcut(shortcut, lambda c=control: self.toggle(c.field))
+        elif isinstance(control, Slider):
+            row = QHBoxLayout()
+            row.setSpacing(6)
+            slider = QSlider(Qt.Orientation.Horizontal)
+            slider.setRange(control.minimum, control.maximum)
+            slider.setTracking(False)  # one change when the drag ends, not one per pixel
+            slider.setPageStep(4)
+            slider.setMinimumWidth(140)
+            slider.setToolTip(control.tooltip)
+            slider.valueChanged.connect(lambda _v, c=control: self._changed(c))
+            slider.sliderMoved.connect(lambda v, c=control: self._show_slider_value(c, v))
+            value = QLabel("0")
+            value.setObjectName("caption")
+            value.setMinimumWidth(28)
+            row.addWidget(slider)
+            row.addWidget(value)
+            self.widgets[control.field] = slider
+            self.slider_values[control.field] = value
+            column.addLayout(row)
+            down, up = control.shortcuts
+            self._add_shortcut(down, lambda c=control: self.step_slider(c.field, -1))
+            self._add_shortcut(up, lambda c=control: self.step_slider(c.field, +1))
         else:
             box = QDoubleSpinBox() if control.decimals else QSpinBox()
             box.setRange(control.minimum, control.maximum)
@@ -238,6 +282,8 @@ class ControlsBar(QFrame):
             return checked.value if checked else get_field(self.settings, control.field)
         if isinstance(control, Toggle):
             return widget.isChecked()
+        if isinstance(control, Slider):
+            return int(widget.value())
         return widget.value() if control.decimals else int(widget.value())
 
     def _changed(self, control) -> None:
@@ -263,6 +309,35 @@ class ControlsBar(QFrame):
         index = buttons.index(current) if current in buttons else -1
         buttons[(index + 1) % len(buttons)].setChecked(True)
         self._changed(self._control(field))
+
+    def step_slider(self, field: str, direction: int) -> None:
+        """Alt+Up / Alt+Down: the next stop of 0, 1, 2, 4, 8, ... (doubling, as batch sweeps go)."""
+        slider = self.widgets[field]
+        if not slider.isEnabled():
+            return
+        value = slider.value()
+        stops = sorted({0, slider.maximum(), *[2 ** i for i in range(12) if 2 ** i < slider.maximum()]})
+        following = [v for v in stops if v > value] if direction > 0 else [v for v in stops if v < value][::-1]
+        if following:
+            slider.setValue(following[0])  # emits valueChanged (tracking is off only for drags)
+
+    def _show_slider_value(self, control, value: int) -> None:
+        label = self.slider_values.get(control.field)
+        if label is not None:
+            label.setText(str(value))
+
+    def set_limit(self, field: str, maximum: int, why: str = "") -> None:
+        """Lower a slider's top (the users the device's memory allows); the reason goes in its tooltip."""
+        slider = self.widgets.get(field)
+        control = self._control(field)
+        if slider is None or not isinstance(control, Slider):
+            return
+        self._updating = True
+        try:
+            slider.setMaximum(max(control.minimum, min(control.maximum, int(maximum))))
+        finally:
+            self._updating = False
+        slider.setToolTip(control.tooltip + (f"<br><br>at most {slider.maximum()} here: {why}" if why else ""))
 
     def _control(self, field: str):
         return next(c for c in CONTROLS if c.field == field)
@@ -323,6 +398,9 @@ class ControlsBar(QFrame):
                     colour = self.colours.colour(settings.label)
                     widget.setStyleSheet(f"QPushButton {{ font-weight: bold; border: 2px solid {colour}; "
                                          f"color: {colour}; }}")
+                elif isinstance(control, Slider):
+                    widget.setValue(int(value))
+                    self.slider_values[control.field].setText(str(int(value)))
                 else:
                     widget.setValue(value)
             self._refresh_enabled()

@@ -27,6 +27,9 @@ MAX_ANNOTATIONS = 64
 STEP_COLUMNS = ("x", "t_s", "start_s", "prefill", "label", "tokens_per_s", "ceiling_tps", "roof_tps", "gbs", "flops",
                 "mfu_pct", "ai", "step_ms", "context_len", "peak_flops", "peak_bps")
 HW_COLUMNS = ("x", "t_s", "mem_util_pct", "sm_util_pct", "dram_bw_util_pct", "tensor_active_pct")
+SERVING_CAPACITY = 8192
+SERVING_COLUMNS = ("x", "t_s", "users", "running", "waiting", "aggregate_tps", "per_request_tps", "ttft_p50_s",
+                   "ttft_p95_s", "itl_p50_s", "itl_p95_s", "preempted", "finished", "cancelled")
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,9 @@ class LiveData:
     def __init__(self, step_capacity: int = STEP_CAPACITY, hw_capacity: int = HW_CAPACITY):
         self.steps = RingBuffer(step_capacity, STEP_COLUMNS)
         self.hardware = RingBuffer(hw_capacity, HW_COLUMNS)
+        self.serving = RingBuffer(SERVING_CAPACITY, SERVING_COLUMNS)  # one row per batched step
+        self.serving_policy = ""
+        self.serving_version = 0  # the serving panel redraws when this moves
         self.labels: list[str] = []  # settings labels; the "label" column holds indices into it
         self.annotations: list[Annotation] = []
         self.reply_t0: float | None = None  # time.monotonic() when the current reply was sent
@@ -62,7 +68,8 @@ class LiveData:
     def add_step(self, m) -> None:
         """m: an engine StepMetrics."""
         prefill = m.phase == "prefill"
-        if prefill and self.reply_t0 is not None and self.ttft_s is None:
+        # batched steps carry other requests' prefills: the person's TTFT then comes with its reply
+        if prefill and m.batch_size == 1 and self.reply_t0 is not None and self.ttft_s is None:
             self.ttft_s = m.t_s - self.reply_t0
         self.steps.append(
             x=self.steps.total, t_s=m.t_s, start_s=m.t_s - m.step_s, prefill=1.0 if prefill else 0.0,
@@ -73,6 +80,16 @@ class LiveData:
             ai=m.arithmetic_intensity, step_ms=1e3 * m.step_s, context_len=m.context_len,
             peak_flops=m.peak_flops, peak_bps=m.peak_bandwidth_bps)
         self.version += 1
+
+    def add_batch_stats(self, b) -> None:
+        """b: an engine BatchStats (after the step whose StepMetrics came just before)."""
+        self.serving.append(
+            x=max(self.steps.total - 1, 0), t_s=b.t_s, users=b.users, running=b.running, waiting=b.waiting,
+            aggregate_tps=b.aggregate_tokens_per_s, per_request_tps=b.per_request_tokens_per_s,
+            ttft_p50_s=b.ttft_p50_s, ttft_p95_s=b.ttft_p95_s, itl_p50_s=b.itl_p50_s, itl_p95_s=b.itl_p95_s,
+            preempted=b.preempted_total, finished=b.finished_total, cancelled=b.cancelled_total)
+        self.serving_policy = b.policy
+        self.serving_version += 1
 
     def add_hardware(self, sample) -> None:
         """sample: an engine HardwareSample (NVML); x is the step the engine is at."""
@@ -95,6 +112,8 @@ class LiveData:
     def clear(self) -> None:
         self.steps.clear()
         self.hardware.clear()
+        self.serving.clear()
+        self.serving_version += 1
         self.labels = []
         self.annotations = []
         self.reply_t0 = None

@@ -4,6 +4,7 @@ worker's events into chat text, ring-buffer rows and annotations, and shuts the 
 cleanly when it closes (also mid-reply)."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 
@@ -14,12 +15,14 @@ from PySide6.QtWidgets import (QHBoxLayout, QLabel, QMainWindow, QPushButton, QS
 
 from engine.engine import DoneEvent, Settings, SettingsApplied, TokenEvent
 from engine.metrics import StepMetrics
+from engine.serving import BatchStats
 
 from app.chat import ChatPanel
 from app.controls import ControlsBar, describe_changes
 from app.hardware_strip import HardwareStrip
 from app.plots import LiveData, PlotsPanel
 from app.kv_panel import KVCachePanel
+from app.serving_panel import ServingPanel
 from app.seed_table import SeedTable
 from app.theme import SettingColours, stylesheet, themed
 from app.worker import Chat, EngineWorker, Load, MeasureQuality, ModelInfo, Reset
@@ -87,6 +90,8 @@ class MainWindow(QMainWindow):
         self.side_tabs = QTabWidget()  # the sixth cell: the seed table, or the KV cache's blocks
         self.side_tabs.addTab(self.seed_table, "What the hardware allows")
         self.side_tabs.addTab(self.kv_panel, "KV cache")
+        self.serving_panel = ServingPanel(self.data, self.theme)
+        self.side_tabs.addTab(self.serving_panel, "Serving")
         self.plots = PlotsPanel(self.data, self.theme, self.colours, extra=self.side_tabs)
         self.hardware_strip = HardwareStrip(self.theme)
         self.error_label = QLabel("")
@@ -208,6 +213,8 @@ class MainWindow(QMainWindow):
             return
         self.settings = new
         self.controls.set_settings(new)
+        if getattr(new, "users", 0) > 0 and getattr(old, "users", 0) == 0 and self.side_tabs.isVisibleTo(self):
+            self.side_tabs.setCurrentWidget(self.serving_panel)  # where the batch shows
         if new.weights != "fp" and not self._quality_asked:
             # the quantised copies are being made anyway: measure their quality once, on the
             # worker thread after the reply in progress (it waits for the copies)
@@ -246,6 +253,7 @@ class MainWindow(QMainWindow):
         self.chat.set_theme(self.theme)
         self.seed_table.set_theme(self.theme)
         self.kv_panel.set_theme(self.theme)
+        self.serving_panel.set_theme(self.theme)
         self.hardware_strip.set_theme(self.theme)
         self.plots.set_theme(self.theme)
         self.theme_button.setText(("Dark" if self.theme.name == "light" else "Light") + " theme  F9")
@@ -295,6 +303,7 @@ class MainWindow(QMainWindow):
         self.data.clear()
         self.plots.set_hardware(info.hardware)
         self.controls.set_device(info.device)
+        self.controls.set_limit("users", info.max_users, "the KV cache memory set aside for batching")
         self.controls.set_settings(info.settings)
         params = info.cfg.n_params
         size = f"{params / 1e9:.1f} B" if params >= 1e9 else f"{params / 1e6:.0f} M"
@@ -326,7 +335,7 @@ class MainWindow(QMainWindow):
             return
         sample = self._sampler.sample()
         self.hardware_strip.update_memory(sample)
-        if self.replying:
+        if self.replying or (self.settings is not None and getattr(self.settings, "users", 0) > 0):
             self.data.add_hardware(sample)
 
     def _on_reply_started(self, t0: float) -> None:
@@ -342,9 +351,12 @@ class MainWindow(QMainWindow):
         for event in batch:
             if isinstance(event, StepMetrics):
                 self.data.add_step(event)
-                self._reply_steps.append(event)
+                if self.replying:  # (with simulated users, steps also run between replies)
+                    self._reply_steps.append(event)
             elif isinstance(event, TokenEvent):
                 text.append(event.text)
+            elif isinstance(event, BatchStats):
+                self.data.add_batch_stats(event)
             elif isinstance(event, SettingsApplied):
                 if text:
                     self.chat.append_reply("".join(text))
@@ -361,6 +373,9 @@ class MainWindow(QMainWindow):
 
     def _finish_reply(self, done: DoneEvent) -> None:
         self.last_done = done
+        if self.data.ttft_s is None and done.ttft_s > 0:  # a batched reply: its first token's own time
+            self.data.ttft_s = done.ttft_s
+            self.data.version += 1
         parts = [f"{done.n_new_tokens} tokens, {DONE_WORDS.get(done.reason, done.reason)}",
                  f"TTFT {1e3 * done.ttft_s:.0f} ms"]
         decode = [m for m in self._reply_steps if m.phase == "decode"]
@@ -368,8 +383,12 @@ class MainWindow(QMainWindow):
             step_s = sum(m.step_s for m in decode)
             gbs = sum(m.total_bytes for m in decode) / step_s / 1e9
             peak = decode[-1].peak_bandwidth_bps / 1e9
-            parts += [f"decode {len(decode) / step_s:.1f} tok/s", f"{gbs:.1f} GB/s (model) = {100 * gbs / peak:.0f}% "
-                                                                   f"of {peak:.0f} GB/s peak"]
+            batched = max(m.batch_size for m in decode) > 1
+            # batched, steps also serve other requests (and may run while this one waits): this
+            # reply's own rate is the engine's count of its tokens over its decode time
+            rate = done.decode_tokens_per_s if batched else len(decode) / step_s
+            parts += [f"decode {rate:.1f} tok/s" + (" (this reply, batched)" if batched else ""),
+                      f"{gbs:.1f} GB/s (model) = {100 * gbs / peak:.0f}% of {peak:.0f} GB/s peak"]
         self.chat.end_reply("— " + " · ".join(parts))
         if self._pending_change is not None:  # the reply ended before the engine's next step
             new, changes = self._pending_change
@@ -398,6 +417,10 @@ class MainWindow(QMainWindow):
             self.loading = False
             self.chat.set_ready(False)
             self.controls.set_enabled(False)
+        if what == "serving" and self.settings is not None:  # the engine switched the users off
+            self.settings = dataclasses.replace(self.settings, users=0)
+            self.controls.set_settings(self.settings)
+            message = f"serving the simulated users failed, so they are off: {message}"
         if what == "load":
             text = f"could not load the model: {message}"
             if self.model_info is not None:
@@ -428,6 +451,8 @@ class MainWindow(QMainWindow):
                 self._last_draw = now
         if self.side_tabs.currentWidget() is self.kv_panel and self.side_tabs.isVisible():
             self.kv_panel.refresh()
+        if self.side_tabs.currentWidget() is self.serving_panel and self.side_tabs.isVisible():
+            self.serving_panel.refresh()
         if self._frame % READOUT_EVERY_FRAMES == 0:
             self.plots.update_readouts()
             if self._sampler is None and self.model_info is not None:

@@ -81,7 +81,8 @@ class EngineWorker(QThread):
     def submit(self, command) -> None:
         if self.process_mode:
             if isinstance(command, Load) and self._process is not None and not self._quitting \
-                    and not self.isRunning():
+                    and not self._process.is_alive():
+                self.wait(5000)  # its relay ends right after reporting the death
                 self._end_process()  # it died: a new load starts a new one
                 self._process = None
                 self.start()

@@ -39,21 +39,35 @@ def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledS
     pos = torch.tensor(positions, device=device)
     slots = torch.tensor([_slot(s.block_table, p, bs) for s in packed
                           for p in range(s.start_pos, s.start_pos + len(s.token_ids))], device=device)
-    decode_layout = _layout(decodes, bs) if decodes else None
+    # decode rows' keys: on a GPU through their block tables (the paged kernel reads the pool in
+    # place); elsewhere gathered from the pool by one index_select per layer and tensor, the
+    # slot indices built once for the step (per-run copies into a padded buffer cost ~40 small
+    # copies per layer at batch 8)
+    gather = _decode_gather(decodes, bs, device) if decodes and device.type == "cpu" else None
+    decode_layout = _layout(decodes, bs) if decodes and gather is None else None
     prefill_layouts = [_layout([s], bs) for s in prefills]
 
     x = F.embedding(tokens, model.embed)  # (1, N, dim)
     cos, sin = model.rope_cos[pos], model.rope_sin[pos]  # (N, hd): each token at its own position
+    n_dec = len(decodes)
     for i, layer in enumerate(model.layers):
         q, k, v = layer._qkv(x, cos, sin)  # q (1, H, N, hd); k, v (1, n_kv, N, hd)
         cache.k[i].index_copy_(1, slots, k[0])  # pool (n_kv, slots, hd)
         cache.v[i].index_copy_(1, slots, v[0])
         parts = []
-        if decode_layout is not None:
-            qd = q[0, :, :len(decodes)].transpose(0, 1).contiguous()[:, :, None]  # (B_dec, H, 1, hd)
-            yd = attend(qd, PagedKV(cache.k[i], decode_layout), PagedKV(cache.v[i], decode_layout), attention)
+        if n_dec:
+            qd = q[0, :, :n_dec].transpose(0, 1)[:, :, None]  # (B_dec, H, 1, hd)
+            if gather is not None:
+                idx, kv_lens, width = gather
+                n_kv, hd = cache.k.shape[1], cache.k.shape[3]
+                kd = cache.k[i].index_select(1, idx).view(n_kv, n_dec, width, hd).transpose(0, 1)  # (B_dec, n_kv, S, hd)
+                vd = cache.v[i].index_select(1, idx).view(n_kv, n_dec, width, hd).transpose(0, 1)
+                yd = attend(qd, kd, vd, attention, kv_lens)  # padded keys past each row's length masked
+            else:
+                yd = attend(qd.contiguous(), PagedKV(cache.k[i], decode_layout), PagedKV(cache.v[i], decode_layout),
+                            attention)
             parts.append(yd[:, :, 0].transpose(0, 1)[None])  # (1, H, B_dec, hd)
-        offset = len(decodes)
+        offset = n_dec
         for s, lay in zip(prefills, prefill_layouts):
             T = len(s.token_ids)
             parts.append(attend(q[:, :, offset:offset + T], PagedKV(cache.k[i], lay), PagedKV(cache.v[i], lay),
@@ -77,6 +91,24 @@ def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledS
 
 def _slot(table, pos: int, block_size: int) -> int:
     return table[pos // block_size] * block_size + pos % block_size
+
+
+def _decode_gather(seqs: list[ScheduledSeq], block_size: int, device) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """Pool slots of every decode row's keys (this step's token included), padded to the longest
+    row: (slot index (B * width,), kv_lens (B,) or None when every row is that long, width).
+    Padding points at slot 0; attention masks it."""
+    lens = [s.start_pos + 1 for s in seqs]
+    width = max(lens)
+    n_blocks = -(-width // block_size)
+    tables = torch.tensor([list(s.block_table[:n_blocks]) + [0] * (n_blocks - min(n_blocks, len(s.block_table)))
+                           for s in seqs])  # (B, n_blocks)
+    within = torch.arange(block_size).repeat(n_blocks)[:width]  # (width,): position % block_size
+    idx = (tables * block_size).repeat_interleave(block_size, dim=1)[:, :width] + within  # (B, width)
+    ragged = min(lens) != width
+    kv_lens = torch.tensor(lens, device=device) if ragged else None
+    if ragged:
+        idx = idx.masked_fill(torch.arange(width)[None] >= torch.tensor(lens)[:, None], 0)
+    return idx.view(-1).to(device), kv_lens, width
 
 
 def _layout(seqs: list[ScheduledSeq], block_size: int) -> PageLayout:
@@ -157,3 +189,11 @@ class BatchRunner:
             settings_label=self.settings_label)
         self.step_count += 1
         return plan, sampled, metrics
+
+    def set_model(self, model: Transformer) -> None:
+        """Swap the weights between steps (fp <-> int8/int4 of one dtype): the cached K/V stay.
+        A dtype change needs a new pool (engine/serving.py re-queues everything to recompute)."""
+        if model.dtype != self.cache.k.dtype:
+            raise ValueError(f"the KV pool is {self.cache.k.dtype}, the model {model.dtype}: make a new runner")
+        self.model = model
+        self._weight_bytes = model.linear_weight_bytes()

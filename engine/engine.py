@@ -1,11 +1,15 @@
 """`Engine`: owns the model, its KV cache and the conversation; streams events.
 
 `chat(text)` and `generate(ids)` are generators of plain-data events (TokenEvent,
-StepMetrics, DoneEvent, SettingsApplied). `apply(settings)` and `stop()` may be called from
-another thread; they take effect at the next step boundary."""
+StepMetrics, DoneEvent, SettingsApplied; BatchStats while simulated users are served).
+`apply(settings)` and `stop()` may be called from another thread; they take effect at the next
+step boundary. With `settings.users > 0` the reply runs as one request of a batch beside the
+simulated users (engine/serving.py), and `serve_step()` serves them between replies."""
 from __future__ import annotations
 
 import functools
+import itertools
+import numbers
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -21,6 +25,9 @@ from engine.metrics import StepMetrics, step_cost
 from engine.model import Transformer
 from engine.quant import GROUP_SIZES, WEIGHT_FORMATS, QuantError, QuantisedModels, check_weights, weights_label
 from engine.sampling import SamplingParams, sample
+from engine.scheduler import POLICIES, Request, RequestState
+from engine.serving import BatchStats  # noqa: F401  (an event of chat() and generate() too)
+from engine.serving import MAX_USERS, BatchServer, kv_budget_bytes, per_user_tokens, pool_size, user_workload
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 KV_LAYOUTS = ("contiguous", "paged", "off")
@@ -44,6 +51,8 @@ class Settings:
     cuda_graphs: bool = True  # on a GPU, replay decode steps from a captured graph (torch.compile)
     weights: str = "fp"  # "fp" (the dtype itself), "int8" (per channel) or "int4" (group-wise): engine/quant.py
     group_size: int = 32  # int4 only: inputs per (scale, min) pair
+    users: int = 0  # simulated users served beside the chat (0..64); > 0: batched, on the paged KV pool
+    policy: str = "continuous"  # batching while users > 0: "continuous" (admit/evict every step) | "static"
 
     def validate(self, device: str = "cpu") -> "Settings":
         if self.dtype not in DTYPES:
@@ -61,6 +70,15 @@ class Settings:
             raise EngineError("fp16 is not offered on the CPU (PyTorch has no fast fp16 matmul there); use fp32 or bf16")
         if int(self.max_new_tokens) != self.max_new_tokens or self.max_new_tokens < 1:
             raise EngineError(f"max new tokens must be a whole number >= 1, got {self.max_new_tokens}")
+        if isinstance(self.users, bool) or not isinstance(self.users, numbers.Real) or \
+                int(self.users) != self.users or not 0 <= self.users <= MAX_USERS:
+            raise EngineError(f"simulated users must be a whole number from 0 to {MAX_USERS}, got {self.users!r}")
+        object.__setattr__(self, "users", int(self.users))  # 4.0 or a numpy integer from a slider: 4
+        if self.policy not in POLICIES:
+            raise EngineError(f"batching policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.users and self.kv_layout == "off":
+            raise EngineError("simulated users need the KV cache: batching keeps every sequence's K/V in the "
+                              "paged pool (turn the KV cache on, or set users to 0)")
         self.sampling.validate()
         return self
 
@@ -69,6 +87,8 @@ class Settings:
         weights = "" if self.weights == "fp" else f" · {weights_label(self.weights, self.group_size)}"
         kv = {"contiguous": "on", "paged": "paged", "off": "off"}.get(self.kv_layout, self.kv_layout)
         attention = " · naive attention" if self.attention == "naive" else ""
+        if self.users:  # batched serving always runs on the paged pool, whatever the chat's layout
+            return f"{self.dtype}{weights} · kv paged{attention} · {self.users} users {self.policy}"
         return f"{self.dtype}{weights} · kv {kv}{attention}"
 
     @property
@@ -164,12 +184,24 @@ class Engine:
         if self.settings.weights_key is not None:  # quantised from the start: make the copy now
             self._request_weights(self.settings)
             self._quantised.wait(self.settings.weights_key)
+        # batched serving (engine/serving.py): made when users > 0, dropped when they are gone
+        self._server: BatchServer | None = None
+        self._reply_active = False  # a reply is streaming: serve_step() leaves the batch to it
+        self._person_ids = itertools.count(1)  # the person's requests; users' ids start far above
+        self._next_user_id = 1_000_000
+        self.kv_pool_budget_bytes: int | None = None  # the batch KV pool's budget (None: from the device)
+        self.user_workload = None  # engine.load.Workload the simulated users send (None: bundled prompts)
+        self.on_request = None  # optional callback(event "submitted" | "finished", Request): accounting
+        if self.settings.users and self.settings.users > self.max_users:
+            raise EngineError(self._too_many_users(self.settings))
 
     # ---- control (thread-safe) ---------------------------------------------------------
     def apply(self, settings: Settings) -> None:
         """Quantised weights not made yet are made in a background thread; the switch happens
         at the first step boundary after they are ready (a reply keeps streaming meanwhile)."""
         settings.validate(self.device)
+        if settings.users and settings.users > self.max_users_for(settings.dtype):
+            raise EngineError(self._too_many_users(settings))
         self._request_weights(settings)
         with self._lock:
             self._pending = settings
@@ -193,7 +225,106 @@ class Engine:
         return weights_label(weights, group_size), fraction
 
     def stop(self) -> None:
+        """End the reply in progress (its request leaves the batch; simulated users keep going)."""
         self._stop.set()
+
+    # ---- simulated users ---------------------------------------------------------------------
+    @property
+    def max_users(self) -> int:
+        """Simulated users the device's KV memory holds beside a full-length chat (0..64), for
+        the current dtype: the app's slider bound."""
+        return self.max_users_for(self.settings.dtype)
+
+    def max_users_for(self, dtype: str) -> int:
+        _, users = pool_size(self.cfg, _elem_bytes(DTYPES[dtype]), per_user_tokens(self._user_workload()),
+                             self._pool_budget())
+        return users
+
+    def _pool_budget(self) -> int:
+        if self.kv_pool_budget_bytes is None:  # measured once: the pool itself then takes free memory
+            self.kv_pool_budget_bytes = kv_budget_bytes(self.device, self.hardware.memory_total_bytes)
+        return self.kv_pool_budget_bytes
+
+    def _too_many_users(self, settings: Settings) -> str:
+        most = self.max_users_for(settings.dtype)
+        return (f"{settings.users} simulated users need more KV cache than this device's memory allows "
+                f"({most} at most with {settings.dtype})")
+
+    def _user_workload(self):
+        if self.user_workload is None:
+            self.user_workload = user_workload(self.tokenizer, self.max_context)
+        return self.user_workload
+
+    @property
+    def serving(self) -> bool:
+        """There is background work for serve_step(): users to serve, or their last requests."""
+        pending = self._pending
+        return self._server is not None or self.settings.users > 0 or (pending is not None and pending.users > 0)
+
+    def serve_step(self) -> list:
+        """One batched step for the simulated users between the person's replies: pending settings
+        first ([SettingsApplied]), then [StepMetrics, BatchStats] for a step that ran, a lone
+        BatchStats (tokens 0) at most 4 times a second while every user is thinking, or [] when
+        there is nothing to do (no users; a reply in progress). One step: never blocks long. Cheap
+        with no users: a couple of attribute reads. Call it from the thread that runs chat()."""
+        if self._reply_active:
+            return []
+        if self._server is None and not self.settings.users:
+            pending = self._pending  # one reference read; taken under the lock below
+            if pending is None or not pending.users:
+                return []  # without users, a change waits to be announced by the next reply, as before
+        events: list = []
+        changed = self._take_pending()
+        if changed is not None:
+            events.append(changed)
+        if self._server is None:
+            if not self.settings.users:
+                return events
+            self._ensure_server()
+        elif changed is not None:
+            self._sync_server()
+        server = self._server
+        metrics, stats = self._server_step()
+        if metrics is not None:
+            self.step_count += 1
+            events.append(metrics)
+        if stats is not None:
+            events.append(stats)
+        if not self.settings.users and not server.has_unfinished:  # the last user has left
+            self._next_user_id = server.users.next_id
+            self._server = None  # frees the pool
+        return events
+
+    def _ensure_server(self) -> BatchServer:
+        if self._server is None:
+            s = self.settings
+            self._server = BatchServer(
+                self.model, self._user_workload(), users=s.users, policy=s.policy, attention=s.attention,
+                budget_bytes=self._pool_budget(),
+                peak_bandwidth_bps=self.hardware.peak_bandwidth_gbs * 1e9,
+                peak_flops=self.hardware.peak_flops_for(s.dtype) or float("nan"), settings_label=self._batch_label(),
+                first_user_id=self._next_user_id, seed=self._next_user_id, on_request=self.on_request)
+        return self._server
+
+    def _server_step(self):
+        try:
+            return self._server.step(self.step_count)
+        except Exception:  # a failed step leaves the batch mid-step: end it, its requests cancelled
+            self._server.abort()
+            self._next_user_id = self._server.users.next_id
+            self._server = None
+            raise
+
+    def _sync_server(self) -> None:
+        """Hand the current settings to the batch (between steps)."""
+        s = self.settings
+        self._server.configure(model=self.model, users=s.users, policy=s.policy, attention=s.attention,
+                               settings_label=self._batch_label(),
+                               peak_flops=self.hardware.peak_flops_for(s.dtype) or float("nan"))
+
+    def _batch_label(self) -> str:
+        s = self.settings
+        return s.label if s.users else replace(s, kv_layout="paged").label + " · batched"
 
     @property
     def model(self) -> Transformer:
@@ -266,7 +397,11 @@ class Engine:
         decode_s = 0.0
         reason = "max_tokens"
         n_new = 0
-        while n_new < budget:
+        batched = self.settings.users > 0
+        while not batched:
+            if n_new >= budget:
+                reason = "max_tokens"
+                break
             if self._stop.is_set():
                 reason = "stopped"
                 break
@@ -278,6 +413,9 @@ class Engine:
                 yield changed
                 gen = self._make_generator() if changed.settings.sampling.seed is not None and \
                     "seed" in " ".join(changed.changes) else gen
+                if self.settings.users > 0:  # users joined mid-reply: the rest of it runs in the batch
+                    batched = True
+                    break
             token, metrics = self._step(ids, produced=n_new, gen=gen)
             self.step_count += 1
             if n_new == 0:
@@ -294,13 +432,74 @@ class Engine:
             piece = stream.feed(token)
             text_parts.append(piece)
             yield TokenEvent(token, piece, n_new - 1)
-        else:
-            reason = "max_tokens"
+        if batched:
+            reason, n_new, ttft, decode_s = yield from self._generate_batched(
+                ids, n_new, budget, gen, stream, text_parts, t_start, ttft, decode_s, ignore_eos)
         tail = stream.flush()  # a character still held back (split UTF-8) comes out now
         if tail:
             text_parts.append(tail)
             yield TokenEvent(-1, tail, n_new)
         yield DoneEvent(reason, "".join(text_parts), n_prompt, n_new, ttft, decode_s)
+
+    def _generate_batched(self, ids: list[int], n_new: int, budget: int, gen, stream, text_parts: list[str],
+                          t_start: float, ttft: float, decode_s: float, ignore_eos: bool):
+        """The (rest of the) reply as one request in the batch beside the simulated users: the
+        context so far is its prompt (prefilled into the paged pool), events as on the plain path
+        plus a BatchStats per step. Returns (reason, n_new, ttft, decode_s) for the DoneEvent."""
+        want, room = budget - n_new, self.max_context - len(ids)
+        if want <= 0 or room <= 0:
+            return ("max_tokens" if want <= 0 else "context_full"), n_new, ttft, decode_s
+        server = self._ensure_server()
+        self._sync_server()
+        eos = frozenset() if ignore_eos else frozenset(self.tokenizer.eos_ids)
+        req = Request(next(self._person_ids), list(ids), min(want, room), eos)
+        server.submit_person(req, self.settings.sampling, gen)
+        self._reply_active = True
+        seen = len(req.output_ids)
+        try:
+            while not req.is_finished:
+                if self._stop.is_set():
+                    server.cancel(req.request_id)
+                    break
+                changed = self._take_pending()
+                if changed is not None:
+                    yield changed
+                    if changed.settings.sampling.seed is not None and "seed" in " ".join(changed.changes):
+                        gen = self._make_generator()
+                    server.set_person_sampling(self.settings.sampling, gen)
+                    self._sync_server()
+                first_out = n_new > 0
+                metrics, stats = self._server_step()
+                step_end = time.perf_counter()
+                if metrics is None:  # nothing could run (cannot last: the running requests finish)
+                    time.sleep(0.001)
+                    continue
+                self.step_count += 1
+                if first_out:
+                    decode_s += metrics.step_s  # every step from the first token on, pre-empted ones too
+                yield metrics
+                yield stats
+                for token in req.output_ids[seen:]:
+                    if n_new == 0:
+                        ttft = step_end - t_start
+                    n_new += 1
+                    ids.append(token)
+                    if token in eos:
+                        break
+                    piece = stream.feed(token)
+                    text_parts.append(piece)
+                    yield TokenEvent(token, piece, n_new - 1)
+                seen = len(req.output_ids)
+        finally:
+            self._reply_active = False
+            server.release_person()  # cancels the request if the reply was abandoned mid-way
+        if req.state is RequestState.CANCELLED:
+            reason = "stopped"
+        elif req.finish_reason == "eos":
+            reason = "eos"
+        else:
+            reason = "max_tokens" if n_new >= budget else "context_full"
+        return reason, n_new, ttft, decode_s
 
     def _stream_decoder(self):
         return self.tokenizer.stream(skip_special_tokens=True)
@@ -338,6 +537,14 @@ class Engine:
                 changes.append(f"kv cache {'on' if new.kv_cache else 'off'}")
             else:
                 changes.append(f"kv {new.kv_layout}")
+            if new.users:
+                changes[-1] += " (for the chat alone: batching stays paged)"
+        if new.users != old.users:
+            changes.append(f"{new.users} simulated users" if new.users else "simulated users off")
+            if new.users and not old.users and new.kv_layout != "paged":
+                changes.append("kv paged (batching serves every sequence from the block pool)")
+        if new.policy != old.policy:
+            changes.append(f"{new.policy} batching")
         if new.attention != old.attention:
             changes.append(f"{new.attention} attention")
         if new.max_new_tokens != old.max_new_tokens:
@@ -377,6 +584,8 @@ class Engine:
         """The KV cache's memory as plain data (engine/paged.py KVCacheSnapshot) for the app's
         panel: cells per block, owners, fill, reserved vs used bytes. Call between steps."""
         from engine.paged import KVCacheSnapshot
+        if self._server is not None and self.settings.users:  # batched serving: the shared block pool
+            return self._server.kv_snapshot()
         layout = self.settings.kv_layout
         if layout == "off" or self.cache is None or self.cache.layout != layout:
             bytes_per_token = self.cfg.kv_bytes_per_token_per_elem * _elem_bytes(self.model.dtype)

@@ -37,6 +37,7 @@ from engine.metrics import StepMetrics
 # model decoding thousands of tokens a second does not flood the front end's event loop.
 BATCH_INTERVAL_S = 1 / 60
 KV_SNAPSHOT_INTERVAL_S = 0.15  # the KV panel needs a few pictures a second, not one per token
+IDLE_WAIT_S = 0.02  # serving with nothing to run (every simulated user thinking): look again this often
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class ModelInfo:
     weight_bytes: int  # matmul weights one step reads, at the current dtype
     hardware: DeviceSpec
     settings: Settings
+    max_users: int = 0  # simulated users the device's KV memory allows beside the chat
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,9 @@ class Quit:
     pass
 
 
+_WAKE = object()  # a queued no-op: wakes the loop to look at the engine's settings again
+
+
 class Cancelled(BaseException):
     """Raised inside a model load from its progress callback when the host is told to quit."""
 
@@ -117,6 +122,9 @@ class EngineHost:
         self.emit = emit
         self.engine: Engine | None = None
         self.quitting = False
+        self._commands: "queue.Queue | None" = None  # run()'s queue
+        self._background: list = []  # events of background serving steps not yet emitted
+        self._background_emit_s = self._background_snapshot_s = 0.0
 
     # ---- any thread ------------------------------------------------------------------------
     def apply(self, settings: Settings) -> None:
@@ -124,6 +132,9 @@ class EngineHost:
         engine = self.engine
         if engine is not None:
             engine.apply(settings)
+            commands = self._commands
+            if getattr(settings, "users", 0) and commands is not None:
+                commands.put(_WAKE)  # the loop may be waiting for a command: serving starts now
 
     def stop(self) -> None:
         engine = self.engine
@@ -136,14 +147,64 @@ class EngineHost:
 
     # ---- the host's own thread -------------------------------------------------------------
     def run(self, commands: "queue.Queue") -> None:
+        """Execute commands until Quit. Between commands, while simulated users are on, run the
+        engine's background serving one step at a time (a command is looked for between steps)."""
+        self._commands = commands
         while True:
-            command = commands.get()
+            engine = self.engine
+            if engine is not None and engine.serving and not self.quitting:
+                try:
+                    command = commands.get_nowait()
+                except queue.Empty:
+                    if not self._serve_step(engine):
+                        try:  # nothing to run (every user thinking): wait a little for a command
+                            command = commands.get(timeout=IDLE_WAIT_S)
+                        except queue.Empty:
+                            continue
+                    else:
+                        continue
+            else:
+                self._flush_background()
+                command = commands.get()
+            self._flush_background()
             if isinstance(command, Quit) or self.quitting:
                 return
+            if command is _WAKE:
+                continue
             try:
                 self.execute(command)
             except Cancelled:
                 return
+
+    def _serve_step(self, engine: Engine) -> bool:
+        """One background step; its events leave in batches like a reply's. False: nothing ran."""
+        try:
+            events = engine.serve_step()
+        except Exception as error:  # report once, switch the users off, keep the model
+            self._flush_background()
+            self.emit("failed", "serving", one_line(error))
+            try:
+                engine.apply(replace(engine.settings, users=0))
+                engine.serve_step()
+            except Exception:
+                pass
+            return False
+        if not events:
+            return False
+        self._background.extend(events)
+        now = time.monotonic()
+        if now - self._background_emit_s >= BATCH_INTERVAL_S:
+            self._flush_background()
+        if now - self._background_snapshot_s >= KV_SNAPSHOT_INTERVAL_S:
+            self._emit_kv_snapshot(engine)
+            self._background_snapshot_s = now
+        return True
+
+    def _flush_background(self) -> None:
+        if self._background:
+            self.emit("events", self._background)
+            self._background = []
+        self._background_emit_s = time.monotonic()
 
     def execute(self, command) -> None:
         if isinstance(command, Load):
@@ -196,7 +257,7 @@ class EngineHost:
             self.emit("model_loaded", ModelInfo(
                 label=engine.loaded.label, source=engine.loaded.source, device=device, cfg=engine.cfg,
                 weight_bytes=engine.model.linear_weight_bytes(), hardware=engine.hardware,
-                settings=engine.settings))
+                settings=engine.settings, max_users=engine.max_users))
             self._emit_kv_snapshot(engine)
         except Cancelled:
             raise

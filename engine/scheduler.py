@@ -167,6 +167,12 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
+    @property
+    def in_flight(self) -> SchedulerOutput | None:
+        """The plan scheduled and not yet updated (None between steps): a sampler reads which
+        request each logits row belongs to from it (rows follow the plan's sampling seqs)."""
+        return self._in_flight
+
     # ---- one step --------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         if self._in_flight is not None:

@@ -26,4 +26,4 @@ def activate(window, qtbot) -> None:
     """Show and activate the window: its keyboard shortcuts work only in the active window."""
     window.show()
     window.activateWindow()
-    qtbot.waitActive(window)
+    qtbot.waitUntil(window.isActiveWindow, timeout=5_000)  # (qtbot.waitActive is a context manager)

@@ -1,0 +1,139 @@
+"""The serving panel (batching with simulated users): two live plots over time, from the engine's
+per-step `BatchStats` (plain data, kept in `LiveData.serving`):
+1. tokens/s: every request together (aggregate) against one request's own decode rate. Batching
+   makes the first climb with the batch while the second barely moves: the weights are read once
+   per step for every sequence in it.
+2. sequences: the batch (running), the queue (waiting) and the simulated users.
+Its title carries the latency percentiles (time to first token, inter-token latency) over recently
+finished requests and the pre-emption count. `refresh` redraws only when something is new."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor, QFont
+from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+
+from app.theme import Theme
+
+WINDOW_S = 60.0  # seconds of history shown
+
+
+def _pen(colour: str, width: float = 2.0, dashed: bool = False):
+    pen = pg.mkPen(QColor(colour), width=width)
+    if dashed:
+        pen.setStyle(Qt.PenStyle.DashLine)
+    return pen
+
+
+def format_ms(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "–"
+    return f"{1e3 * seconds:,.0f} ms" if seconds >= 0.01 else f"{1e3 * seconds:.1f} ms"
+
+
+def latency_readout(last: dict[str, float]) -> str:
+    """'TTFT p50 120 ms · p95 480 ms   ITL p50 35 ms · p95 60 ms   pre-empted 2' from a row."""
+    return (f"TTFT p50 {format_ms(last['ttft_p50_s'])} · p95 {format_ms(last['ttft_p95_s'])}   "
+            f"ITL p50 {format_ms(last['itl_p50_s'])} · p95 {format_ms(last['itl_p95_s'])}   "
+            f"pre-empted {int(last['preempted'])}")
+
+
+class ServingPanel(QWidget):
+    def __init__(self, data, theme: Theme, parent=None):
+        super().__init__(parent)
+        self.data = data
+        self.theme = theme
+        self._drawn_version = -1
+        self.frames_drawn = 0
+        self.title = QLabel()
+        self.title.setWordWrap(True)
+        self.title.setAlignment(Qt.AlignmentFlag.AlignHCenter)
+        self.readout = QLabel()
+        self.readout.setWordWrap(True)
+        self.readout.setAlignment(Qt.AlignmentFlag.AlignHCenter)
+        self.rate_plot = pg.PlotWidget()
+        self.seq_plot = pg.PlotWidget()
+        for widget in (self.rate_plot, self.seq_plot):
+            widget.setMenuEnabled(False)
+            widget.setMinimumSize(200, 90)
+        column = QVBoxLayout(self)
+        column.setContentsMargins(4, 3, 4, 2)
+        column.setSpacing(2)
+        column.addWidget(self.title)
+        column.addWidget(self.readout)
+        column.addWidget(self.rate_plot, 3)
+        column.addWidget(self.seq_plot, 2)
+        self._build()
+
+    def _style(self, widget: pg.PlotWidget, left: str) -> pg.PlotItem:
+        t = self.theme
+        widget.setBackground(QColor(t.panel))
+        plot = widget.getPlotItem()
+        plot.clear()
+        if plot.legend is not None:
+            plot.legend.scene() and plot.legend.scene().removeItem(plot.legend)
+            plot.legend = None
+        font = QFont()
+        font.setPointSize(max(t.font_pt - 2, 8))
+        style = {"color": t.text, "font-size": f"{t.font_pt - 1}pt"}
+        for side, text in (("left", left), ("bottom", "time (s)")):
+            axis = plot.getAxis(side)
+            axis.setPen(_pen(t.muted, 1))
+            axis.setTextPen(_pen(t.muted, 1))
+            axis.setTickFont(font)
+            axis.setLabel(text, **style)
+        plot.getAxis("left").setWidth(int(3.6 * t.font_pt + 12))
+        plot.hideButtons()
+        plot.getViewBox().setMouseEnabled(x=False, y=False)
+        plot.addLegend(offset=(6, 4), labelTextColor=QColor(t.text), labelTextSize=f"{t.font_pt - 2}pt",
+                       brush=QColor(t.panel), pen=_pen(t.border, 1), verSpacing=-6, colCount=2)
+        return plot
+
+    def _build(self) -> None:
+        t = self.theme
+        rates = self._style(self.rate_plot, "tokens/s")
+        self.aggregate_item = rates.plot(pen=_pen(t.accent, 2.5), name="aggregate (all requests)")
+        self.per_request_item = rates.plot(pen=_pen(t.prefill, 2), name="per request (median)")
+        seqs = self._style(self.seq_plot, "sequences")
+        self.running_item = seqs.plot(pen=_pen(t.accent, 2), name="batch (running)", stepMode=None)
+        self.waiting_item = seqs.plot(pen=_pen(t.spec_peak, 2), name="queue (waiting)")
+        self.users_item = seqs.plot(pen=_pen(t.muted, 1.5, dashed=True), name="users")
+        self.title.setText(f"<span style='color:{t.text}; font-weight:bold'>Serving: simulated users, "
+                           f"batched</span>")
+        self.readout.setStyleSheet(f"color: {t.accent}")
+        self.readout.setText("move the Users slider above 0 to serve simulated users beside the chat")
+        self._drawn_version = -1
+
+    def set_theme(self, theme: Theme) -> None:
+        self.theme = theme
+        self._build()
+        self.refresh(force=True)
+
+    def refresh(self, force: bool = False) -> bool:
+        buffer = self.data.serving
+        if (not force and self._drawn_version == self.data.serving_version) or len(buffer) == 0:
+            return False
+        self._drawn_version = self.data.serving_version
+        t = buffer.column("t_s")
+        keep = t >= t[-1] - WINDOW_S
+        x = t[keep] - t[-1]  # seconds before now (0 = the latest step)
+        self.aggregate_item.setData(x, buffer.column("aggregate_tps")[keep], connect="finite")
+        self.per_request_item.setData(x, buffer.column("per_request_tps")[keep], connect="finite")
+        self.running_item.setData(x, buffer.column("running")[keep])
+        self.waiting_item.setData(x, buffer.column("waiting")[keep])
+        self.users_item.setData(x, buffer.column("users")[keep])
+        last = {name: buffer.last(name) for name in buffer.columns}
+        agg, per = last["aggregate_tps"], last["per_request_tps"]
+        rate = (f"{agg:,.1f} tok/s aggregate · {per:,.1f} per request   " if math.isfinite(agg) and
+                math.isfinite(per) else "")
+        self.readout.setText(f"{rate}{self.data.serving_policy} batching · batch {int(last['running'])} · "
+                             f"queue {int(last['waiting'])}   {latency_readout(last)}")
+        for widget in (self.rate_plot, self.seq_plot):
+            widget.getPlotItem().setXRange(-min(WINDOW_S, max(float(-x[0]), 1.0)), 0, padding=0.02)
+        top = np.nanmax(buffer.column("aggregate_tps")[keep]) if np.isfinite(buffer.column("aggregate_tps")[keep]).any() else 1
+        self.rate_plot.getPlotItem().setYRange(0, max(float(top), 1.0) * 1.15, padding=0)
+        self.frames_drawn += 1
+        return True

@@ -1,0 +1,94 @@
+"""Batching in the app: the simulated-users slider and the policy switch reach the engine, batched
+steps keep arriving between the person's replies (the serving panel and the roofline follow them),
+the person's reply still streams while users are served, and closing while serving leaks nothing."""
+from __future__ import annotations
+
+import numpy as np
+from PySide6.QtCore import Qt
+
+from engine.serving import BatchStats
+
+from app_test_helpers import activate, send_and_wait
+
+
+def users_slider(window):
+    return window.controls.widgets["users"]
+
+
+def test_the_users_slider_is_bounded_by_memory_and_steps_by_doubling(make_window, qtbot):
+    window = make_window(max_new_tokens=8)
+    activate(window, qtbot)
+    slider = users_slider(window)
+    assert slider.maximum() == min(64, window.model_info.max_users) and slider.maximum() >= 8
+    assert slider.value() == 0 and slider.isEnabled()
+    for expected in (1, 2, 4):
+        qtbot.keyClick(window, Qt.Key.Key_Up, Qt.KeyboardModifier.AltModifier)
+        assert window.settings.users == expected
+    assert window.controls.slider_values["users"].text() == "4"
+    qtbot.waitUntil(lambda: window.worker.engine.settings.users == 4 or window.data.serving.total > 0,
+                    timeout=10_000)
+    assert any(note.text == "4 users" for note in window.data.annotations)
+    assert window.side_tabs.currentWidget() is window.serving_panel or not window.side_tabs.isVisibleTo(window)
+
+
+def test_users_are_served_between_replies_and_the_panel_draws_them(make_window, qtbot):
+    window = make_window(max_new_tokens=8)
+    window.show_seed_table(True)
+    slider = users_slider(window)
+    slider.setValue(4)  # keyboard or a drag's end: one change
+    assert window.settings.users == 4
+    qtbot.waitUntil(lambda: window.data.serving.total >= 30, timeout=30_000)
+    assert not window.replying  # nobody typed: these are the simulated users alone
+    serving = window.data.serving
+    assert np.nanmax(serving.column("running")) >= 2  # requests ran together
+    assert np.all(serving.column("users") == 4)
+    assert np.all(serving.column("aggregate_tps")[-5:] > 0)
+    window.side_tabs.setCurrentWidget(window.serving_panel)
+    assert window.serving_panel.refresh(force=True)
+    x, y = window.serving_panel.running_item.getData()
+    assert len(x) == len(serving) and x[-1] == 0.0
+    assert "batching" in window.serving_panel.readout.text() and "TTFT p50" in window.serving_panel.readout.text()
+    batched = window.data.steps.column("ai")[-10:]
+    assert np.nanmax(batched) > 0
+    slider.setValue(0)
+    qtbot.waitUntil(lambda: window.worker.engine is not None and not window.worker.engine.serving, timeout=30_000)
+
+
+def test_the_person_reply_streams_beside_the_users(make_window, qtbot):
+    window = make_window(max_new_tokens=24)
+    users_slider(window).setValue(3)
+    qtbot.waitUntil(lambda: window.data.serving.total > 5, timeout=30_000)
+    stats = []
+    window.worker.events.connect(lambda batch: stats.extend(e for e in batch if isinstance(e, BatchStats)))
+    done = send_and_wait(window, qtbot, "hello beside the crowd", timeout_ms=60_000)
+    assert done.reason in ("max_tokens", "eos") and done.n_new_tokens >= 1
+    assert done.text in window.chat.plain_text()
+    assert any(s.person_in_batch and s.running >= 2 for s in stats)  # the reply was one of a batch
+    assert "this reply, batched" in window.chat.plain_text() or done.n_new_tokens == 1
+    total = window.data.serving.total
+    qtbot.waitUntil(lambda: window.data.serving.total > total + 5, timeout=30_000)  # the users go on
+
+
+def test_the_policy_switch_reaches_the_engine_and_is_annotated(make_window, qtbot):
+    window = make_window(max_new_tokens=8)
+    activate(window, qtbot)
+    users_slider(window).setValue(2)
+    qtbot.keyClick(window, Qt.Key.Key_F12)
+    assert window.settings.policy == "static"
+    qtbot.waitUntil(lambda: window.data.serving_policy == "static", timeout=30_000)
+    assert any("static batching" in note.text for note in window.data.annotations)
+
+
+def test_kv_off_is_refused_while_users_are_served(make_window, qtbot):
+    window = make_window(max_new_tokens=8)
+    users_slider(window).setValue(2)
+    window.controls.toggle("kv_cache")
+    assert window.settings.kv_cache is True and "KV cache" in window.last_error
+
+
+def test_closing_while_serving_leaves_nothing_running(make_window, qtbot):
+    window = make_window(max_new_tokens=8)
+    users_slider(window).setValue(4)
+    qtbot.waitUntil(lambda: window.data.serving.total > 3, timeout=30_000)
+    window.close()
+    assert not window.worker.isRunning()
