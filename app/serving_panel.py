@@ -64,11 +64,11 @@ class ServingPanel(QWidget):
         column.setSpacing(2)
         column.addWidget(self.title)
         column.addWidget(self.readout)
-        column.addWidget(self.rate_plot, 3)
-        column.addWidget(self.seq_plot, 2)
+        column.addWidget(self.rate_plot, 1)
+        column.addWidget(self.seq_plot, 1)
         self._build()
 
-    def _style(self, widget: pg.PlotWidget, left: str) -> pg.PlotItem:
+    def _style(self, widget: pg.PlotWidget, left: str, bottom: str = "time (s)") -> pg.PlotItem:
         t = self.theme
         widget.setBackground(QColor(t.panel))
         plot = widget.getPlotItem()
@@ -79,22 +79,24 @@ class ServingPanel(QWidget):
         font = QFont()
         font.setPointSize(max(t.font_pt - 2, 8))
         style = {"color": t.text, "font-size": f"{t.font_pt - 1}pt"}
-        for side, text in (("left", left), ("bottom", "time (s)")):
+        for side, text in (("left", left), ("bottom", bottom)):
             axis = plot.getAxis(side)
             axis.setPen(_pen(t.muted, 1))
             axis.setTextPen(_pen(t.muted, 1))
             axis.setTickFont(font)
             axis.setLabel(text, **style)
+            axis.showLabel(bool(text))
         plot.getAxis("left").setWidth(int(3.6 * t.font_pt + 12))
         plot.hideButtons()
         plot.getViewBox().setMouseEnabled(x=False, y=False)
-        plot.addLegend(offset=(6, 4), labelTextColor=QColor(t.text), labelTextSize=f"{t.font_pt - 2}pt",
-                       brush=QColor(t.panel), pen=_pen(t.border, 1), verSpacing=-6, colCount=2)
+        legend = plot.addLegend(offset=(6, 2), labelTextColor=QColor(t.text), labelTextSize=f"{t.font_pt - 3}pt",
+                                brush=QColor(t.panel), pen=_pen(t.border, 1), verSpacing=-8, colCount=3)
+        legend.setZValue(50)
         return plot
 
     def _build(self) -> None:
         t = self.theme
-        rates = self._style(self.rate_plot, "tokens/s")
+        rates = self._style(self.rate_plot, "tokens/s", bottom="")  # the plot below names the shared axis
         self.aggregate_item = rates.plot(pen=_pen(t.accent, 2.5), name="aggregate (all requests)")
         self.per_request_item = rates.plot(pen=_pen(t.prefill, 2), name="per request (median)")
         seqs = self._style(self.seq_plot, "sequences")

@@ -223,7 +223,8 @@ class MainWindow(QMainWindow):
         changes = describe_changes(old, new)
         if not changes:
             return
-        if self.replying:  # annotated where the engine applies it (SettingsApplied)
+        serving = getattr(old, "users", 0) > 0 or getattr(new, "users", 0) > 0
+        if self.replying or serving:  # annotated where the engine applies it (SettingsApplied)
             self._pending_change = (new, changes)
         else:
             self.data.annotate(", ".join(changes), new.label, time.monotonic())

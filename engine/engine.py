@@ -542,7 +542,7 @@ class Engine:
         if new.users != old.users:
             changes.append(f"{new.users} simulated users" if new.users else "simulated users off")
             if new.users and not old.users and new.kv_layout != "paged":
-                changes.append("kv paged (batching serves every sequence from the block pool)")
+                changes.append("kv paged for batching")
         if new.policy != old.policy:
             changes.append(f"{new.policy} batching")
         if new.attention != old.attention:

@@ -99,3 +99,12 @@ def test_closing_mid_reply_ends_the_engine_process(make_process_window, qtbot):
     window.close()
     assert time.monotonic() - t0 < 10.0
     assert not process.is_alive() and not window.worker.isRunning() and not window.frame_timer.isActive()
+
+
+def test_simulated_users_are_served_by_the_engine_process(make_process_window, qtbot):
+    window = make_process_window(max_new_tokens=8)
+    window.controls.widgets["users"].setValue(3)
+    qtbot.waitUntil(lambda: window.data.serving.total >= 10, timeout=30_000)
+    assert window.data.serving.last("users") == 3 and window.data.steps.total >= 10
+    done = send_and_wait(window, qtbot, "me too", timeout_ms=60_000)
+    assert done.n_new_tokens >= 1 and "this reply, batched" in window.chat.plain_text()

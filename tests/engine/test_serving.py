@@ -165,7 +165,7 @@ def test_the_label_and_the_change_say_batching_runs_on_the_paged_pool():
     eng.user_workload = short_workload()
     eng.apply(s)
     applied = next(e for e in eng.serve_step() if isinstance(e, SettingsApplied))
-    assert applied.changes == ("8 simulated users", "kv paged (batching serves every sequence from the block pool)",
+    assert applied.changes == ("8 simulated users", "kv paged for batching",
                                "static batching")
 
 
