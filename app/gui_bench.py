@@ -37,7 +37,10 @@ def in_app(model: str, tokens: int, replies: int, engine_process: bool = True) -
     from engine.engine import Settings
     from engine.sampling import SamplingParams
 
+    import pyqtgraph as pg
+
     app = QApplication.instance() or QApplication(sys.argv[:1])
+    pg.setConfigOptions(antialias=True)  # as the app draws (app/main.py)
     window = MainWindow(model=model, settings=Settings(max_new_tokens=tokens, sampling=SamplingParams(greedy=True)),
                         engine_process=engine_process)
     window.resize(1600, 960)
@@ -60,14 +63,18 @@ def in_app(model: str, tokens: int, replies: int, engine_process: bool = True) -
 
     probe.timeout.connect(tick)
     decode_rates = []
+    gui_cpu_s = wall_s = 0.0
     for i in range(replies):
         done_loop = QEventLoop()
         window.reply_finished.connect(done_loop.quit)
         clock.start()
         expected["at"] = 10
+        cpu0, wall0 = time.process_time(), time.monotonic()
         probe.start()
         window.send(PROMPT if i == 0 else "Go on, in more detail.")
         done_loop.exec()
+        gui_cpu_s += time.process_time() - cpu0  # every thread of the app's process
+        wall_s += time.monotonic() - wall0
         probe.stop()
         window.reply_finished.disconnect(done_loop.quit)
         steps = [s for s in window._reply_steps if s.phase == "decode"]
@@ -82,7 +89,11 @@ def in_app(model: str, tokens: int, replies: int, engine_process: bool = True) -
     return {"timer_lateness_ms_p50": float(np.percentile(lateness, 50)),
             "timer_lateness_ms_p95": float(np.percentile(lateness, 95)),
             "timer_lateness_ms_max": float(lateness.max()), "timer_samples": len(lateness),
-            "app_decode_tokens_per_s": float(np.mean(decode_rates)), "frames_drawn": frames}
+            "app_decode_tokens_per_s": float(np.mean(decode_rates)), "frames_drawn": frames,
+            "frames_per_s": frames / wall_s if wall_s else 0.0,
+            # CPU the app's own process took while replies streamed, in cores (with the engine in its
+            # own process: the GUI's share of the machine; on a thread: the engine's too)
+            "app_process_cores": gui_cpu_s / wall_s if wall_s else 0.0}
 
 
 def main(argv=None) -> int:

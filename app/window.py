@@ -5,6 +5,7 @@ cleanly when it closes (also mid-reply)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import time
 
@@ -29,8 +30,13 @@ from app.worker import Chat, EngineWorker, Load, MeasureQuality, ModelInfo, Rese
 
 FRAME_MS = 33  # ~30 fps redraw
 READOUT_EVERY_FRAMES = 8  # numbers in titles and the strip: ~4 Hz
-GUI_CPU_BUDGET = 0.15  # of one core, for everything the GUI thread does
-MIN_FPS = 8
+# With the engine on the CPU, every core the GUI thread takes is one the engine's threads wanted:
+# the GUI keeps to this share of the machine's cores (2 cores: 0.08 of one) and skips frames above
+# it, never below MIN_FPS. Measured with `python -m app.gui_bench` on 2 cores: a frame costs ~20 ms
+# of CPU; at 8 fps the app decoded at 0.78-0.86x of headless, at 4 fps see docs/benchmarks.md.
+GUI_SHARE_OF_CPU_MACHINE = 0.04
+GUI_CPU_BUDGET_GPU = 0.5  # of one core, when the engine runs on a GPU (its CPU threads mostly wait)
+MIN_FPS = 4
 NVML_SAMPLE_MS = 250
 
 _finishing_workers: list = []  # workers still inside a step when their window closed
@@ -436,10 +442,17 @@ class MainWindow(QMainWindow):
         self.show_error(text)
 
     # ---- drawing ------------------------------------------------------------------------------
+    @property
+    def gui_cpu_budget(self) -> float:
+        """Cores the GUI thread may take before frames are skipped."""
+        if self.device == "cuda" or str(self.device).startswith("cuda:"):
+            return GUI_CPU_BUDGET_GPU
+        return GUI_SHARE_OF_CPU_MACHINE * (os.cpu_count() or 2)
+
     def _on_frame(self) -> None:
         """~30 fps, but the GUI thread keeps to a CPU budget: on a CPU the engine and the drawing
-        share the same cores, so when drawing (and the rest of the GUI) costs more than
-        GUI_CPU_BUDGET of a core, frames are skipped (never below MIN_FPS)."""
+        share the same cores, so when drawing (and the rest of the GUI) costs more than its
+        budget (gui_cpu_budget), frames are skipped (never below MIN_FPS)."""
         self._frame += 1
         now, cpu = time.monotonic(), time.thread_time()
         elapsed = now - self._last_tick[0]
@@ -447,7 +460,7 @@ class MainWindow(QMainWindow):
             share = (cpu - self._last_tick[1]) / elapsed
             self.gui_cpu_share = 0.8 * self.gui_cpu_share + 0.2 * min(share, 1.0)
         self._last_tick = (now, cpu)
-        if self.gui_cpu_share <= GUI_CPU_BUDGET or now - self._last_draw >= 1 / MIN_FPS:
+        if self.gui_cpu_share <= self.gui_cpu_budget or now - self._last_draw >= 1 / MIN_FPS:
             if self.plots.refresh():
                 self._last_draw = now
         if self.side_tabs.currentWidget() is self.kv_panel and self.side_tabs.isVisible():

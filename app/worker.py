@@ -12,6 +12,7 @@ strings).
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
 import queue
 import threading
@@ -177,7 +178,17 @@ class EngineWorker(QThread):
         context = multiprocessing.get_context("spawn")  # never fork a process that runs Qt
         ours, theirs = context.Pipe(duplex=True)
         process = context.Process(target=serve, args=(theirs,), name="membound-engine", daemon=True)
-        process.start()
+        # The child inherits this environment; MEMBOUND_ENGINE_OMP_WAIT_POLICY sets the engine's
+        # OpenMP waiting alone (the app's own process does no torch work), for measuring both.
+        policy = os.environ.get("MEMBOUND_ENGINE_OMP_WAIT_POLICY")
+        saved = os.environ.get("OMP_WAIT_POLICY")
+        if policy:
+            os.environ["OMP_WAIT_POLICY"] = policy
+        try:
+            process.start()
+        finally:
+            if policy:
+                os.environ.pop("OMP_WAIT_POLICY", None) if saved is None else os.environ.update(OMP_WAIT_POLICY=saved)
         theirs.close()
         self._process = process
         with self._send_lock:

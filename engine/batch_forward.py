@@ -3,8 +3,10 @@ its own positions, K/V in a paged cache whose slots the scheduler has already al
 
 The step's tokens are packed into one row (1, N) so every weight is read once for the whole batch
 (the point of batching: decode is a matrix-vector product per weight; a batch of B makes it
-matrix-matrix). Only attention is per sequence: the decode rows together, through their block
-tables (padded, masked by length; the Triton paged kernel on a GPU), each prefill chunk on its own."""
+matrix-matrix). Only attention is per sequence: the decode rows together (on a GPU the Triton
+paged kernel reads their block tables; on a CPU their blocks are gathered once per layer, padded
+and masked by length), each prefill chunk on its own. On a CPU the matmuls of more than one row
+take oneDNN's packed weights (engine/model.py: Linear)."""
 from __future__ import annotations
 
 import time
@@ -17,6 +19,10 @@ from engine.kv_cache import PagedKV, PagedKVCache, PageLayout
 from engine.metrics import StepCost, StepMetrics, step_cost
 from engine.model import Transformer
 from engine.scheduler import ScheduledSeq, Scheduler
+
+# the decode rows' keys on a CPU: gathered block by block (True), or read through PagedKV as on a
+# GPU (False: tests flip it to run the GPU's layout plumbing here)
+CPU_GATHER_DECODE_KEYS = True
 
 
 def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledSeq, ...] | list[ScheduledSeq],
@@ -40,10 +46,10 @@ def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledS
     slots = torch.tensor([_slot(s.block_table, p, bs) for s in packed
                           for p in range(s.start_pos, s.start_pos + len(s.token_ids))], device=device)
     # decode rows' keys: on a GPU through their block tables (the paged kernel reads the pool in
-    # place); elsewhere gathered from the pool by one index_select per layer and tensor, the
-    # slot indices built once for the step (per-run copies into a padded buffer cost ~40 small
-    # copies per layer at batch 8)
-    gather = _decode_gather(decodes, bs, device) if decodes and device.type == "cpu" else None
+    # place); on a CPU gathered by one index_select per layer and tensor, its indices built once
+    # for the step (PagedKV.dense()'s per-run copies into a zeroed buffer: ~40 ops a layer at batch 8)
+    gather = _decode_gather(decodes, bs, cache.k.shape[1], cache.k.shape[2] // bs, device) \
+        if decodes and device.type == "cpu" and CPU_GATHER_DECODE_KEYS else None
     decode_layout = _layout(decodes, bs) if decodes and gather is None else None
     prefill_layouts = [_layout([s], bs) for s in prefills]
 
@@ -58,10 +64,9 @@ def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledS
         if n_dec:
             qd = q[0, :, :n_dec].transpose(0, 1)[:, :, None]  # (B_dec, H, 1, hd)
             if gather is not None:
-                idx, kv_lens, width = gather
-                n_kv, hd = cache.k.shape[1], cache.k.shape[3]
-                kd = cache.k[i].index_select(1, idx).view(n_kv, n_dec, width, hd).transpose(0, 1)  # (B_dec, n_kv, S, hd)
-                vd = cache.v[i].index_select(1, idx).view(n_kv, n_dec, width, hd).transpose(0, 1)
+                blocks, kv_lens, width = gather
+                kd = _gather_blocks(cache.k[i], blocks, n_dec, width, bs)  # (B_dec, n_kv, S, hd)
+                vd = _gather_blocks(cache.v[i], blocks, n_dec, width, bs)
                 yd = attend(qd, kd, vd, attention, kv_lens)  # padded keys past each row's length masked
             else:
                 yd = attend(qd.contiguous(), PagedKV(cache.k[i], decode_layout), PagedKV(cache.v[i], decode_layout),
@@ -93,22 +98,27 @@ def _slot(table, pos: int, block_size: int) -> int:
     return table[pos // block_size] * block_size + pos % block_size
 
 
-def _decode_gather(seqs: list[ScheduledSeq], block_size: int, device) -> tuple[torch.Tensor, torch.Tensor | None, int]:
-    """Pool slots of every decode row's keys (this step's token included), padded to the longest
-    row: (slot index (B * width,), kv_lens (B,) or None when every row is that long, width).
-    Padding points at slot 0; attention masks it."""
+def _decode_gather(seqs: list[ScheduledSeq], block_size: int, n_kv: int, num_blocks: int, device
+                   ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """Which rows of a layer's pool, viewed (n_kv * num_blocks, block_size * hd), hold every decode
+    row's keys (this step's token included), padded to the longest row: (row index (n_kv * B *
+    n_blocks,), kv_lens (B,) or None when every row is `width` long, width). Whole blocks by one
+    index_select over dim 0: one index per position, or per block over dim 1, was 2-16x slower
+    (2-core EPYC, batch 8: 3.4 ms a step against 5.9-6.9). Padding reads block 0; it is masked."""
     lens = [s.start_pos + 1 for s in seqs]
     width = max(lens)
     n_blocks = -(-width // block_size)
-    tables = torch.tensor([list(s.block_table[:n_blocks]) + [0] * (n_blocks - min(n_blocks, len(s.block_table)))
-                           for s in seqs])  # (B, n_blocks)
-    within = torch.arange(block_size).repeat(n_blocks)[:width]  # (width,): position % block_size
-    idx = (tables * block_size).repeat_interleave(block_size, dim=1)[:, :width] + within  # (B, width)
-    ragged = min(lens) != width
-    kv_lens = torch.tensor(lens, device=device) if ragged else None
-    if ragged:
-        idx = idx.masked_fill(torch.arange(width)[None] >= torch.tensor(lens)[:, None], 0)
-    return idx.view(-1).to(device), kv_lens, width
+    blocks = torch.tensor([(list(s.block_table[:n_blocks]) + [0] * n_blocks)[:n_blocks] for s in seqs])  # (B, nb)
+    rows = torch.arange(n_kv)[:, None, None] * num_blocks + blocks[None]  # (n_kv, B, nb)
+    kv_lens = torch.tensor(lens, device=device) if min(lens) != width else None
+    return rows.view(-1).to(device), kv_lens, width
+
+
+def _gather_blocks(pool: torch.Tensor, rows: torch.Tensor, n_seqs: int, width: int, block_size: int) -> torch.Tensor:
+    """pool (n_kv, slots, hd) -> (B, n_kv, width, hd): a copy of the sequences' blocks, in order."""
+    n_kv, slots, hd = pool.shape
+    out = pool.view(n_kv * (slots // block_size), block_size * hd).index_select(0, rows)  # (n_kv * B * nb, bs * hd)
+    return out.view(n_kv, n_seqs, -1, hd)[:, :, :width].transpose(0, 1)
 
 
 def _layout(seqs: list[ScheduledSeq], block_size: int) -> PageLayout:

@@ -34,8 +34,11 @@ from engine.hardware import DeviceSpec
 from engine.metrics import StepMetrics
 
 # Events leave in batches at most this often (and at once when the engine is slower), so a tiny
-# model decoding thousands of tokens a second does not flood the front end's event loop.
-BATCH_INTERVAL_S = 1 / 60
+# model decoding thousands of tokens a second does not flood the front end's event loop. Each batch
+# wakes the app's relay and GUI threads, and on a 2-core CPU each wake-up pre-empts one of the
+# engine's threads: at 60 batches a second the app decoded at 0.78x headless, at 10 at 0.90x
+# (`python -m app.gui_bench`, docs/benchmarks.md). Ten text updates a second still read as a stream.
+BATCH_INTERVAL_S = 1 / 10
 KV_SNAPSHOT_INTERVAL_S = 0.15  # the KV panel needs a few pictures a second, not one per token
 IDLE_WAIT_S = 0.02  # serving with nothing to run (every simulated user thinking): look again this often
 

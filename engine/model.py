@@ -19,14 +19,17 @@ from engine.config import ModelConfig
 # GEMV on (N, K) weights) streams about 11 GB/s on the 2-core machines here; viewing the
 # same weight as (n_chunks, N / n_chunks, K) and running one bmm per chunk gives each
 # thread its own row block and reached 28 GB/s (measured on a 2-core AMD EPYC, fp32).
-CPU_GEMV_MAX_ROWS = 3
+CPU_GEMV_MAX_ROWS = 1
 # Above that (a batched decode step, a prefill) the rows share each weight read, and F.linear
 # (MKL's sgemm on this AMD CPU) grows almost linearly with the rows. oneDNN's matmul on a copy of
 # the weight reordered once into its blocked layout does not: SmolLM2-135M's 120 layer matmuls,
-# weights out of cache, 2-core AMD EPYC, fp32, ms: rows 4: F.linear 46.4, chunked bmm 19.5,
-# packed 14.0; rows 8: 48.6 / 32.6 / 17.9; rows 64: 125 / 92.9 / 75.4 (bf16 rows 8: 21.6 -> 10.7).
+# weights out of cache, 2-core AMD EPYC, fp32, ms: rows 2: F.linear 56.8, chunked bmm 14.9-30,
+# packed 20.0; rows 4: 46.4 / 19.5 / 14.0; rows 8: 48.6 / 32.6 / 17.9; rows 64: 125 / 92.9 / 75.4
+# (bf16 rows 8: F.linear 21.6, packed 10.7). oneDNN's kernel for 2 or 3 rows is slower than for 4
+# (packed, fp32: 23.1, 18.4, 17.5 ms), so fewer rows are zero-padded to CPU_PACKED_MIN_ROWS.
 # The packed copy doubles the weight memory, so it is made lazily (the first matmul of that many
 # rows) and only while the machine has room for it.
+CPU_PACKED_MIN_ROWS = 4
 CPU_PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -44,12 +47,13 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        # fp32 keeps the chunked GEMV up to CPU_GEMV_MAX_ROWS rows; bf16 has no such path below
-        gemv_rows = CPU_GEMV_MAX_ROWS if self.weight.dtype == torch.float32 else 1
-        if rows > gemv_rows and x.device.type == "cpu":
+        if rows > CPU_GEMV_MAX_ROWS and x.device.type == "cpu":  # batched rows: the packed copy
             packed = cpu_packed_weight(self.weight)
             if packed is not None:
-                y = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, x.shape[-1]), packed, None, "none", [], "")
+                x2 = x.reshape(rows, x.shape[-1])
+                if rows < CPU_PACKED_MIN_ROWS:
+                    x2 = torch.cat([x2, x2.new_zeros(CPU_PACKED_MIN_ROWS - rows, x2.shape[1])])
+                y = torch.ops.mkldnn._linear_pointwise(x2, packed, None, "none", [], "")[:rows]
                 return y.view(*x.shape[:-1], self.out_features)
         return linear(x, self.weight)
 

@@ -28,7 +28,7 @@ timeout 400 python3 -m engine.cli bench --device cuda --model synthetic:llama3-8
     --repeats 3 --json "$OUT/bench-bf16.json" 2>&1 | tee -a "$OUT/summary.txt"
 
 if python3 -m engine.cli bench --help | grep -q -- "--sweep"; then
-    for sweep in weights attention batch; do
+    for sweep in weights attention; do
         if python3 -m engine.cli bench --help | grep -q "$sweep"; then
             log "bench sweep: $sweep"
             timeout 400 python3 -m engine.cli bench --device cuda --model synthetic:llama3-8b --dtype bf16 \
@@ -36,4 +36,7 @@ if python3 -m engine.cli bench --help | grep -q -- "--sweep"; then
         fi
     done
 fi
+log "bench sweep: batch (issue 6 target: aggregate decode tok/s at batch 64 >= 30x batch 1)"
+timeout 400 python3 -m engine.cli bench --device cuda --model synthetic:llama3-8b --sweep batch \
+    --json "$OUT/sweep-batch.json" 2>&1 | tee -a "$OUT/summary.txt"
 log "done"

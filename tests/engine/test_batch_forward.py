@@ -4,6 +4,7 @@ beside decodes, pre-emption and recompute included (fp32, tiny random model)."""
 import pytest
 import torch
 
+from engine import batch_forward
 from engine.batch_forward import forward_plan
 from engine.kv_cache import ContiguousKVCache, PagedKVCache
 from engine.loader import synthetic_weights
@@ -50,9 +51,13 @@ def batched(model, requests, num_blocks, attention, **sched_kw):
     return sched, logits
 
 
-# 12 blocks of 4 positions: the pool runs dry and requests are pre-empted
-@pytest.mark.parametrize("attention, num_blocks", [("flash", 64), ("flash", 12), ("naive", 12)])
-def test_each_request_gets_its_solo_greedy_tokens_in_a_mixed_batch(model, attention, num_blocks):
+# 12 blocks of 4 positions: the pool runs dry and requests are pre-empted; gather=False reads the
+# decode rows' keys through their block tables as on a GPU (the CPU gathers them block by block)
+@pytest.mark.parametrize("attention, num_blocks, gather", [("flash", 64, True), ("flash", 12, True),
+                                                            ("naive", 12, True), ("flash", 12, False)])
+def test_each_request_gets_its_solo_greedy_tokens_in_a_mixed_batch(model, attention, num_blocks, gather,
+                                                                    monkeypatch):
+    monkeypatch.setattr(batch_forward, "CPU_GATHER_DECODE_KEYS", gather)
     lengths = [(5, 8), (17, 6), (1, 9), (11, 7), (3, 5)]  # (prompt, new tokens)
     gen = torch.Generator().manual_seed(0)
     requests = [Request(i, torch.randint(1, CFG.vocab_size, (p,), generator=gen).tolist(), n)
@@ -66,3 +71,23 @@ def test_each_request_gets_its_solo_greedy_tokens_in_a_mixed_batch(model, attent
         assert req.output_ids == tokens, f"request {req.request_id}"
         # a pre-empted request's logits after its recompute come from a prefill, not a decode
         torch.testing.assert_close(torch.stack(logits[req.request_id]), ref_logits, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("starts", [(9, 2, 5), (6, 6, 6)])  # ragged rows, and rows of one length
+def test_decode_rows_keys_are_gathered_block_by_block_in_position_order(starts):
+    from engine.batch_forward import _decode_gather, _gather_blocks
+    from engine.scheduler import ScheduledSeq
+    bs, n_kv, hd, num_blocks = 4, 2, 3, 12
+    pool = torch.randn(n_kv, num_blocks * bs, hd)
+    tables = [(7, 0, 10), (3, 8), (11, 4)]  # scattered blocks, out of order
+    seqs = [ScheduledSeq(i, (1,), start, tables[i], True) for i, start in enumerate(starts)]
+    rows, kv_lens, width = _decode_gather(seqs, bs, n_kv, num_blocks, "cpu")
+    got = _gather_blocks(pool, rows, len(seqs), width, bs)  # (B, n_kv, width, hd)
+    assert got.shape == (3, n_kv, max(starts) + 1, hd)
+    lens = [s + 1 for s in starts]
+    assert (kv_lens is None) == (len(set(lens)) == 1)
+    if kv_lens is not None:
+        assert kv_lens.tolist() == lens
+    for b, (table, n) in enumerate(zip(tables, lens)):
+        slots = [table[p // bs] * bs + p % bs for p in range(n)]
+        torch.testing.assert_close(got[b, :, :n], pool[:, slots])  # the keys a row may see, in order

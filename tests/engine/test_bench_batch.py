@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.batch_forward import BatchRunner
-from engine.bench_batch import run_batch_point, run_mixed
+from engine.bench_batch import BenchUsers, mixed_workload, run_batch_point, run_mixed
 from engine.load import SimulatedUsers, Workload, bundled_prompts
 from engine.loader import synthetic_weights
 from engine.model import Transformer
@@ -98,6 +98,46 @@ def test_mixed_workload_serves_every_request(model, policy):
                   chunk_size=8)
     assert r.requests == 6 and r.output_tokens >= 12 and r.preemptions == 0
     assert 1 <= r.mean_batch <= 3 and r.median_ttft_s > 0
+
+
+def test_mixed_workload_is_the_bundled_chat_prompts_with_replies_to_eos():
+    from engine.byte_tokenizer import ByteTokenizer
+    tok = ByteTokenizer(256)
+    tok.eos_ids = {0}
+    wl = mixed_workload(tok, 128)
+    texts = bundled_prompts()
+    assert len(wl.prompts) == len(texts) and wl.prompt_lens is None  # each prompt whole, at its own length
+    assert wl.prompts[0] == tuple(tok.encode_chat([{"role": "user", "content": texts[0]}]))
+    assert wl.output_lens == (32, 256) and wl.eos_ids == {0} and wl.think_s == (0.0, 0.0)
+
+
+def test_bench_users_send_the_same_requests_whatever_order_replies_end_in():
+    """Think times are drawn when a reply ends: the order differs between policies, the requests must not."""
+    wl = Workload(prompts=((5, 6, 7), (9, 10), (11,)), prompt_lens=(1, 30), output_lens=(2, 50), think_s=(0.0, 0.5))
+
+    def sent(cls, one_by_one: bool):
+        users = cls(3, wl, seed=7, max_requests=9)
+        out, now, inflight = [], 0.0, users.due(0.0)
+        while inflight:
+            out += inflight
+            now += 1.0
+            new = []
+            for r in inflight:  # a continuous batch admits each user's next request as its reply ends
+                users.finished(r, now)
+                new += users.due(now + 1.0) if one_by_one else []
+            inflight = new if one_by_one else users.due(now + 1.0)  # a static batch: all end, then all send
+        return [(r.prompt_ids, r.max_new_tokens) for r in sorted(out, key=lambda r: r.request_id)]
+
+    first = sent(BenchUsers, one_by_one=False)
+    assert len(first) == 9 and len(set(map(str, first))) > 3
+    assert sent(BenchUsers, one_by_one=True) == first
+
+
+def test_mixed_run_takes_prompts_at_their_own_lengths(model):
+    wl = Workload(prompts=((5, 6, 7), tuple(range(1, 30))), prompt_lens=None, output_lens=(2, 6))
+    r = run_mixed(model, fake_cpu(), "fp32", "continuous", n_users=2, n_requests=4, workload=wl, token_budget=16,
+                  chunk_size=8)
+    assert r.requests == 4 and r.preemptions == 0  # the pool was sized for the longest prompt
 
 
 def test_cli_sweep_batch_prints_the_table_and_json(capsys, tmp_path):

@@ -81,14 +81,61 @@ def test_greedy_generation_matches_transformers_generate():
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 5])
-def test_cpu_gemv_path_equals_plain_linear(rows):
+def test_cpu_gemv_path_equals_plain_linear(rows, monkeypatch):
+    from engine import model
     from engine.model import linear
+    monkeypatch.setattr(model, "CPU_GEMV_MAX_ROWS", 8)  # the chunked bmm for every row count here
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(96, 40, generator=gen)
     x = torch.randn(rows, 40, generator=gen)
     torch.testing.assert_close(linear(x, w), x @ w.t(), rtol=1e-5, atol=1e-5)
     x3 = torch.randn(1, rows, 40, generator=gen)
     torch.testing.assert_close(linear(x3, w), x3 @ w.t(), rtol=1e-5, atol=1e-5)
+
+
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+
+
+@needs_onednn
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 33])
+def test_linear_takes_the_packed_copy_for_batched_rows_and_matches_matmul(rows, dtype):
+    from engine import model
+    gen = torch.Generator().manual_seed(rows)
+    lin = model.Linear(torch.randn(96, 40, generator=gen).to(dtype))
+    x = torch.randn(1, rows, 40, generator=gen).to(dtype)  # (1, N, dim), as the batched forward packs rows
+    y = lin(x)
+    assert y.shape == (1, rows, 96) and y.dtype == dtype
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(y.float(), (x.float() @ lin.weight.float().t()), **tol)
+    packed = model._PACKED.get(lin.weight) is not None
+    assert packed == (rows > model.CPU_GEMV_MAX_ROWS)  # batch-1 decode keeps its GEMV path
+
+
+@needs_onednn
+def test_packed_copy_follows_in_place_weight_writes_and_dies_with_the_weight():
+    from engine import model
+    lin = model.Linear(torch.randn(64, 32))
+    x = torch.randn(6, 32)
+    lin(x)
+    before = model.packed_weight_bytes()
+    assert before >= 64 * 32 * 4
+    with torch.no_grad():
+        lin.weight.mul_(-2.0)
+    torch.testing.assert_close(lin(x), x @ lin.weight.t())  # packed again, not the stale copy
+    assert model.packed_weight_bytes() == before
+    del lin
+    assert model.packed_weight_bytes() == before - 64 * 32 * 4
+
+
+@needs_onednn
+def test_no_packed_copy_when_memory_is_short(monkeypatch):
+    from engine import model
+    monkeypatch.setattr(model, "_memory_allows", lambda nbytes: False)
+    lin = model.Linear(torch.randn(48, 16))
+    x = torch.randn(7, 16)
+    torch.testing.assert_close(lin(x), x @ lin.weight.t())
+    assert model._PACKED.get(lin.weight) is None
 
 
 def test_context_longer_than_the_model_is_refused():
