@@ -189,7 +189,14 @@ class ControlsBar(QFrame):
         column = QVBoxLayout()
         column.setSpacing(2)
         shortcut = getattr(control, "shortcut", None)
-        column.addWidget(self._caption(control.label, shortcut))
+        if isinstance(control, Slider):  # "Alt+↓ ↑": the two keys that step it
+            down, up = (QKeySequence(k).toString(QKeySequence.SequenceFormat.NativeText) for k in control.shortcuts)
+            keys = f"{down}/{up.split('+')[-1]}".replace("Down", "↓").replace("Up", "↑")
+            caption = QLabel(f"{control.label}  <span style='color:{self.theme.muted}'>{keys}</span>")
+            caption.setObjectName("caption")
+            column.addWidget(caption)
+        else:
+            column.addWidget(self._caption(control.label, shortcut))
         if isinstance(control, Choice):
             row = QHBoxLayout()
             row.setSpacing(0)
@@ -223,13 +230,13 @@ class ControlsBar(QFrame):
             slider.setRange(control.minimum, control.maximum)
             slider.setTracking(False)  # one change when the drag ends, not one per pixel
             slider.setPageStep(4)
-            slider.setMinimumWidth(140)
+            slider.setMinimumWidth(200)
             slider.setToolTip(control.tooltip)
             slider.valueChanged.connect(lambda _v, c=control: self._changed(c))
             slider.sliderMoved.connect(lambda v, c=control: self._show_slider_value(c, v))
             value = QLabel("0")
-            value.setObjectName("caption")
-            value.setMinimumWidth(28)
+            value.setObjectName("slider_value")
+            value.setMinimumWidth(34)
             row.addWidget(slider)
             row.addWidget(value)
             self.widgets[control.field] = slider

@@ -115,6 +115,12 @@ QHeaderView::section { font-size: ${small}pt; }
 QProgressBar { border: 1px solid $border; border-radius: 6px; background: $panel; text-align: center; }
 QProgressBar::chunk { background: $accent; border-radius: 5px; }
 QSplitter::handle { background: $border; }
+QSlider::groove:horizontal { height: 8px; background: $raised; border: 1px solid $border; border-radius: 4px; }
+QSlider::sub-page:horizontal { background: $accent; border-radius: 4px; }
+QSlider::handle:horizontal { background: $text; border: 2px solid $accent; width: 16px; margin: -6px 0;
+    border-radius: 9px; }
+QSlider::handle:horizontal:disabled { background: $muted; border-color: $border; }
+QLabel#slider_value { font-weight: bold; font-size: ${big}pt; }
 QToolTip { background: $raised; color: $text; border: 1px solid $border; }
 """)
 
