@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import platform
-import random
 import statistics
 import sys
 import time
@@ -109,7 +108,7 @@ def run_mixed(model, hardware, dtype: str, policy: str, n_users: int, n_requests
     num_blocks = num_blocks or n_users * -(-longest // BLOCK_SIZE)
     runner = _runner(model, hardware, dtype, num_blocks, max_batch_size=n_users, token_budget=token_budget,
                      policy=policy, chunk_size=chunk_size, attention=attention)
-    users = BenchUsers(n_users, workload, seed=seed, max_requests=n_requests, start_s=time.perf_counter())
+    users = SimulatedUsers(n_users, workload, seed=seed, max_requests=n_requests, start_s=time.perf_counter())
     done, batches = [], []
     t0 = time.perf_counter()
     while not users.done:
@@ -184,24 +183,6 @@ def mixed_workload(tokenizer, decode_tokens: int) -> Workload:
     return Workload(prompts=tuple(p for p in prompts if p), prompt_lens=None,
                     output_lens=(max(2, decode_tokens // 4), 2 * decode_tokens),
                     eos_ids=frozenset(getattr(tokenizer, "eos_ids", ())))
-
-
-class BenchUsers(SimulatedUsers):
-    """Simulated users whose requests (prompt, token cap) come from their own generator, in the
-    order they are sent. SimulatedUsers draws think times from the same generator as requests,
-    when a reply ends: in an order that depends on the policy, so static and continuous runs were
-    sent different requests from one seed. Here both serve the same sequence."""
-
-    def __init__(self, *args, seed: int = 0, **kw):
-        super().__init__(*args, seed=seed, **kw)
-        self._request_rng = random.Random(seed)
-
-    def _new_request(self, user: int, now: float):
-        self.rng, think_rng = self._request_rng, self.rng
-        try:
-            return super()._new_request(user, now)
-        finally:
-            self.rng = think_rng
 
 
 def run_batch_bench(args, progress) -> int:

@@ -35,7 +35,11 @@ class SimulatedUsers:
         if not workload.prompts or any(not p for p in workload.prompts):
             raise ValueError("simulated users need at least one non-empty prompt")
         self.workload = workload
-        self.rng = random.Random(seed)
+        self.rng = random.Random(seed)  # requests (prompt, lengths), in the order they are sent
+        # Think times come from their own generator: they are drawn as replies end, in an order that
+        # depends on the batching policy, and must not change which requests are sent (a static and
+        # a continuous run of one seed serve the same requests).
+        self.think_rng = random.Random(f"think-{seed}")
         self.next_id = first_id  # far from the person's own request ids
         self.max_requests = max_requests
         self.sent = 0
@@ -73,7 +77,7 @@ class SimulatedUsers:
         user = self._user_of.pop(request.request_id, None)
         if user is not None and self.n_users < self._target:  # else it leaves (the slider went down)
             lo, hi = self.workload.think_s
-            self._next_send_s[user] = now + self.rng.uniform(lo, hi)
+            self._next_send_s[user] = now + self.think_rng.uniform(lo, hi)
 
     @property
     def done(self) -> bool:

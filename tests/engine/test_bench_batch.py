@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.batch_forward import BatchRunner
-from engine.bench_batch import BenchUsers, mixed_workload, run_batch_point, run_mixed
+from engine.bench_batch import mixed_workload, run_batch_point, run_mixed
 from engine.load import SimulatedUsers, Workload, bundled_prompts
 from engine.loader import synthetic_weights
 from engine.model import Transformer
@@ -111,7 +111,7 @@ def test_mixed_workload_is_the_bundled_chat_prompts_with_replies_to_eos():
     assert wl.output_lens == (32, 256) and wl.eos_ids == {0} and wl.think_s == (0.0, 0.0)
 
 
-def test_bench_users_send_the_same_requests_whatever_order_replies_end_in():
+def test_simulated_users_send_the_same_requests_whatever_order_replies_end_in():
     """Think times are drawn when a reply ends: the order differs between policies, the requests must not."""
     wl = Workload(prompts=((5, 6, 7), (9, 10), (11,)), prompt_lens=(1, 30), output_lens=(2, 50), think_s=(0.0, 0.5))
 
@@ -128,9 +128,9 @@ def test_bench_users_send_the_same_requests_whatever_order_replies_end_in():
             inflight = new if one_by_one else users.due(now + 1.0)  # a static batch: all end, then all send
         return [(r.prompt_ids, r.max_new_tokens) for r in sorted(out, key=lambda r: r.request_id)]
 
-    first = sent(BenchUsers, one_by_one=False)
+    first = sent(SimulatedUsers, one_by_one=False)
     assert len(first) == 9 and len(set(map(str, first))) > 3
-    assert sent(BenchUsers, one_by_one=True) == first
+    assert sent(SimulatedUsers, one_by_one=True) == first
 
 
 def test_mixed_run_takes_prompts_at_their_own_lengths(model):
