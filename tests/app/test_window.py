@@ -265,3 +265,18 @@ def test_switching_to_int8_measures_quality_and_shows_it_on_the_weights_switch(m
     assert any("int8" in label for label in window.quality)
     tip = window.controls.widgets["weights"].buttons()[0].toolTip()
     assert "perplexity" in tip and "int8" in tip
+
+
+def test_the_roofline_trail_reuses_its_rendered_symbols(make_window, qtbot):
+    """pyqtgraph caches one rendered symbol per (pen, brush) object: a new pen per update made the
+    atlas grow every frame, without end, over a long demo."""
+    window = make_window(max_new_tokens=30)
+    send_and_wait(window, qtbot, "fill the trail")
+    window.plots.refresh(force=True)
+    atlas = window.plots.trail_item.scatter.fragmentAtlas
+    size = len(atlas)
+    assert size > 0
+    send_and_wait(window, qtbot, "and again")  # new steps: the trail moves, its styles repeat
+    for _ in range(5):
+        window.plots.refresh(force=True)
+    assert len(window.plots.trail_item.scatter.fragmentAtlas) <= size + 1  # (one new colour at most)
