@@ -51,11 +51,11 @@ def test_settings_and_stop_reach_the_engine_process_mid_reply(make_process_windo
     applied = []
     window.worker.events.connect(lambda batch: applied.extend(e for e in batch if isinstance(e, SettingsApplied)))
     window.send("a long reply please")
-    qtbot.waitUntil(lambda: window.data.steps.total > 5, timeout=20_000)
+    qtbot.waitUntil(lambda: window.data.steps.total > 5, timeout=60_000)
     qtbot.keyClick(window, Qt.Key.Key_F2)  # KV cache off
-    qtbot.waitUntil(lambda: any("kv cache off" in n.text for n in window.data.annotations), timeout=20_000)
+    qtbot.waitUntil(lambda: any("kv cache off" in n.text for n in window.data.annotations), timeout=60_000)
     assert applied and applied[-1].settings.kv_layout == "off"
-    with qtbot.waitSignal(window.reply_finished, timeout=20_000) as finished:
+    with qtbot.waitSignal(window.reply_finished, timeout=60_000) as finished:
         window.stop()
     assert finished.args[0].reason == "stopped" and finished.args[0].n_new_tokens < 5000
     assert window.chat.send_button.isEnabled()
@@ -80,7 +80,7 @@ def test_a_bad_model_path_is_reported_and_the_loaded_model_stays(make_process_wi
 def test_a_dead_engine_process_is_reported_and_a_new_load_starts_another(make_process_window, qtbot, tiny_model):
     window = make_process_window(max_new_tokens=4)
     pid = window.worker._process.pid
-    with qtbot.waitSignal(window.error_shown, timeout=20_000) as shown:
+    with qtbot.waitSignal(window.error_shown, timeout=60_000) as shown:
         os.kill(pid, signal.SIGKILL)
     assert "engine process ended unexpectedly" in shown.args[0]
     assert window.model_info is None and not window.chat.send_button.isEnabled()
@@ -93,7 +93,7 @@ def test_a_dead_engine_process_is_reported_and_a_new_load_starts_another(make_pr
 def test_closing_mid_reply_ends_the_engine_process(make_process_window, qtbot):
     window = make_process_window(max_new_tokens=5000)
     window.send("keep talking")
-    qtbot.waitUntil(lambda: window.data.steps.total > 3, timeout=20_000)
+    qtbot.waitUntil(lambda: window.data.steps.total > 3, timeout=60_000)
     process = window.worker._process
     t0 = time.monotonic()
     window.close()
