@@ -196,7 +196,7 @@ class BatchRunner:
             new_tokens=max(1, round(plan.total_num_scheduled_tokens / n)), tokens_out=len(ids),
             context_len=round(sum(s.start_pos for s in plan.seqs) / n), step_s=step_s,
             peak_bandwidth_bps=self.peak_bandwidth_bps, peak_flops=self.peak_flops, t_s=time.monotonic(),
-            settings_label=self.settings_label)
+            settings_label=self.settings_label, tokens_in=plan.total_num_scheduled_tokens)
         self.step_count += 1
         return plan, sampled, metrics
 

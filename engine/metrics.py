@@ -103,17 +103,23 @@ class StepMetrics:
     t_s: float = 0.0  # monotonic time at the end of the step
     settings_label: str = ""  # e.g. "fp32 · kv on"
     attention_bytes: int = 0  # naive attention's score matrix written and read back (0 for flash)
+    tokens_in: int = 0  # tokens fed this step, all sequences; 0: batch_size x new_tokens (a ragged
+    # batched step's new_tokens is a rounded mean, so it carries the exact count here)
+
+    @property
+    def tokens_fed(self) -> int:
+        return self.tokens_in or self.batch_size * self.new_tokens
 
     @classmethod
     def from_cost(cls, cost: StepCost, *, step: int, phase: str, batch_size: int, new_tokens: int,
                   tokens_out: int, context_len: int, step_s: float, peak_bandwidth_bps: float,
-                  peak_flops: float, t_s: float = 0.0, settings_label: str = "") -> "StepMetrics":
+                  peak_flops: float, t_s: float = 0.0, settings_label: str = "", tokens_in: int = 0) -> "StepMetrics":
         return cls(step=step, phase=phase, batch_size=batch_size, new_tokens=new_tokens, tokens_out=tokens_out,
                    context_len=context_len, step_s=step_s, weight_bytes=cost.weight_bytes,
                    kv_read_bytes=cost.kv_read_bytes, kv_write_bytes=cost.kv_write_bytes,
                    other_bytes=cost.other_bytes, flops=cost.flops, peak_bandwidth_bps=peak_bandwidth_bps,
                    peak_flops=peak_flops, t_s=t_s, settings_label=settings_label,
-                   attention_bytes=cost.attention_bytes)
+                   attention_bytes=cost.attention_bytes, tokens_in=tokens_in)
 
     @property
     def total_bytes(self) -> int:
@@ -156,12 +162,12 @@ class StepMetrics:
     @property
     def tokens_per_s(self) -> float:
         """Tokens processed per second: produced tokens for decode, prompt tokens for prefill."""
-        n = self.tokens_out if self.phase == "decode" else self.batch_size * self.new_tokens
+        n = self.tokens_out if self.phase == "decode" else self.tokens_fed
         return n / self.step_s
 
     @property
     def bytes_per_token(self) -> float:
-        n = self.tokens_out if self.phase == "decode" else self.batch_size * self.new_tokens
+        n = self.tokens_out if self.phase == "decode" else self.tokens_fed
         return self.total_bytes / max(n, 1)
 
     @property
@@ -173,7 +179,7 @@ class StepMetrics:
     def predicted_ceiling_tokens_per_s(self) -> float:
         """Roofline bound: the step cannot finish before its bytes at peak bandwidth nor before
         its FLOPs at peak FLOP/s."""
-        n = self.tokens_out if self.phase == "decode" else self.batch_size * self.new_tokens
+        n = self.tokens_out if self.phase == "decode" else self.tokens_fed
         floor_s = max(self.total_bytes / self.peak_bandwidth_bps, self.flops / self.peak_flops)
         return n / floor_s
 

@@ -73,6 +73,8 @@ def test_a_decode_step_reads_the_weights_once_for_the_whole_batch(model):
         runner.scheduler.add_request(Request(i, [1 + i] * (3 + i), 3))
     _, sampled, prefill = runner.step()
     assert prefill.phase == "prefill" and prefill.batch_size == 4 and len(sampled) == 4
+    # ragged: 3 + 4 + 5 + 6 prompt tokens; new_tokens is their rounded mean, the rate counts them all
+    assert prefill.tokens_fed == 18 and prefill.tokens_per_s == pytest.approx(18 / prefill.step_s)
     _, _, decode = runner.step()
     assert decode.phase == "decode" and decode.tokens_out == 4
     one = BatchRunner(model, num_blocks=4, block_size=4, peak_bandwidth_bps=2e10, peak_flops=1e11)
