@@ -198,6 +198,37 @@ def format_rate(value: float, unit: str) -> str:
     return f"{value:,.{digits}f} {unit}"
 
 
+def style_plot(widget: pg.PlotWidget, theme: Theme, left: str, bottom: str, legend_offset=(6, 4),
+               legend_columns: int = 2, legend_smaller: int = 2) -> pg.PlotItem:
+    """A cleared plot in the theme: axis labels with units ("" hides one), fixed view (no mouse,
+    no buttons), an empty legend on top. Also the serving panel's plots."""
+    t = theme
+    widget.setBackground(QColor(t.panel))
+    plot = widget.getPlotItem()
+    plot.clear()
+    if plot.legend is not None:
+        plot.legend.scene() and plot.legend.scene().removeItem(plot.legend)
+        plot.legend = None
+    tick_font = QFont()
+    tick_font.setPointSize(max(t.font_pt - 2, 8))
+    label_style = {"color": t.text, "font-size": f"{t.font_pt - 1}pt"}
+    for side, text in (("left", left), ("bottom", bottom)):
+        axis = plot.getAxis(side)
+        axis.setPen(_pen(t.muted, 1))
+        axis.setTextPen(_pen(t.muted, 1))
+        axis.setTickFont(tick_font)
+        axis.setLabel(text, **label_style)
+        axis.showLabel(bool(text))
+    plot.getAxis("left").setWidth(int(3.6 * t.font_pt + 12))
+    plot.hideButtons()
+    plot.getViewBox().setMouseEnabled(x=False, y=False)
+    legend = plot.addLegend(offset=legend_offset, labelTextColor=QColor(t.text),
+                            labelTextSize=f"{t.font_pt - legend_smaller}pt", brush=_with_alpha(t.panel, 200),
+                            pen=_pen(t.border, 1), verSpacing=-6, colCount=legend_columns)
+    legend.setZValue(50)
+    return plot
+
+
 class PlotsPanel(QWidget):
     """Five live plots (and any extra widget, the seed table, in the sixth cell) in a grid."""
 
@@ -260,32 +291,9 @@ class PlotsPanel(QWidget):
 
     # ---- building -----------------------------------------------------------------------------
     def _style_plot(self, name: str, left: str, bottom: str, legend_offset=(6, 4)) -> pg.PlotItem:
-        t = self.theme
-        widget = self.widgets[name]
-        widget.setBackground(QColor(t.panel))
-        plot = widget.getPlotItem()
-        plot.clear()
-        if plot.legend is not None:
-            plot.legend.scene() and plot.legend.scene().removeItem(plot.legend)
-            plot.legend = None
-        tick_font = QFont()
-        tick_font.setPointSize(max(t.font_pt - 2, 8))
-        label_style = {"color": t.text, "font-size": f"{t.font_pt - 1}pt"}
-        for side, text in (("left", left), ("bottom", bottom)):
-            axis = plot.getAxis(side)
-            axis.setPen(_pen(t.muted, 1))
-            axis.setTextPen(_pen(t.muted, 1))
-            axis.setTickFont(tick_font)
-            axis.setLabel(text, **label_style)
-        plot.getAxis("left").setWidth(int(3.6 * t.font_pt + 12))
+        plot = style_plot(self.widgets[name], self.theme, left, bottom, legend_offset)
         plot.setDownsampling(auto=True, mode="peak")
         plot.setClipToView(True)
-        plot.hideButtons()
-        plot.getViewBox().setMouseEnabled(x=False, y=False)
-        legend = plot.addLegend(offset=legend_offset, labelTextColor=QColor(t.text), labelTextSize=f"{t.font_pt - 2}pt",
-                                brush=_with_alpha(t.panel, 200), pen=_pen(t.border, 1), verSpacing=-6,
-                                colCount=2)
-        legend.setZValue(50)
         return plot
 
     def _title(self, name: str, title: str, readout: str = "") -> None:

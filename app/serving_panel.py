@@ -13,19 +13,12 @@ import math
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QFont
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
+from app.plots import _pen, style_plot
 from app.theme import Theme
 
 WINDOW_S = 60.0  # seconds of history shown
-
-
-def _pen(colour: str, width: float = 2.0, dashed: bool = False):
-    pen = pg.mkPen(QColor(colour), width=width)
-    if dashed:
-        pen.setStyle(Qt.PenStyle.DashLine)
-    return pen
 
 
 def format_ms(seconds: float) -> str:
@@ -68,38 +61,13 @@ class ServingPanel(QWidget):
         column.addWidget(self.seq_plot, 1)
         self._build()
 
-    def _style(self, widget: pg.PlotWidget, left: str, bottom: str = "time (s)") -> pg.PlotItem:
-        t = self.theme
-        widget.setBackground(QColor(t.panel))
-        plot = widget.getPlotItem()
-        plot.clear()
-        if plot.legend is not None:
-            plot.legend.scene() and plot.legend.scene().removeItem(plot.legend)
-            plot.legend = None
-        font = QFont()
-        font.setPointSize(max(t.font_pt - 2, 8))
-        style = {"color": t.text, "font-size": f"{t.font_pt - 1}pt"}
-        for side, text in (("left", left), ("bottom", bottom)):
-            axis = plot.getAxis(side)
-            axis.setPen(_pen(t.muted, 1))
-            axis.setTextPen(_pen(t.muted, 1))
-            axis.setTickFont(font)
-            axis.setLabel(text, **style)
-            axis.showLabel(bool(text))
-        plot.getAxis("left").setWidth(int(3.6 * t.font_pt + 12))
-        plot.hideButtons()
-        plot.getViewBox().setMouseEnabled(x=False, y=False)
-        legend = plot.addLegend(offset=(6, 2), labelTextColor=QColor(t.text), labelTextSize=f"{t.font_pt - 3}pt",
-                                brush=QColor(t.panel), pen=_pen(t.border, 1), verSpacing=-8, colCount=3)
-        legend.setZValue(50)
-        return plot
-
     def _build(self) -> None:
         t = self.theme
-        rates = self._style(self.rate_plot, "tokens/s", bottom="")  # the plot below names the shared axis
+        # the plot below names the shared time axis
+        rates = style_plot(self.rate_plot, t, "tokens/s", "", (6, 2), legend_columns=3, legend_smaller=3)
         self.aggregate_item = rates.plot(pen=_pen(t.accent, 2.5), name="aggregate (all requests)")
         self.per_request_item = rates.plot(pen=_pen(t.prefill, 2), name="per request (median)")
-        seqs = self._style(self.seq_plot, "sequences")
+        seqs = style_plot(self.seq_plot, t, "sequences", "time (s)", (6, 2), legend_columns=3, legend_smaller=3)
         self.running_item = seqs.plot(pen=_pen(t.accent, 2), name="batch (running)", stepMode=None)
         self.waiting_item = seqs.plot(pen=_pen(t.spec_peak, 2), name="queue (waiting)")
         self.users_item = seqs.plot(pen=_pen(t.muted, 1.5, dashed=True), name="users")
