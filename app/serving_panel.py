@@ -90,7 +90,8 @@ class ServingPanel(QWidget):
         t = buffer.column("t_s")
         keep = t >= t[-1] - WINDOW_S
         x = t[keep] - t[-1]  # seconds before now (0 = the latest step)
-        self.aggregate_item.setData(x, buffer.column("aggregate_tps")[keep], connect="finite")
+        aggregate = buffer.column("aggregate_tps")[keep]
+        self.aggregate_item.setData(x, aggregate, connect="finite")
         self.per_request_item.setData(x, buffer.column("per_request_tps")[keep], connect="finite")
         self.running_item.setData(x, buffer.column("running")[keep])
         self.waiting_item.setData(x, buffer.column("waiting")[keep])
@@ -103,7 +104,7 @@ class ServingPanel(QWidget):
                              f"queue {int(last['waiting'])}   {latency_readout(last)}")
         for widget in (self.rate_plot, self.seq_plot):
             widget.getPlotItem().setXRange(-min(WINDOW_S, max(float(-x[0]), 1.0)), 0, padding=0.02)
-        top = np.nanmax(buffer.column("aggregate_tps")[keep]) if np.isfinite(buffer.column("aggregate_tps")[keep]).any() else 1
+        top = np.nanmax(aggregate) if np.isfinite(aggregate).any() else 1
         self.rate_plot.getPlotItem().setYRange(0, max(float(top), 1.0) * 1.15, padding=0)
         self.frames_drawn += 1
         return True

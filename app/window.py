@@ -219,7 +219,7 @@ class MainWindow(QMainWindow):
             return
         self.settings = new
         self.controls.set_settings(new)
-        if getattr(new, "users", 0) > 0 and getattr(old, "users", 0) == 0 and self.side_tabs.isVisibleTo(self):
+        if new.users > 0 and old.users == 0 and self.side_tabs.isVisibleTo(self):
             self.side_tabs.setCurrentWidget(self.serving_panel)  # where the batch shows
         if new.weights != "fp" and not self._quality_asked:
             # the quantised copies are being made anyway: measure their quality once, on the
@@ -229,7 +229,7 @@ class MainWindow(QMainWindow):
         changes = describe_changes(old, new)
         if not changes:
             return
-        serving = getattr(old, "users", 0) > 0 or getattr(new, "users", 0) > 0
+        serving = old.users > 0 or new.users > 0
         if self.replying or serving:  # annotated where the engine applies it (SettingsApplied)
             self._pending_change = (new, changes)
         else:
@@ -342,7 +342,7 @@ class MainWindow(QMainWindow):
             return
         sample = self._sampler.sample()
         self.hardware_strip.update_memory(sample)
-        if self.replying or (self.settings is not None and getattr(self.settings, "users", 0) > 0):
+        if self.replying or (self.settings is not None and self.settings.users > 0):
             self.data.add_hardware(sample)
 
     def _on_reply_started(self, t0: float) -> None:

@@ -136,7 +136,7 @@ class EngineHost:
         if engine is not None:
             engine.apply(settings)
             commands = self._commands
-            if getattr(settings, "users", 0) and commands is not None:
+            if settings.users and commands is not None:
                 commands.put(_WAKE)  # the loop may be waiting for a command: serving starts now
 
     def stop(self) -> None:
@@ -220,10 +220,6 @@ class EngineHost:
             if self.engine is not None:
                 self.engine.reset()
                 self._emit_kv_snapshot(self.engine)
-        elif isinstance(command, Apply):  # queued by a caller that has no direct line
-            self._apply_reporting(command.settings)
-        elif isinstance(command, Stop):
-            self.stop()
 
     def _apply_reporting(self, settings: Settings) -> None:
         try:
