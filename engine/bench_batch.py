@@ -19,6 +19,12 @@ from engine.tables import rows_of, side_by_side
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 BLOCK_SIZE = 16
+# --workload mixed sends this many requests per user unless --requests says otherwise. The run ends
+# on a drain: once the last request is sent, the batch empties as replies end, the longest last
+# (about one longest reply's worth of steps at falling occupancy). A continuous run pays it once,
+# where a static one pays it in every batch; at 4 requests a user it was a quarter of a continuous
+# run (docs/benchmarks.md, "Batching"), measuring the run's end more than the policy.
+REQUESTS_PER_USER = 16
 
 
 def add_batch_args(bench) -> None:
@@ -29,7 +35,9 @@ def add_batch_args(bench) -> None:
                        "policies when it is not given)")
     bench.add_argument("--policy", choices=["continuous", "static"], help="batching policy for --workload mixed")
     bench.add_argument("--users", type=int, default=8, help="simulated users for --workload mixed (default 8)")
-    bench.add_argument("--requests", type=int, default=32, help="requests the users send in all (default 32)")
+    bench.add_argument("--requests", type=int, help=f"requests the users send in all (default {REQUESTS_PER_USER} per "
+                       "user: a run of few requests per user measures mostly its own end, where the last replies "
+                       "decode with the batch emptying)")
 
 
 @dataclass
@@ -97,6 +105,7 @@ class MixedResult:
     median_itl_s: float  # inter-token latency, all requests' gaps pooled
     mean_batch: float
     preemptions: int
+    drain_s: float  # from the last request's arrival to the end of the run
 
 
 def run_mixed(model, hardware, dtype: str, policy: str, n_users: int, n_requests: int, workload: Workload,
@@ -130,7 +139,8 @@ def run_mixed(model, hardware, dtype: str, policy: str, n_users: int, n_requests
                        aggregate_tokens_per_s=out_tokens / wall_s, median_ttft_s=statistics.median(ttfts),
                        p90_ttft_s=ttfts[min(len(ttfts) - 1, int(0.9 * len(ttfts)))],
                        median_itl_s=statistics.median(gaps) if gaps else float("nan"),
-                       mean_batch=statistics.fmean(batches), preemptions=runner.scheduler.num_preemptions)
+                       mean_batch=statistics.fmean(batches), preemptions=runner.scheduler.num_preemptions,
+                       drain_s=t0 + wall_s - max(r.arrival_s for r in done))
 
 
 def format_batch_table(points: list[BatchPoint], ridge: float) -> str:
@@ -161,6 +171,8 @@ def format_mixed_table(results: list[MixedResult]) -> str:
         ("median inter-token", lambda r: f"{r.median_itl_s * 1e3:,.1f} ms"),
         ("mean batch", lambda r: f"{r.mean_batch:.1f}"),
         ("pre-emptions", lambda r: f"{r.preemptions}"),
+        ("wall time", lambda r: f"{r.wall_s:,.1f} s"),
+        ("last arrival → end", lambda r: f"{r.drain_s:,.1f} s"),
         ("requests / tokens", lambda r: f"{r.requests} / {r.output_tokens}"),
     ]
     lines = side_by_side("", [r.policy for r in results], rows_of(results, rows), 20, 14)
@@ -197,6 +209,8 @@ def run_batch_bench(args, progress) -> int:
     if args.prompt_tokens < 1 or args.decode_tokens < 2:
         raise ValueError("bench needs --prompt-tokens >= 1 and --decode-tokens >= 2")
     sizes = _batch_sizes(args.batch_sizes)  # a bad option fails before the model loads
+    if args.workload == "mixed" and args.requests is None:
+        args.requests = REQUESTS_PER_USER * args.users
     if args.workload == "mixed" and (args.users < 1 or args.requests < 1):
         raise ValueError("--users and --requests must be >= 1")
     need = 2 * (args.prompt_tokens + args.decode_tokens)

@@ -100,6 +100,7 @@ def test_mixed_workload_serves_every_request(model, policy):
                   chunk_size=8)
     assert r.requests == 6 and r.output_tokens >= 12 and r.preemptions == 0
     assert 1 <= r.mean_batch <= 3 and r.median_ttft_s > 0
+    assert 0 < r.drain_s < r.wall_s  # the last request arrives after the first and is answered
 
 
 def test_mixed_workload_is_the_bundled_chat_prompts_with_replies_to_eos():
@@ -152,6 +153,17 @@ def test_cli_sweep_batch_prints_the_table_and_json(capsys, tmp_path):
         assert row in out
     data = json.loads(path.read_text())
     assert [p["batch_size"] for p in data["results"]] == [1, 3]
+
+
+def test_cli_mixed_workload_sends_sixteen_requests_a_user_by_default(capsys, tmp_path):
+    path = tmp_path / "m.json"
+    code, out, err = run_cli(capsys, "bench", "--model", "synthetic:smollm2-135m", "--workload", "mixed",
+                             "--policy", "continuous", "--users", "1", "--decode-tokens", "2", "--max-context", "320",
+                             "--json", str(path))
+    assert code == 0, err
+    assert "1 simulated users, 16 requests" in out and "last arrival → end" in out
+    (result,) = json.loads(path.read_text())["results"]
+    assert result["requests"] == 16 and 0 < result["drain_s"] < result["wall_s"]
 
 
 def test_cli_refuses_bad_batch_sizes(capsys):
