@@ -28,8 +28,10 @@ MAX_ANNOTATIONS = 64
 # roofline's trail and the atlas grew without end (a frame took 2.6 ms of the 14 for it).
 NO_PEN = pg.mkPen(None)
 
-STEP_COLUMNS = ("x", "t_s", "start_s", "prefill", "label", "tokens_per_s", "ceiling_tps", "roof_tps", "gbs", "flops",
+STEP_COLUMNS = ("x", "t_s", "start_s", "prefill", "mixed", "label", "tokens_per_s", "ceiling_tps", "roof_tps", "gbs", "flops",
                 "mfu_pct", "ai", "step_ms", "context_len", "peak_flops", "peak_bps")
+# timeline bars of the phases that are not a setting's decode: (colour, legend name)
+PHASE_STYLE = {"prefill": lambda t: (t.prefill, "prefill"), "mixed": lambda t: (t.mixed, "prefill + decode")}
 HW_COLUMNS = ("x", "t_s", "mem_util_pct", "sm_util_pct", "dram_bw_util_pct", "tensor_active_pct")
 SERVING_CAPACITY = 8192
 SERVING_COLUMNS = ("x", "t_s", "users", "running", "waiting", "aggregate_tps", "per_request_tps", "ttft_p50_s",
@@ -71,12 +73,13 @@ class LiveData:
 
     def add_step(self, m) -> None:
         """m: an engine StepMetrics."""
-        prefill = m.phase == "prefill"
+        prefill = m.phase != "decode"  # "prefill", or "mixed": prompt chunks with decode rows
         # batched steps carry other requests' prefills: the person's TTFT then comes with its reply
         if prefill and m.batch_size == 1 and self.reply_t0 is not None and self.ttft_s is None:
             self.ttft_s = m.t_s - self.reply_t0
         self.steps.append(
             x=self.steps.total, t_s=m.t_s, start_s=m.t_s - m.step_s, prefill=1.0 if prefill else 0.0,
+            mixed=1.0 if m.phase == "mixed" else 0.0,
             label=self.label_code(m.settings_label), tokens_per_s=m.tokens_per_s,
             ceiling_tps=m.memory_ceiling_tokens_per_s, roof_tps=_finite_or_none(m.predicted_ceiling_tokens_per_s),
             gbs=m.achieved_gbs, flops=m.flops / m.step_s,
@@ -322,12 +325,17 @@ class PlotsPanel(QWidget):
         self.prefill_item = pg.PlotDataItem(pen=None, symbol="t1", symbolSize=t.font_pt + 3,
                                             symbolBrush=pg.mkBrush(QColor(t.prefill)), symbolPen=NO_PEN,
                                             name="prefill")
+        # continuous batching: steps where new prompts' chunks ride along with running decodes
+        self.mixed_item = pg.PlotDataItem(pen=None, symbol="t1", symbolSize=t.font_pt + 3,
+                                          symbolBrush=pg.mkBrush(QColor(t.mixed)), symbolPen=NO_PEN,
+                                          name="prefill + decode")
         # where the step is compute-bound (KV cache off, long prefills) the roofline's ceiling is lower
         self.roof_ceiling_item = pg.PlotDataItem(pen=_pen(t.spec_peak, 2, dotted=True), connect="finite",
                                                  name="ceiling, compute-bound")
         tokens.addItem(self.ceiling_item)
         tokens.addItem(self.roof_ceiling_item)
         tokens.addItem(self.prefill_item)
+        tokens.addItem(self.mixed_item)
         self._title("tokens", "Tokens/s")
 
         # NVML series only where NVML answers: a CPU run shows what is modelled, and says so.
@@ -520,7 +528,8 @@ class PlotsPanel(QWidget):
 
         x = column("x")
         labels = column("label")
-        prefill = column("prefill") > 0.5
+        prefill = column("prefill") > 0.5  # tokens/s of prompt tokens fed: markers, not the decode line
+        mixed = column("mixed") > 0.5
         decode = ~prefill
         tokens_per_s = column("tokens_per_s")
         present = {int(c) for c in np.unique(labels[~np.isnan(labels)])}
@@ -543,7 +552,8 @@ class PlotsPanel(QWidget):
             compute_bound = decode & (roof < 0.9 * ceiling)
         self._set_if_changed(self.roof_ceiling_item, (n, compute_bound.any()) if compute_bound.any() else "empty",
                              x, masked(roof, compute_bound))
-        self._set_if_changed(self.prefill_item, tuple(x[prefill]), x[prefill], tokens_per_s[prefill])
+        for item, mask in ((self.prefill_item, prefill & ~mixed), (self.mixed_item, mixed)):
+            self._set_if_changed(item, tuple(x[mask]), x[mask], tokens_per_s[mask])
 
         hw = self.data.hardware
         spec = self.hardware
@@ -633,6 +643,7 @@ class PlotsPanel(QWidget):
         flops = steps.column("flops", last=TRAIL_STEPS) / scale
         labels = steps.column("label", last=TRAIL_STEPS)
         prefill = steps.column("prefill", last=TRAIL_STEPS) > 0.5
+        mixed = steps.column("mixed", last=TRAIL_STEPS) > 0.5
         all_ai = steps.column("ai")
         lo = 10.0 ** math.floor(math.log10(min(ridge / 30, np.nanmin(ai) / 3)))
         hi = 10.0 ** math.ceil(math.log10(max(ridge * 30, np.nanmax(all_ai) * 3)))
@@ -645,8 +656,9 @@ class PlotsPanel(QWidget):
             self.ridge_text.setText(f"ridge {ridge:.2g} FLOP/B")
             self.ridge_text.setPos(math.log10(ridge), math.log10(peak_flops / scale))
         brushes = []
-        for i, (code, is_prefill) in enumerate(zip(labels, prefill)):
-            colour = self.theme.prefill if is_prefill else self.colours.colour(self.data.labels[int(code)])
+        for i, (code, is_prefill, is_mixed) in enumerate(zip(labels, prefill, mixed)):
+            colour = self.theme.mixed if is_mixed else self.theme.prefill if is_prefill else \
+                self.colours.colour(self.data.labels[int(code)])
             alpha = int(40 + 200 * (i + 1) / len(labels))
             if (colour, alpha) not in self._brushes:
                 self._brushes[(colour, alpha)] = pg.mkBrush(_with_alpha(colour, alpha))
@@ -671,8 +683,9 @@ class PlotsPanel(QWidget):
         in_reply = start >= t0 - 1e-3 if t0 is not None else np.zeros(len(start), bool)
         step_ms = steps.column("step_ms")
         prefill = steps.column("prefill") > 0.5
+        mixed = steps.column("mixed") > 0.5
         labels = steps.column("label")
-        groups: dict[object, np.ndarray] = {"prefill": in_reply & prefill}
+        groups: dict[object, np.ndarray] = {"prefill": in_reply & prefill & ~mixed, "mixed": in_reply & mixed}
         for code in np.unique(labels[in_reply & ~prefill]):
             groups[int(code)] = in_reply & ~prefill & (labels == code)
         for key in list(self._bars):
@@ -680,8 +693,8 @@ class PlotsPanel(QWidget):
                 plot.removeItem(self._bars.pop(key))
         for key, mask in groups.items():
             if key not in self._bars:
-                colour = self.theme.prefill if key == "prefill" else self.colours.colour(self.data.labels[key])
-                name = "prefill" if key == "prefill" else f"decode · {self.data.labels[key]}"
+                colour, name = PHASE_STYLE[key](self.theme) if key in PHASE_STYLE else \
+                    (self.colours.colour(self.data.labels[key]), f"decode · {self.data.labels[key]}")
                 # One filled outline of all the bars: one path to paint, not one rectangle per step.
                 bars = pg.PlotDataItem(pen=_pen(colour, 1), fillLevel=0, brush=_with_alpha(colour, 170), name=name)
                 plot.addItem(bars)
@@ -730,7 +743,8 @@ class PlotsPanel(QWidget):
         ai = steps.last("ai")
         ridge = steps.last("peak_flops") / steps.last("peak_bps")
         bound = "compute-bound" if ai >= ridge else "memory-bound"
-        phase = "prefill" if steps.last("prefill") > 0.5 else "decode"
+        phase = "prefill + decode" if steps.last("mixed") > 0.5 else "prefill" if steps.last("prefill") > 0.5 \
+            else "decode"
         self._title("roofline", "Roofline", f"{phase} {ai:.2g} FLOP/B: {bound}")
         t0 = self.data.reply_t0
         if t0 is not None:

@@ -21,6 +21,7 @@ class Theme:
     peak: str  # dashed peak / ceiling lines
     spec_peak: str  # a datasheet peak beside a measured one
     prefill: str  # prefill steps (a phase, not a setting)
+    mixed: str  # batched steps of prompt chunks and decode rows together
     setting_colours: tuple[tuple[str, str], ...]  # (token in the settings label, colour), first match wins
     spare_colours: tuple[str, ...]  # for settings no token names
     font_pt: int = 11
@@ -33,7 +34,7 @@ class Theme:
 DARK = Theme(
     name="dark", background="#101217", panel="#171a21", raised="#232733", border="#313746",
     text="#e8eaf0", muted="#a3a9b7", grid_alpha=0.18, accent="#4da3ff", error="#ff6b6b",
-    peak="#f2f2f2", spec_peak="#ffd166", prefill="#ffd166",
+    peak="#f2f2f2", spec_peak="#ffd166", prefill="#ffd166", mixed="#c8ccd6",
     setting_colours=(("kv off", "#ff5c8a"), ("int4", "#5ad16b"), ("int8", "#ff9f43"), ("fp16", "#3fd0c9"),
                      ("bf16", "#4da3ff"), ("fp32", "#b48cff")),
     spare_colours=("#f78fb3", "#c7ecee", "#badc58", "#e056fd", "#7ed6df", "#f0932b"),
@@ -42,7 +43,7 @@ DARK = Theme(
 LIGHT = Theme(
     name="light", background="#ffffff", panel="#ffffff", raised="#eef0f4", border="#5b6270",
     text="#000000", muted="#2b2f38", grid_alpha=0.25, accent="#0050b3", error="#c00000",
-    peak="#000000", spec_peak="#a05a00", prefill="#b07800",
+    peak="#000000", spec_peak="#a05a00", prefill="#b07800", mixed="#5b6270",
     setting_colours=(("kv off", "#c2185b"), ("int4", "#1b8a2f"), ("int8", "#d35400"), ("fp16", "#00838f"),
                      ("bf16", "#0050b3"), ("fp32", "#6a1b9a")),
     spare_colours=("#8e24aa", "#2e7d32", "#ef6c00", "#37474f", "#ad1457", "#00695c"),

@@ -151,6 +151,13 @@ def plan_cost(cfg, seqs, *, weight_bytes: int, elem_bytes: int, attention: str =
     return StepCost(weight_bytes=weight_bytes + norm_bytes, **{f: sum(getattr(p, f) for p in parts) for f in fields})
 
 
+def plan_phase(seqs) -> str:
+    """"decode" (every row one token, sampled), "prefill" (prompt chunks only) or "mixed" (both in
+    one step: continuous batching's arrivals ride along with the running decodes)."""
+    decodes = sum(not s.is_prefill for s in seqs)
+    return "decode" if decodes == len(seqs) else "prefill" if decodes == 0 else "mixed"
+
+
 class BatchRunner:
     """A model, a paged KV cache and a scheduler over it: `step()` schedules a plan, runs it as
     one forward, samples (greedy unless `sample` is given) and updates the scheduler.
@@ -190,9 +197,8 @@ class BatchRunner:
         cost = plan_cost(self.model.cfg, plan.seqs, weight_bytes=self._weight_bytes, elem_bytes=self._elem_bytes,
                          attention=self.attention, block_size=self.cache.block_size)
         n = len(plan.seqs)
-        decode = all(len(s.token_ids) == 1 and s.samples for s in plan.seqs)
         metrics = StepMetrics.from_cost(
-            cost, step=self.step_count, phase="decode" if decode else "prefill", batch_size=n,
+            cost, step=self.step_count, phase=plan_phase(plan.seqs), batch_size=n,
             new_tokens=max(1, round(plan.total_num_scheduled_tokens / n)), tokens_out=len(ids),
             context_len=round(sum(s.start_pos for s in plan.seqs) / n), step_s=step_s,
             peak_bandwidth_bps=self.peak_bandwidth_bps, peak_flops=self.peak_flops, t_s=time.monotonic(),

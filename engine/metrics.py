@@ -87,7 +87,7 @@ def step_cost(cfg: ModelConfig, *, batch_size: int, new_tokens: int, context_len
 class StepMetrics:
     """One step, measured. Plain data: safe to hand across threads and to JSON."""
     step: int
-    phase: str  # "prefill" or "decode"
+    phase: str  # "prefill", "decode", or "mixed" (a batched step of prompt chunks and decode rows)
     batch_size: int
     new_tokens: int  # tokens fed to the model this step, per sequence
     tokens_out: int  # tokens produced (sampled) this step, all sequences
@@ -161,7 +161,8 @@ class StepMetrics:
 
     @property
     def tokens_per_s(self) -> float:
-        """Tokens processed per second: produced tokens for decode, prompt tokens for prefill."""
+        """Tokens processed per second: produced tokens for decode, tokens fed for prefill (and for a
+        mixed step: its prompt tokens and decode rows alike)."""
         n = self.tokens_out if self.phase == "decode" else self.tokens_fed
         return n / self.step_s
 

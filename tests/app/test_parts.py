@@ -103,6 +103,19 @@ def test_live_data_records_steps_and_annotations():
     assert data.version > v and data.steps.total == 0 and data.annotations == []
 
 
+def test_a_mixed_step_is_neither_a_prefill_marker_nor_on_the_decode_line():
+    from engine.metrics import StepMetrics
+
+    data = LiveData(step_capacity=8)
+    for i, phase in enumerate(("prefill", "decode", "mixed")):
+        data.add_step(StepMetrics(step=i, phase=phase, batch_size=3, new_tokens=2, tokens_out=2, context_len=4,
+                                  step_s=0.01, weight_bytes=10**6, kv_read_bytes=0, kv_write_bytes=0, other_bytes=0,
+                                  flops=10**6, peak_bandwidth_bps=1e9, peak_flops=1e10, tokens_in=7))
+    assert data.steps.column("prefill").tolist() == [1.0, 0.0, 1.0]  # off the decode line: tokens fed/s
+    assert data.steps.column("mixed").tolist() == [0.0, 0.0, 1.0]
+    assert data.steps.column("tokens_per_s").tolist() == pytest.approx([700.0, 200.0, 700.0])
+
+
 # ---- engine.ceilings: the seed table --------------------------------------------------------
 def test_seed_table_matches_the_formula_by_hand():
     cfg = ModelConfig.from_name("llama3-8b")

@@ -91,3 +91,18 @@ def test_decode_rows_keys_are_gathered_block_by_block_in_position_order(starts):
     for b, (table, n) in enumerate(zip(tables, lens)):
         slots = [table[p // bs] * bs + p % bs for p in range(n)]
         torch.testing.assert_close(got[b, :, :n], pool[:, slots])  # the keys a row may see, in order
+
+
+def test_steps_are_labelled_decode_prefill_or_mixed_and_count_every_token_fed(model):
+    runner = batch_forward.BatchRunner(model, num_blocks=32, block_size=4, max_batch_size=4, token_budget=64)
+    runner.scheduler.add_request(Request(1, [3, 4, 5], 4))
+    phases = []
+    for step in range(4):
+        if step == 2:  # a new prompt arrives while request 1 decodes: both run in one step
+            runner.scheduler.add_request(Request(2, [6, 7, 8, 9, 10], 2))
+        plan, _, m = runner.step()
+        phases.append(m.phase)
+        assert m.tokens_fed == plan.total_num_scheduled_tokens
+        n = m.tokens_out if m.phase == "decode" else plan.total_num_scheduled_tokens
+        assert m.tokens_per_s == pytest.approx(n / m.step_s)
+    assert phases == ["prefill", "decode", "mixed", "decode"]
