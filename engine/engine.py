@@ -352,6 +352,8 @@ class Engine:
         self.cached_ids = []
         if self.cache is not None:
             self.cache.truncate(0)
+        if self._server is not None:
+            self._server.runner.scheduler.drop_retained()
 
     # ---- chat ----------------------------------------------------------------------------
     def chat(self, user_text: str) -> Iterator:
@@ -452,7 +454,9 @@ class Engine:
         server = self._ensure_server()
         self._sync_server()
         eos = frozenset() if ignore_eos else frozenset(self.tokenizer.eos_ids)
-        req = Request(next(self._person_ids), list(ids), min(want, room), eos)
+        # retain_kv: the conversation's K/V stay in the pool after the reply, and the next turn
+        # prefills only what is new (engine/scheduler.py), as the plain path's cache does
+        req = Request(next(self._person_ids), list(ids), min(want, room), eos, retain_kv=True)
         server.submit_person(req, self.settings.sampling, gen)
         self._reply_active = True
         seen = len(req.output_ids)

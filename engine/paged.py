@@ -60,6 +60,13 @@ class BlockPool:
             after = block
         return blocks
 
+    def give(self, blocks: list[int], owner: int) -> None:
+        """Blocks already allocated change hands (a cached prefix taken over by a new sequence)."""
+        for block in blocks:
+            if self._owner[block] == FREE:
+                raise ValueError(f"block {block} is free: nobody can give it")
+            self._owner[block] = owner
+
     def free(self, blocks: list[int]) -> None:
         for block in blocks:
             if self._owner[block] == FREE:
@@ -117,6 +124,15 @@ class KVCacheManager:
         self.pool.free(table[keep:])
         self.block_tables[seq_id] = table[:keep]
         self._num_tokens[seq_id] = num_tokens
+
+    def rename(self, seq_id: int, new_id: int) -> None:
+        """Sequence `new_id` takes over `seq_id`'s blocks and tokens (its cached prefix)."""
+        if new_id in self.block_tables:
+            raise ValueError(f"sequence {new_id} already has blocks")
+        table = self.block_tables.pop(seq_id)
+        self.block_tables[new_id] = table
+        self._num_tokens[new_id] = self._num_tokens.pop(seq_id)
+        self.pool.give(table, new_id)
 
     def free(self, seq_id: int) -> None:
         """A finished (or pre-empted) sequence gives all its blocks back."""

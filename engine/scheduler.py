@@ -7,7 +7,13 @@ and it is re-queued to recompute its prompt and the tokens it already produced.
 
 Policies: `continuous` admits and evicts at every step; `static` forms a batch when none is
 running and admits nobody else until every member of that batch has finished (a pre-empted
-member rejoins its own batch)."""
+member rejoins its own batch).
+
+Prefix reuse for one conversation: a request made with `retain_kv` (the person's chat) leaves its
+blocks in the pool when it ends; the next `retain_kv` request whose prompt starts with the same
+tokens takes them over and prefills only the rest (the plain engine path's cache reuse, in the
+batch). Retained blocks are the first thing given back when the pool runs short: before anyone is
+pre-empted or kept waiting."""
 from __future__ import annotations
 
 import enum
@@ -44,6 +50,8 @@ class Request:
     finish_reason: str | None = None  # "eos" | "length" | "cancelled"
     num_preemptions: int = 0
     cancel_requested: bool = False
+    retain_kv: bool = False  # keep its K/V when it ends, for the next request of its conversation
+    num_reused_tokens: int = 0  # prompt tokens whose K/V it took over instead of computing them
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -130,6 +138,8 @@ class Scheduler:
         self._static_batch: set[int] = set()  # members of the batch a static policy is running
         self._in_flight: SchedulerOutput | None = None  # scheduled, not yet updated
         self._finished: list[Request] = []  # since the last take_finished()
+        # a finished retain_kv request's cached tokens; its blocks stay in the KV manager under its id
+        self._retained: tuple[int, list[int]] | None = None
 
     # ---- requests in and out -------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -146,6 +156,47 @@ class Scheduler:
             request.arrival_s = self.clock()
         self.requests[request.request_id] = request
         self.waiting.append(request)
+        if request.retain_kv and self._retained is not None:
+            self._adopt_retained(request)
+
+    # ---- prefix reuse ----------------------------------------------------------------------
+    def _adopt_retained(self, request: Request) -> None:
+        """Hand the retained blocks to `request`, cut to the prefix its prompt shares with them
+        (at least one prompt token is left to run: its logits give the first new token)."""
+        rid, cached = self._retained
+        self._retained = None
+        n = min(len(cached), len(request.prompt_ids) - 1)
+        keep = n if cached[:n] == request.prompt_ids[:n] else \
+            next(i for i, (a, b) in enumerate(zip(cached, request.prompt_ids)) if a != b)
+        if keep == 0:
+            self.kv.free(rid)
+            return
+        self.kv.rename(rid, request.request_id)
+        self.kv.truncate(request.request_id, keep)
+        request.num_computed_tokens = request.num_reused_tokens = keep
+
+    @property
+    def retained_tokens(self) -> int:
+        """Tokens of a finished conversation turn kept in the pool for the next one (0: none)."""
+        return 0 if self._retained is None else len(self._retained[1])
+
+    @property
+    def retained_id(self) -> int | None:
+        """The finished request whose blocks are retained (they stay under its id)."""
+        return None if self._retained is None else self._retained[0]
+
+    def drop_retained(self) -> int:
+        """Free the retained blocks (and a waiting request's taken-over prefix, which it will
+        recompute); returns the blocks freed."""
+        before = self.kv.pool.num_free
+        if self._retained is not None:
+            self.kv.free(self._retained[0])
+            self._retained = None
+        for req in self.waiting:
+            if req.num_computed_tokens and req.state is RequestState.WAITING:
+                self.kv.free(req.request_id)
+                req.num_computed_tokens = req.num_reused_tokens = 0
+        return self.kv.pool.num_free - before
 
     def cancel(self, request_id: int) -> bool:
         """Cancel now, or at the end of the step in flight if it is part of it. False: unknown."""
@@ -188,6 +239,8 @@ class Scheduler:
                 continue
             n = min(req.num_uncomputed_tokens, self.chunk_size, budget)
             while not self.kv.can_allocate(req.request_id, n):
+                if self.drop_retained():  # cached blocks nobody running needs go first
+                    continue
                 # the newest running request (skipping any that hold no blocks: they free nothing)
                 victim = next(r for r in reversed(self.running) if r is req or self.kv.block_tables.get(r.request_id))
                 budget += plan.pop(victim.request_id, 0)  # un-plan it if it already ran this step
@@ -216,13 +269,17 @@ class Scheduler:
             req = self.waiting[0]
             n = min(req.num_uncomputed_tokens, self.chunk_size, budget)
             if forming:
-                need = self.kv.blocks_for(req.num_tokens)
+                need = self.kv.blocks_for(req.num_tokens) - len(self.kv.block_tables.get(req.request_id, ()))
+                if need > room:
+                    room += self.drop_retained()
+                    need = self.kv.blocks_for(req.num_tokens) - len(self.kv.block_tables.get(req.request_id, ()))
                 if need > room:
                     break
                 room -= need
             elif self.policy == "static" and req.request_id not in self._static_batch:
                 break  # the static batch is closed until all its members finish
-            elif n == 0 or not self.kv.can_allocate(req.request_id, n):
+            elif n == 0 or not (self.kv.can_allocate(req.request_id, n) or
+                                (self.drop_retained() and self.kv.can_allocate(req.request_id, n))):
                 break  # first come, first served: nobody overtakes the head of the queue
             self.waiting.popleft()
             req.state = RequestState.RUNNING
@@ -244,7 +301,7 @@ class Scheduler:
     def _preempt(self, req: Request) -> None:
         self.kv.free(req.request_id)
         self.running.remove(req)
-        req.num_computed_tokens = 0
+        req.num_computed_tokens = req.num_reused_tokens = 0
         req.state = RequestState.PREEMPTED
         req.num_preemptions += 1
         self.num_preemptions += 1
@@ -289,7 +346,13 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        self.kv.free(req.request_id)
+        if req.retain_kv and req.num_computed_tokens:  # its blocks stay for the next turn
+            self.kv.truncate(req.request_id, req.num_computed_tokens)  # (cancelled mid-step: the step's
+            if self._retained is not None:  # slots were allocated, not counted as computed)
+                self.kv.free(self._retained[0])
+            self._retained = (req.request_id, req.all_token_ids[:req.num_computed_tokens])
+        else:
+            self.kv.free(req.request_id)
         req.state = state
         req.finish_reason = reason
         del self.requests[req.request_id]

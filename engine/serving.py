@@ -204,7 +204,7 @@ class BatchServer:
         del old, sched  # the old pool's memory goes before the new one is made
         self.runner = self._new_runner(model, *kept)
         for req in requests:
-            req.num_computed_tokens = 0
+            req.num_computed_tokens = req.num_reused_tokens = 0
             self.runner.scheduler.add_request(req)
 
     # ---- requests ---------------------------------------------------------------------------

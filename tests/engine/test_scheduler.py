@@ -4,7 +4,7 @@ read back through them, so wrong positions, lost blocks or a bad recompute chang
 Property tests (hypothesis): every request ends exactly once, no block leaks, the token budget and
 batch size hold, and pre-empted requests produce the tokens of an undisturbed run."""
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from engine.paged import FREE, BlockPool, KVCacheManager
@@ -251,3 +251,136 @@ def test_random_workloads_end_every_request_once_leak_nothing_and_keep_the_budge
         else:  # cancelled: what it produced so far is a prefix of the undisturbed run
             assert req.output_ids == ref[:len(req.output_ids)]
         assert len(req.token_times_s) == len(req.output_ids)
+
+
+# ---- prefix reuse: the person's conversation keeps its K/V between turns -------------------------
+def turn(rid, prompt, max_new=4):
+    return Request(rid, list(prompt), max_new, frozenset(), retain_kv=True)
+
+
+def test_a_retained_turn_hands_its_blocks_to_the_next_turn_which_prefills_only_the_rest():
+    sched, model = make(num_blocks=16, block_size=4)
+    first = turn(1, range(1, 10))
+    sched.add_request(first)
+    drive(sched, model)
+    assert first.output_ids == reference_output(first) and sched.take_finished() == [first]
+    cached = first.all_token_ids[:-1]  # the last sampled token never ran through the model
+    assert sched.retained_tokens == len(cached) == 12 and sched.kv.pool.num_used == 3
+    second = turn(2, first.all_token_ids + [7, 8])
+    sched.add_request(second)
+    assert second.num_reused_tokens == second.num_computed_tokens == 12
+    assert set(sched.kv.pool.owners) == {2, FREE} and sched.retained_tokens == 0
+    plan = sched.schedule()
+    assert plan.num_scheduled_tokens == {2: 3} and plan.seqs[0].start_pos == 12  # 13 of 15 prompt tokens reused
+    sched.update_from_output(plan, model.step(plan))
+    drive(sched, model)
+    assert second.output_ids == reference_output(second)  # read its first 12 positions from turn 1's slots
+
+
+def test_a_diverging_prompt_keeps_only_the_shared_prefix_and_a_stranger_takes_nothing():
+    sched, model = make(num_blocks=16, block_size=4)
+    first = turn(1, range(1, 10))
+    sched.add_request(first)
+    drive(sched, model)
+    stranger = request(5, 6, 2)  # not retain_kv: the retained blocks are not its to take
+    sched.add_request(stranger)
+    assert stranger.num_computed_tokens == 0 and sched.retained_tokens == 12
+    drive(sched, model)
+    second = turn(2, [1, 2, 3, 4, 5, 6, 99, 98])  # shares 6 tokens: 2 blocks of 4 kept, cut to 6
+    sched.add_request(second)
+    assert second.num_reused_tokens == 6 and sched.kv.num_tokens(2) == 6 and sched.kv.pool.num_used == 2
+    drive(sched, model)
+    assert second.output_ids == reference_output(second)
+    third = turn(3, [42, 43])  # a new conversation: nothing shared, the retained blocks are freed
+    sched.add_request(third)
+    assert third.num_reused_tokens == 0 and sched.kv.pool.num_used == 0
+
+
+def test_retained_blocks_are_given_back_before_anyone_is_preempted_or_kept_waiting():
+    for policy in ("continuous", "static"):
+        sched, model = make(num_blocks=6, block_size=4, policy=policy)
+        first = turn(1, range(1, 14))  # 16 positions cached: 4 of the 6 blocks
+        sched.add_request(first)
+        drive(sched, model)
+        assert sched.kv.pool.num_used == 4
+        others = [request(10 + i, 7, 2) for i in range(2)]  # 8 positions each: the pool is full
+        for r in others:
+            sched.add_request(r)
+        drive(sched, model)
+        assert sched.num_preemptions == 0 and sched.retained_tokens == 0, policy
+        assert [r.output_ids for r in others] == [reference_output(r) for r in others]
+        assert sched.kv.pool.num_free == 6
+
+
+def test_a_turn_cancelled_mid_step_retains_only_what_it_computed():
+    sched, model = make(num_blocks=16, block_size=4, token_budget=4)
+    first = turn(1, range(1, 11), max_new=8)  # a 10-token prompt in chunks of 4
+    sched.add_request(first)
+    plan = sched.schedule()
+    sched.update_from_output(plan, model.step(plan))
+    plan = sched.schedule()  # the second chunk is in flight when the person presses Stop
+    sched.cancel(1)
+    sched.update_from_output(plan, model.step(plan))
+    assert first.state is RequestState.CANCELLED and sched.retained_tokens == 4
+    assert sched.kv.num_tokens(1) == 4 and sched.kv.pool.num_used == 1
+    again = turn(2, range(1, 11))
+    sched.add_request(again)
+    assert again.num_reused_tokens == 4
+    drive(sched, model)
+    assert again.output_ids == reference_output(again)
+
+
+@settings(max_examples=100, deadline=None)
+@given(num_blocks=st.integers(4, 16), block_size=st.integers(1, 5), budget=st.integers(1, 24),
+       turns=st.lists(st.tuples(st.integers(1, 6), st.integers(1, 6), st.booleans()), min_size=1, max_size=6),
+       others=st.lists(st.tuples(st.integers(0, 20), st.integers(1, 16), st.integers(1, 8)), max_size=10),
+       cancel_turn_at=st.one_of(st.none(), st.integers(0, 10)), policy=st.sampled_from(["continuous", "static"]))
+def test_random_conversations_beside_other_requests_reuse_only_valid_prefixes_and_leak_nothing(
+        num_blocks, block_size, budget, turns, others, cancel_turn_at, policy):
+    """Turns of one conversation (each prompt the last one's tokens plus new ones, or a fresh start)
+    among other requests in a small pool: every request gives the tokens of an undisturbed run,
+    ends once, and when all is done only the retained turn holds blocks."""
+    sched, model = make(num_blocks, block_size, max_batch_size=4, token_budget=budget, policy=policy)
+    capacity = num_blocks * block_size
+    pending: dict[int, list[Request]] = {}
+    for i, (step, n, m) in enumerate(others):
+        n = min(n, capacity)
+        pending.setdefault(step, []).append(request(100 + i, n, max(1, min(m, capacity - n + 1))))
+    conversation: list[int] = []
+    done: list[Request] = []
+    turn_ids = iter(range(1, 100))
+    current = None
+    step = 0
+    while step < 3000 and (turns or current is not None or sched.has_unfinished or pending):
+        for req in pending.pop(step, []):
+            sched.add_request(req)
+        if current is None and turns:
+            new_tokens, max_new, fresh = turns.pop(0)
+            prompt = ([] if fresh else conversation) + [(7 * step + j) % VOCAB + 1 for j in range(new_tokens)]
+            prompt = prompt[-(capacity // 2):]  # within the pool, with room to reply
+            current = turn(next(turn_ids), prompt, max(1, min(max_new, capacity - len(prompt) + 1)))
+            sched.add_request(current)
+        if cancel_turn_at == step and current is not None:
+            sched.cancel(current.request_id)
+        plan = sched.schedule()
+        if sched.has_unfinished:
+            assert not plan.is_empty
+        assert plan.total_num_scheduled_tokens <= budget
+        sched.update_from_output(plan, model.step(plan))
+        for req in sched.take_finished():
+            done.append(req)
+            if req is current:
+                conversation, current = req.all_token_ids, None
+        held = {r for r, table in sched.kv.block_tables.items() if table}
+        assert held <= set(sched.requests) | {r.request_id for r in done if r.retain_kv}
+        assert sum(len(t) for t in sched.kv.block_tables.values()) == sched.kv.pool.num_used
+        step += 1
+    assert not sched.has_unfinished and not turns
+    for req in done:
+        ref = reference_output(req)
+        assert req.output_ids == (ref if req.state is RequestState.FINISHED else ref[:len(req.output_ids)])
+    assert len({r.request_id for r in done}) == len(done)
+    event(f"prefix reused: {any(r.num_reused_tokens for r in done)}; pre-empted: {sched.num_preemptions > 0}")
+    assert sched.kv.pool.num_used == sched.kv.blocks_for(sched.retained_tokens)
+    sched.drop_retained()
+    assert sched.kv.pool.num_free == num_blocks and sched.kv.block_tables == {}

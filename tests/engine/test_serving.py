@@ -92,6 +92,23 @@ def test_seeded_sampling_gives_the_same_reply_in_the_batch():
     assert tokens == alone
 
 
+def test_the_next_turn_takes_over_the_conversation_cached_in_the_batch_pool():
+    eng = users_engine(users=3)
+    turns = []
+    eng.on_request = lambda event, req: turns.append(req) if event == "submitted" and req.retain_kv else None
+    warm_up(eng)
+    first, _, done, _ = run(eng.generate(PROMPT))
+    assert done.reason == "max_tokens"
+    scheduler = eng._server.runner.scheduler
+    assert scheduler.retained_tokens == len(PROMPT) + len(first) - 1  # the last token never ran
+    follow = PROMPT + first + [5, 6, 7]
+    tokens, _, _, _ = run(eng.generate(follow))
+    assert tokens == run(make_engine().generate(follow))[0]  # the same reply as computed from scratch
+    assert [t.num_reused_tokens for t in turns] == [0, len(PROMPT) + len(first) - 1]
+    eng.reset()  # a new conversation: nothing of the old one is kept
+    assert scheduler.retained_tokens == 0
+
+
 def test_stop_ends_the_persons_reply_and_the_users_keep_being_served():
     eng = users_engine(users=4, max_new_tokens=30)
     finished = Counter()
@@ -370,11 +387,12 @@ def test_soak_1000_simulated_requests_under_random_setting_changes():
         if not eng.serving and steps % 4 == 2:
             eng.apply(replace(eng.settings, users=rng.choice([3, 8]), kv_layout="paged"))
         server = eng._server
-        if server is not None and steps % 10 == 0:  # the blocks held are exactly the live requests'
-            manager = server.runner.cache.manager
+        if server is not None and steps % 10 == 0:  # the blocks held are the live requests' (and the
+            manager = server.runner.cache.manager  # person's last turn, kept for the next one)
             held = sum(len(t) for t in manager.block_tables.values())
             assert held == manager.pool.num_used
-            assert set(manager.block_tables) <= set(server.runner.scheduler.requests)
+            scheduler = server.runner.scheduler
+            assert set(manager.block_tables) <= set(scheduler.requests) | {scheduler.retained_id}
         done = users_done()
         if done >= 300 and "a" not in marks:
             marks["a"] = live_tensors()
@@ -390,9 +408,11 @@ def test_soak_1000_simulated_requests_under_random_setting_changes():
     while eng.serving:
         last_server = eng._server or last_server
         eng.serve_step()
-    if last_server is not None:
-        pool = last_server.runner.cache.manager.pool
-        assert pool.num_free == pool.num_blocks and not last_server.runner.cache.manager.block_tables
+    if last_server is not None:  # only the person's last turn may be kept (the pool goes with the server)
+        scheduler, manager = last_server.runner.scheduler, last_server.runner.cache.manager
+        assert manager.pool.num_used == manager.blocks_for(scheduler.retained_tokens)
+        scheduler.drop_retained()
+        assert manager.pool.num_free == manager.pool.num_blocks and not manager.block_tables
     assert set(finished) == submitted and set(finished.values()) == {1}  # each finished or cancelled once
     assert all(state in (RequestState.FINISHED, RequestState.CANCELLED) for state in states.values())
     assert all(states[rid] is RequestState.FINISHED for rid in states if rid >= 1_000_000)  # users: never dropped
