@@ -59,6 +59,7 @@ class LiveData:
         self.labels: list[str] = []  # settings labels; the "label" column holds indices into it
         self.annotations: list[Annotation] = []
         self.reply_t0: float | None = None  # time.monotonic() when the current reply was sent
+        self.reply_t1: float | None = None  # its last step's end (None while it streams)
         self.ttft_s: float | None = None
         self.version = 0
 
@@ -113,8 +114,26 @@ class LiveData:
 
     def start_reply(self, t0: float) -> None:
         self.reply_t0 = t0
+        self.reply_t1 = None
         self.ttft_s = None
         self.version += 1
+
+    def end_reply(self, t1: float) -> None:
+        """The reply's last step ended at t1: steps after it (simulated users go on being served)
+        are not the reply's."""
+        self.reply_t1 = t1
+        self.version += 1
+
+    def reply_mask(self) -> np.ndarray:
+        """Which steps in the buffer belong to the current (or last) reply: from its send to its
+        last step."""
+        start = self.steps.column("start_s")
+        if self.reply_t0 is None:
+            return np.zeros(len(start), bool)
+        mask = start >= self.reply_t0 - 1e-3
+        if self.reply_t1 is not None:
+            mask &= self.steps.column("t_s") <= self.reply_t1 + 1e-6
+        return mask
 
     def clear(self) -> None:
         self.steps.clear()
@@ -124,6 +143,7 @@ class LiveData:
         self.labels = []
         self.annotations = []
         self.reply_t0 = None
+        self.reply_t1 = None
         self.ttft_s = None
         self.version += 1
 
@@ -293,8 +313,9 @@ class PlotsPanel(QWidget):
         self._grid.addWidget(timeline, 2, 0, 1, 1 if visible else 2)
 
     # ---- building -----------------------------------------------------------------------------
-    def _style_plot(self, name: str, left: str, bottom: str, legend_offset=(6, 4)) -> pg.PlotItem:
-        plot = style_plot(self.widgets[name], self.theme, left, bottom, legend_offset)
+    def _style_plot(self, name: str, left: str, bottom: str, legend_offset=(6, 4), legend_columns: int = 2
+                    ) -> pg.PlotItem:
+        plot = style_plot(self.widgets[name], self.theme, left, bottom, legend_offset, legend_columns)
         plot.setDownsampling(auto=True, mode="peak")
         plot.setClipToView(True)
         return plot
@@ -377,7 +398,9 @@ class PlotsPanel(QWidget):
         roofline.addItem(self.ridge_text)
         self._title("roofline", "Roofline")
 
-        timeline = self._style_plot("timeline", "step time (ms)", "time since send (s)", legend_offset=(-6, 4))
+        # one column on the right: the TTFT line's label sits at the top left, where the reply starts
+        timeline = self._style_plot("timeline", "step time (ms)", "time since send (s)", legend_offset=(-6, 4),
+                                    legend_columns=1)
         timeline.setClipToView(False)
         timeline.setDownsampling(auto=False)  # bar outlines: every corner counts
         self.ttft_line = pg.InfiniteLine(angle=90, pen=_pen(t.prefill, 2, dashed=True), movable=False,
@@ -680,7 +703,7 @@ class PlotsPanel(QWidget):
         t0 = self.data.reply_t0
         plot = self.widgets["timeline"].getPlotItem()
         start = steps.column("start_s")
-        in_reply = start >= t0 - 1e-3 if t0 is not None else np.zeros(len(start), bool)
+        in_reply = self.data.reply_mask()
         step_ms = steps.column("step_ms")
         prefill = steps.column("prefill") > 0.5
         mixed = steps.column("mixed") > 0.5
@@ -748,8 +771,7 @@ class PlotsPanel(QWidget):
         self._title("roofline", "Roofline", f"{phase} {ai:.2g} FLOP/B: {bound}")
         t0 = self.data.reply_t0
         if t0 is not None:
-            start = steps.column("start_s")
-            in_reply = (start >= t0 - 1e-3) & (steps.column("prefill") < 0.5)
+            in_reply = self.data.reply_mask() & (steps.column("prefill") < 0.5)
             inter = steps.column("step_ms")[in_reply]
             parts = []
             if self.data.ttft_s is not None:

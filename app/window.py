@@ -380,6 +380,8 @@ class MainWindow(QMainWindow):
 
     def _finish_reply(self, done: DoneEvent) -> None:
         self.last_done = done
+        if self._reply_steps:
+            self.data.end_reply(self._reply_steps[-1].t_s)
         if self.data.ttft_s is None and done.ttft_s > 0:  # a batched reply: its first token's own time
             self.data.ttft_s = done.ttft_s
             self.data.version += 1

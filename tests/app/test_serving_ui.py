@@ -71,8 +71,12 @@ def test_the_person_reply_streams_beside_the_users(make_window, qtbot):
     assert done.text in window.chat.plain_text()
     assert any(s.person_in_batch and s.running >= 2 for s in stats)  # the reply was one of a batch
     assert "this reply, batched" in window.chat.plain_text() or done.n_new_tokens == 1
+    in_reply = int(window.data.reply_mask().sum())
+    assert in_reply >= done.n_new_tokens  # one token a step at most, after its prefill
     total = window.data.serving.total
     qtbot.waitUntil(lambda: window.data.serving.total > total + 5, timeout=30_000)  # the users go on
+    assert int(window.data.reply_mask().sum()) == in_reply  # their later steps are not the reply's
+    assert window.data.steps.last("t_s") > window.data.reply_t1
 
 
 def test_the_policy_switch_reaches_the_engine_and_is_annotated(make_window, qtbot):
