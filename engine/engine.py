@@ -25,7 +25,7 @@ from engine.metrics import StepMetrics, step_cost
 from engine.model import Transformer
 from engine.quant import GROUP_SIZES, WEIGHT_FORMATS, QuantError, QuantisedModels, check_weights, weights_label
 from engine.sampling import SamplingParams, sample
-from engine.scheduler import POLICIES, Request, RequestState
+from engine.scheduler import POLICIES, Request, RequestState, common_prefix
 from engine.serving import BatchStats  # noqa: F401  (an event of chat() and generate() too)
 from engine.serving import MAX_USERS, BatchServer, kv_budget_bytes, per_user_tokens, pool_size, user_workload
 
@@ -607,7 +607,7 @@ class Engine:
             if self.cache is None or self.cache.layout != layout:  # a new layout: prefill into it
                 self.cache = self._new_cache(model.dtype)
                 self.cached_ids = []
-            common = _common_prefix(self.cached_ids, ids)
+            common = common_prefix(self.cached_ids, ids)
             start = min(common, len(ids) - 1)  # at least one token must run to get logits
             self.cache.truncate(start)
             feed = ids[start:]
@@ -678,16 +678,6 @@ class Engine:
 
 def _elem_bytes(dtype: torch.dtype) -> int:
     return torch.tensor([], dtype=dtype).element_size()
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:  # the usual case (the cache holds a prefix): one C-speed compare
-        return n
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class _Timer:

@@ -27,6 +27,17 @@ from engine.paged import KVCacheManager
 POLICIES = ("continuous", "static")
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two sequences share."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual case (one extends the other): one C-speed compare
+        return n
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 class RequestState(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -165,9 +176,7 @@ class Scheduler:
         (at least one prompt token is left to run: its logits give the first new token)."""
         rid, cached = self._retained
         self._retained = None
-        n = min(len(cached), len(request.prompt_ids) - 1)
-        keep = n if cached[:n] == request.prompt_ids[:n] else \
-            next(i for i, (a, b) in enumerate(zip(cached, request.prompt_ids)) if a != b)
+        keep = min(common_prefix(cached, request.prompt_ids), len(request.prompt_ids) - 1)
         if keep == 0:
             self.kv.free(rid)
             return
@@ -268,11 +277,10 @@ class Scheduler:
         while self.waiting and len(self.running) < self.max_batch_size:
             req = self.waiting[0]
             n = min(req.num_uncomputed_tokens, self.chunk_size, budget)
-            if forming:
-                need = self.kv.blocks_for(req.num_tokens) - len(self.kv.block_tables.get(req.request_id, ()))
-                if need > room:
+            if forming:  # (blocks beyond any prefix it took over)
+                if self.kv.blocks_needed(req.request_id, req.num_uncomputed_tokens) > room:
                     room += self.drop_retained()
-                    need = self.kv.blocks_for(req.num_tokens) - len(self.kv.block_tables.get(req.request_id, ()))
+                need = self.kv.blocks_needed(req.request_id, req.num_uncomputed_tokens)
                 if need > room:
                     break
                 room -= need
