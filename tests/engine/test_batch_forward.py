@@ -106,3 +106,11 @@ def test_steps_are_labelled_decode_prefill_or_mixed_and_count_every_token_fed(mo
         n = m.tokens_out if m.phase == "decode" else plan.total_num_scheduled_tokens
         assert m.tokens_per_s == pytest.approx(n / m.step_s)
     assert phases == ["prefill", "decode", "mixed", "decode"]
+
+
+def test_the_gpu_smoke_scripts_batched_check_runs_here():
+    """scripts/gpu_smoke.py's batched check, on the CPU: the GPU session's script cannot rot unseen."""
+    import runpy
+    from pathlib import Path
+    script = runpy.run_path(str(Path(__file__).resolve().parents[2] / "scripts" / "gpu_smoke.py"))
+    script["batched_matches_solo"]("cpu")
