@@ -28,8 +28,8 @@ MAX_ANNOTATIONS = 64
 # roofline's trail and the atlas grew without end (a frame took 2.6 ms of the 14 for it).
 NO_PEN = pg.mkPen(None)
 
-STEP_COLUMNS = ("x", "t_s", "start_s", "prefill", "mixed", "label", "tokens_per_s", "ceiling_tps", "roof_tps", "gbs", "flops",
-                "mfu_pct", "ai", "step_ms", "context_len", "peak_flops", "peak_bps")
+STEP_COLUMNS = ("x", "t_s", "start_s", "prefill", "mixed", "label", "tokens_per_s", "ceiling_tps", "roof_tps", "gbs",
+                "flops", "mfu_pct", "ai", "step_ms", "context_len", "peak_flops", "peak_bps")
 # timeline bars of the phases that are not a setting's decode: (colour, legend name)
 PHASE_STYLE = {"prefill": lambda t: (t.prefill, "prefill"), "mixed": lambda t: (t.mixed, "prefill + decode")}
 HW_COLUMNS = ("x", "t_s", "mem_util_pct", "sm_util_pct", "dram_bw_util_pct", "tensor_active_pct")
