@@ -386,7 +386,7 @@ class MainWindow(QMainWindow):
             self.data.ttft_s = done.ttft_s
             self.data.version += 1
         parts = [f"{done.n_new_tokens} tokens, {DONE_WORDS.get(done.reason, done.reason)}",
-                 f"TTFT {1e3 * done.ttft_s:.0f} ms"]
+                 done.ttft_note]
         decode = [m for m in self._reply_steps if m.phase == "decode"]
         if decode:
             step_s = sum(m.step_s for m in decode)

@@ -189,7 +189,7 @@ def run_chat(args) -> int:
 
 def _turn_summary(done, metrics, engine) -> str:
     decode = [m for m in metrics if m.phase == "decode"]
-    parts = [f"{done.n_new_tokens} tokens ({done.reason})", f"TTFT {done.ttft_s * 1e3:.0f} ms"]
+    parts = [f"{done.n_new_tokens} tokens ({done.reason})", done.ttft_note]
     if decode:
         step_s = sum(m.step_s for m in decode)
         moved = sum(m.total_bytes for m in decode)

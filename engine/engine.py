@@ -142,6 +142,15 @@ class DoneEvent:
     n_new_tokens: int
     ttft_s: float
     decode_s: float  # time spent in decode steps
+    n_cached_tokens: int = 0  # prompt tokens whose K/V were already cached (not prefilled again)
+
+    @property
+    def ttft_note(self) -> str:
+        """'TTFT 123 ms', and how much of the prompt the cache spared: what makes a turn's TTFT."""
+        text = f"TTFT {1e3 * self.ttft_s:.0f} ms"
+        if self.n_cached_tokens:
+            text += f" ({self.n_cached_tokens:,} of {self.n_prompt_tokens:,} prompt tokens cached)"
+        return text
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -399,6 +408,7 @@ class Engine:
         decode_s = 0.0
         reason = "max_tokens"
         n_new = 0
+        n_cached = 0
         batched = self.settings.users > 0
         while not batched:
             if n_new >= budget:
@@ -422,6 +432,7 @@ class Engine:
             self.step_count += 1
             if n_new == 0:
                 ttft = time.perf_counter() - t_start
+                n_cached = metrics.context_len  # the first step ran the prompt after its cached prefix
             else:
                 decode_s += metrics.step_s
             yield metrics
@@ -435,22 +446,25 @@ class Engine:
             text_parts.append(piece)
             yield TokenEvent(token, piece, n_new - 1)
         if batched:
-            reason, n_new, ttft, decode_s = yield from self._generate_batched(
+            first = n_new == 0
+            reason, n_new, ttft, decode_s, reused = yield from self._generate_batched(
                 ids, n_new, budget, gen, stream, text_parts, t_start, ttft, decode_s, ignore_eos)
+            n_cached = reused if first else n_cached
         tail = stream.flush()  # a character still held back (split UTF-8) comes out now
         if tail:
             text_parts.append(tail)
             yield TokenEvent(-1, tail, n_new)
-        yield DoneEvent(reason, "".join(text_parts), n_prompt, n_new, ttft, decode_s)
+        yield DoneEvent(reason, "".join(text_parts), n_prompt, n_new, ttft, decode_s, n_cached)
 
     def _generate_batched(self, ids: list[int], n_new: int, budget: int, gen, stream, text_parts: list[str],
                           t_start: float, ttft: float, decode_s: float, ignore_eos: bool):
         """The (rest of the) reply as one request in the batch beside the simulated users: the
         context so far is its prompt (prefilled into the paged pool), events as on the plain path
-        plus a BatchStats per step. Returns (reason, n_new, ttft, decode_s) for the DoneEvent."""
+        plus a BatchStats per step. Returns (reason, n_new, ttft, decode_s, prompt tokens whose K/V
+        it took over from the last turn) for the DoneEvent."""
         want, room = budget - n_new, self.max_context - len(ids)
         if want <= 0 or room <= 0:
-            return ("max_tokens" if want <= 0 else "context_full"), n_new, ttft, decode_s
+            return ("max_tokens" if want <= 0 else "context_full"), n_new, ttft, decode_s, 0
         server = self._ensure_server()
         self._sync_server()
         eos = frozenset() if ignore_eos else frozenset(self.tokenizer.eos_ids)
@@ -503,7 +517,7 @@ class Engine:
             reason = "eos"
         else:
             reason = "max_tokens" if n_new >= budget else "context_full"
-        return reason, n_new, ttft, decode_s
+        return reason, n_new, ttft, decode_s, req.num_reused_tokens  # (0 if it was pre-empted: recomputed)
 
     def _stream_decoder(self):
         return self.tokenizer.stream(skip_special_tokens=True)

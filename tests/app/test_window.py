@@ -104,6 +104,7 @@ def test_stop_ends_the_reply_and_the_chat_goes_on(make_window, qtbot):
     window.apply_settings(Settings(max_new_tokens=5, sampling=window.settings.sampling))
     done2 = send_and_wait(window, qtbot, "second turn")
     assert done2.reason == "max_tokens" and done2.n_new_tokens == 5
+    assert done2.n_cached_tokens > 0 and "prompt tokens cached)" in window.chat.plain_text()  # the first turn's
     assert [m["role"] for m in window.worker.engine.messages] == ["user", "assistant", "user", "assistant"]
 
 

@@ -99,3 +99,4 @@ def test_interactive_chat_keeps_going_after_a_bad_prompt(capsys, monkeypatch):
     assert err.count("membound: error:") == 1 and "context window" in err  # the long one, and on it went
     assert "(new conversation)" in err
     assert err.count("TTFT") == 2  # two replies
+    assert "prompt tokens cached" not in err  # each the first turn of its conversation

@@ -48,6 +48,9 @@ def test_second_turn_prefills_only_the_new_part_and_answers_as_a_fresh_engine_wo
     first_turn_len = done1.n_prompt_tokens
     # the second prompt repeats the first turn: only what follows the cached part runs
     assert steps2[0].context_len >= first_turn_len
+    assert done1.n_cached_tokens == 0 and done2.n_cached_tokens == steps2[0].context_len  # what the footer says
+    assert f"({done2.n_cached_tokens:,} of {done2.n_prompt_tokens:,} prompt tokens cached)" in done2.ttft_note
+    assert "cached" not in done1.ttft_note
     assert steps2[0].new_tokens < done2.n_prompt_tokens - first_turn_len + done1.n_new_tokens + 2
     fresh = make_engine()
     fresh.messages = list(eng.messages[:-2])  # the same conversation, nothing cached

@@ -102,8 +102,9 @@ def test_the_next_turn_takes_over_the_conversation_cached_in_the_batch_pool():
     scheduler = eng._server.runner.scheduler
     assert scheduler.retained_tokens == len(PROMPT) + len(first) - 1  # the last token never ran
     follow = PROMPT + first + [5, 6, 7]
-    tokens, _, _, _ = run(eng.generate(follow))
+    tokens, _, done, _ = run(eng.generate(follow))
     assert tokens == run(make_engine().generate(follow))[0]  # the same reply as computed from scratch
+    assert done.n_cached_tokens == len(PROMPT) + len(first) - 1
     assert [t.num_reused_tokens for t in turns] == [0, len(PROMPT) + len(first) - 1]
     eng.reset()  # a new conversation: nothing of the old one is kept
     assert scheduler.retained_tokens == 0
