@@ -346,10 +346,10 @@ class PlotsPanel(QWidget):
         self.prefill_item = pg.PlotDataItem(pen=None, symbol="t1", symbolSize=t.font_pt + 3,
                                             symbolBrush=pg.mkBrush(QColor(t.prefill)), symbolPen=NO_PEN,
                                             name="prefill")
-        # continuous batching: steps where new prompts' chunks ride along with running decodes
+        # continuous batching: steps where new prompts' chunks ride along with running decodes (in the
+        # legend only while some are in view: without simulated users there are none)
         self.mixed_item = pg.PlotDataItem(pen=None, symbol="t1", symbolSize=t.font_pt + 3,
-                                          symbolBrush=pg.mkBrush(QColor(t.mixed)), symbolPen=NO_PEN,
-                                          name="prefill + decode")
+                                          symbolBrush=pg.mkBrush(QColor(t.mixed)), symbolPen=NO_PEN)
         # where the step is compute-bound (KV cache off, long prefills) the roofline's ceiling is lower
         self.roof_ceiling_item = pg.PlotDataItem(pen=_pen(t.spec_peak, 2, dotted=True), connect="finite",
                                                  name="ceiling, compute-bound")
@@ -577,6 +577,12 @@ class PlotsPanel(QWidget):
                              x, masked(roof, compute_bound))
         for item, mask in ((self.prefill_item, prefill & ~mixed), (self.mixed_item, mixed)):
             self._set_if_changed(item, tuple(x[mask]), x[mask], tokens_per_s[mask])
+        legend = self.widgets["tokens"].getPlotItem().legend
+        if mixed.any() != (legend.getLabel(self.mixed_item) is not None):
+            if mixed.any():
+                legend.addItem(self.mixed_item, PHASE_STYLE["mixed"](self.theme)[1])
+            else:
+                legend.removeItem(self.mixed_item)
 
         hw = self.data.hardware
         spec = self.hardware
@@ -708,7 +714,9 @@ class PlotsPanel(QWidget):
         prefill = steps.column("prefill") > 0.5
         mixed = steps.column("mixed") > 0.5
         labels = steps.column("label")
-        groups: dict[object, np.ndarray] = {"prefill": in_reply & prefill & ~mixed, "mixed": in_reply & mixed}
+        groups: dict[object, np.ndarray] = {"prefill": in_reply & prefill & ~mixed}
+        if (in_reply & mixed).any():  # (a bar group in the legend only when the reply has such steps)
+            groups["mixed"] = in_reply & mixed
         for code in np.unique(labels[in_reply & ~prefill]):
             groups[int(code)] = in_reply & ~prefill & (labels == code)
         for key in list(self._bars):

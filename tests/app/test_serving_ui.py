@@ -56,6 +56,8 @@ def test_users_are_served_between_replies_and_the_panel_draws_them(make_window, 
     assert window.plots.refresh(force=True)
     mixed_x = window.plots.mixed_item.getData()[0]
     assert len(mixed_x) > 0 and not set(mixed_x) & set(window.plots.prefill_item.getData()[0])
+    label = window.plots.widgets["tokens"].getPlotItem().legend.getLabel(window.plots.mixed_item)
+    assert label is not None and label.text == "prefill + decode"
     slider.setValue(0)
     qtbot.waitUntil(lambda: window.worker.engine is not None and not window.worker.engine.serving, timeout=30_000)
 

@@ -47,6 +47,9 @@ def test_plots_receive_every_step_in_their_ring_buffers(make_window, qtbot):
     x, y = decode_series.getData()
     assert len(x) == 40 and np.isfinite(y).sum() == 39  # the prefill step is its own marker
     assert len(window.plots.prefill_item.getData()[0]) == 1
+    # no simulated users, no "prefill + decode" steps: not in a legend either
+    assert window.plots.widgets["tokens"].getPlotItem().legend.getLabel(window.plots.mixed_item) is None
+    assert set(window.plots._bars) == {"prefill", 0}
     assert window.data.ttft_s is not None and window.data.ttft_s > 0
     # the roofline's live dot is the last (decode) step, left of the ridge: memory-bound
     ridge = 1e11 / 20e9  # the fake CPU's peak FLOP/s / peak bytes/s
