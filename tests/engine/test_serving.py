@@ -13,6 +13,7 @@ import torch
 from engine.engine import BatchStats, DoneEvent, EngineError, Settings, SettingsApplied, TokenEvent
 from engine.load import Workload
 from engine.metrics import StepMetrics
+from engine.model import Linear, cpu_packed_weight
 from engine.sampling import SamplingParams
 from engine.scheduler import RequestState
 from engine.serving import MAX_USERS, BatchServer
@@ -318,6 +319,10 @@ def test_soak_1000_simulated_requests_under_random_setting_changes():
     for dtype in ("fp32", "bf16"):  # every copy of the weights made up front: memory is steady after
         for weights in ("int8", "int4"):
             eng.model_for(replace(eng.settings, dtype=dtype, weights=weights))
+        fp = eng.model_for(replace(eng.settings, dtype=dtype, weights="fp"))
+        for module in fp.modules():  # and the batched CPU path's packed copies, made at first use
+            if isinstance(module, Linear):
+                cpu_packed_weight(module.weight)
     submitted, finished, states = set(), Counter(), {}
 
     def on_request(event, req):
@@ -352,8 +357,13 @@ def test_soak_1000_simulated_requests_under_random_setting_changes():
         return replace(settings, users=users, kv_layout="paged" if users and settings.kv_layout == "off"
                        else settings.kv_layout)
 
+    conversation: list[int] = []
+
     def person_reply():
-        prompt = [rng.randrange(1, CFG.vocab_size) for _ in range(rng.choice([rng.randint(2, 30), 195]))]
+        nonlocal conversation
+        new = [rng.randrange(1, CFG.vocab_size) for _ in range(rng.choice([rng.randint(2, 30), 195]))]
+        # half the turns go on with the conversation (its cached prefix is taken over in the batch)
+        prompt = conversation + new if rng.random() < 0.5 and len(conversation) + len(new) < 190 else new
         stop_at = rng.choice([None, None, 1, 3])
         change_at = rng.choice([None, 0, 2])
         events = []
@@ -368,6 +378,8 @@ def test_soak_1000_simulated_requests_under_random_setting_changes():
         tokens = [e for e in events if isinstance(e, TokenEvent)]
         assert len(done) == 1 and done[0].n_new_tokens == len(tokens)  # no EOS: every token streamed
         assert done[0].reason in ("max_tokens", "stopped", "context_full")
+        assert done[0].n_cached_tokens < len(prompt)
+        conversation = prompt + [e.token_id for e in tokens]
 
     eng.apply(replace(eng.settings, users=8))
     users_done = lambda: sum(1 for rid, state in states.items() if rid >= 1_000_000)  # noqa: E731
