@@ -13,12 +13,21 @@ from typing import Any
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
-from PySide6.QtWidgets import (QAbstractSpinBox, QButtonGroup, QDoubleSpinBox, QFrame, QHBoxLayout, QLabel,
-                               QPushButton, QSlider, QSpinBox, QVBoxLayout)
-
-from engine.engine import Settings
+from PySide6.QtWidgets import (
+    QAbstractSpinBox,
+    QButtonGroup,
+    QDoubleSpinBox,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QSlider,
+    QSpinBox,
+    QVBoxLayout,
+)
 
 from app.theme import SettingColours, Theme
+from engine.settings import Settings
 
 
 @dataclass(frozen=True)

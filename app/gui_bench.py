@@ -18,9 +18,9 @@ PROMPT = ("Write a long, detailed explanation of how a transformer language mode
 
 
 def headless_decode_tokens_per_s(model: str, tokens: int) -> float:
-    from engine.bench import bench_prompt_ids, run_ours
-    from engine.engine import Engine, Settings
-    from engine.sampling import SamplingParams
+    from engine.bench.run import bench_prompt_ids, run_ours
+    from engine.engine import Engine
+    from engine.settings import SamplingParams, Settings
 
     engine = Engine(model, settings=Settings(max_new_tokens=tokens, sampling=SamplingParams(greedy=True)))
     run_ours(engine, bench_prompt_ids(engine.tokenizer, 32), 8)  # warm-up
@@ -30,14 +30,12 @@ def headless_decode_tokens_per_s(model: str, tokens: int) -> float:
 
 def in_app(model: str, tokens: int, replies: int, engine_process: bool = True) -> dict:
     import numpy as np
+    import pyqtgraph as pg
     from PySide6.QtCore import QElapsedTimer, QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
 
     from app.window import MainWindow
-    from engine.engine import Settings
-    from engine.sampling import SamplingParams
-
-    import pyqtgraph as pg
+    from engine.settings import SamplingParams, Settings
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     pg.setConfigOptions(antialias=True)  # as the app draws (app/main.py)

@@ -15,7 +15,7 @@ from PySide6.QtGui import QBrush, QColor, QPainter, QPen
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from app.theme import DARK, Theme
-from engine.paged import FREE, KVCacheSnapshot
+from engine.kv.blocks import FREE, KVCacheSnapshot
 
 CELL_PX = 7  # pixels per cell side in the image (one pixel of it is the gap between cells)
 MAX_CELLS = 8192  # above this, neighbouring blocks share a cell (a GPU pool has ~10^5 blocks)

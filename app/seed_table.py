@@ -5,13 +5,31 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QFont
-from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLabel, QTableWidget,
-                               QTableWidgetItem, QVBoxLayout, QFrame)
-
-from engine.ceilings import (BYTES_PER_WEIGHT, REFERENCE_GPUS, Chip, ModelSize, device_chip, format_params,
-                             gpu_chip, model_size, reference_models, seed_table)
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QFrame,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+)
 
 from app.theme import SettingColours, Theme
+from engine.hardware.ceilings import (
+    BYTES_PER_WEIGHT,
+    REFERENCE_GPUS,
+    Chip,
+    ModelSize,
+    device_chip,
+    format_params,
+    gpu_chip,
+    model_size,
+    reference_models,
+    seed_table,
+)
 
 
 def short_chip(label: str) -> str:

@@ -11,22 +11,20 @@ import time
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
-from PySide6.QtWidgets import (QHBoxLayout, QLabel, QMainWindow, QPushButton, QSplitter, QTabWidget, QVBoxLayout,
-                               QWidget)
-
-from engine.engine import DoneEvent, Settings, SettingsApplied, TokenEvent
-from engine.metrics import StepMetrics
-from engine.serving import BatchStats
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QMainWindow, QPushButton, QSplitter, QTabWidget, QVBoxLayout, QWidget
 
 from app.chat import ChatPanel
 from app.controls import ControlsBar, describe_changes
 from app.hardware_strip import HardwareStrip
-from app.plots import LiveData, PlotsPanel
 from app.kv_panel import KVCachePanel
-from app.serving_panel import ServingPanel
+from app.plots import LiveData, PlotsPanel
 from app.seed_table import SeedTable
+from app.serving_panel import ServingPanel
 from app.theme import SettingColours, stylesheet, themed
 from app.worker import Chat, EngineWorker, Load, MeasureQuality, ModelInfo, Reset
+from engine.events import BatchStats, DoneEvent, SettingsApplied, TokenEvent
+from engine.metrics import StepMetrics
+from engine.settings import Settings
 
 FRAME_MS = 33  # ~30 fps redraw
 READOUT_EVERY_FRAMES = 8  # numbers in titles and the strip: ~4 Hz
@@ -310,7 +308,8 @@ class MainWindow(QMainWindow):
         self.data.clear()
         self.plots.set_hardware(info.hardware)
         self.controls.set_device(info.device)
-        self.controls.set_limit("users", info.max_users, "the KV cache memory set aside for batching")
+        self.controls.set_limit("users", info.capabilities.max_users.get(info.settings.dtype, 0),
+                                "the KV cache memory set aside for batching")
         self.controls.set_settings(info.settings)
         params = info.cfg.n_params
         size = f"{params / 1e9:.1f} B" if params >= 1e9 else f"{params / 1e6:.0f} M"
@@ -330,7 +329,7 @@ class MainWindow(QMainWindow):
             self._sampler = None
         self.nvml_timer.stop()
         if spec.kind == "cuda" and spec.nvml and spec.nvml_index is not None:
-            from engine.hardware import NvmlSampler
+            from engine.hardware.nvml import NvmlSampler
 
             sampler = NvmlSampler(spec.nvml_index)
             if sampler.available:

@@ -21,9 +21,9 @@ from dataclasses import replace
 
 from PySide6.QtCore import QThread, Signal
 
-from engine.engine import Settings
-from engine.host import (Apply, Cancelled, Chat, EngineHost, Load, MeasureQuality, ModelInfo, Quit, Reset, Stop,
-                         default_dtype, one_line)
+from engine.host import Cancelled, EngineHost
+from engine.protocol import Apply, Chat, Load, MeasureQuality, ModelInfo, Quit, Reset, Stop, default_dtype, one_line
+from engine.settings import Settings
 
 __all__ = ["EngineWorker", "Chat", "Load", "MeasureQuality", "ModelInfo", "Reset", "default_dtype", "one_line",
            "running_workers"]

@@ -3,7 +3,6 @@ Every known failure prints one line (`membound: error: …`) and exits 2; --debu
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, PermissionError, MemoryError)
@@ -80,9 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--sweep", choices=["weights", "attention", "kv", "batch"],
                        help="weights: fp, int8 and int4 in one run, side by side, with perplexity and top-1 agreement; "
                             "attention: naive vs flash over contexts (prefill and decode); kv: contiguous, paged "
-                            "and no cache over contexts 128..4096; batch: batch sizes 1..64 (engine/bench_batch.py)")
+                            "and no cache over contexts 128..4096; batch: batch sizes 1..64 (engine/bench/batch.py)")
     add_attention_args(bench)
-    from engine.bench_batch import add_batch_args  # --batch-sizes, --workload, --policy, --users, --requests
+    from engine.bench.batch import add_batch_args  # --batch-sizes, --workload, --policy, --users, --requests
     add_batch_args(bench)
     bench.add_argument("--contexts", metavar="N,N,...",
                        help="context lengths for --sweep attention/kv (default: kv 128..4096; attention "
@@ -98,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "chat":
             return run_chat(args)
         if args.command == "bench":
-            from engine.bench import run_bench
+            from engine.bench.run import run_bench
             return run_bench(args, _progress_printer())
         return run_app(args)
     except KeyboardInterrupt:
@@ -131,9 +130,10 @@ def run_app(args) -> int:
 
 
 def run_chat(args) -> int:
-    from engine.engine import DoneEvent, Engine, Settings, SettingsApplied, TokenEvent
-    from engine.hardware import describe
-    from engine.sampling import SamplingParams
+    from engine.engine import Engine
+    from engine.events import DoneEvent, SettingsApplied, TokenEvent
+    from engine.hardware.spec import describe
+    from engine.settings import SamplingParams, Settings
 
     sampling = SamplingParams(temperature=0.0 if args.greedy else args.temperature, top_p=args.top_p,
                               top_k=args.top_k, seed=args.seed, greedy=args.greedy)

@@ -4,163 +4,42 @@
 StepMetrics, DoneEvent, SettingsApplied; BatchStats while simulated users are served).
 `apply(settings)` and `stop()` may be called from another thread; they take effect at the next
 step boundary. With `settings.users > 0` the reply runs as one request of a batch beside the
-simulated users (engine/serving.py), and `serve_step()` serves them between replies."""
+simulated users (engine/serving/server.py), and `serve_step()` serves them between replies."""
 from __future__ import annotations
 
-import functools
 import itertools
-import numbers
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Iterator
 
 import torch
 
-from engine.config import ModelConfig
-from engine.attention import BACKENDS
-from engine.kv_cache import DEFAULT_BLOCK_SIZE, ContiguousKVCache, PagedKVCache
-from engine.loader import LoadedWeights, load_model
+from engine.events import (
+    BatchStats,  # noqa: F401  (an event of chat() and generate() too)
+    DoneEvent,
+    SettingsApplied,
+    TokenEvent,
+)
+from engine.io.loader import LoadedWeights, load_model
+from engine.kv.cache import DEFAULT_BLOCK_SIZE, ContiguousKVCache, PagedKVCache
 from engine.metrics import StepMetrics, step_cost
-from engine.model import Transformer
-from engine.quant import GROUP_SIZES, WEIGHT_FORMATS, QuantError, QuantisedModels, check_weights, weights_label
-from engine.sampling import SamplingParams, sample
-from engine.scheduler import POLICIES, Request, RequestState, common_prefix
-from engine.serving import BatchStats  # noqa: F401  (an event of chat() and generate() too)
-from engine.serving import MAX_USERS, BatchServer, kv_budget_bytes, per_user_tokens, pool_size, user_workload
+from engine.model.config import ModelConfig
+from engine.model.quant import QuantisedModels
+from engine.model.sampling import sample
+from engine.model.transformer import Transformer
+from engine.protocol import Capabilities
+from engine.serving.scheduler import Request, RequestState, common_prefix
+from engine.serving.server import BatchServer, kv_budget_bytes, per_user_tokens, pool_size, user_workload
+from engine.settings import EngineError, PromptError, QuantError, Settings, check_weights, weights_label
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-KV_LAYOUTS = ("contiguous", "paged", "off")
-
-
-class EngineError(ValueError):
-    """Bad input or impossible settings (one-line message for the user)."""
-
-
-class PromptError(EngineError):
-    pass
-
-
-@dataclass(frozen=True)
-class Settings:
-    dtype: str = "fp32"
-    kv_layout: str = "contiguous"  # "contiguous" | "paged" | "off" (no cache: every step recomputes); see kv_cache
-    attention: str = "flash"  # "flash" (fused: scores never in memory) | "naive" (scores materialised)
-    max_new_tokens: int = 256
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    cuda_graphs: bool = True  # on a GPU, replay decode steps from a captured graph (torch.compile)
-    weights: str = "fp"  # "fp" (the dtype itself), "int8" (per channel) or "int4" (group-wise): engine/quant.py
-    group_size: int = 32  # int4 only: inputs per (scale, min) pair
-    users: int = 0  # simulated users served beside the chat (0..64); > 0: batched, on the paged KV pool
-    policy: str = "continuous"  # batching while users > 0: "continuous" (admit/evict every step) | "static"
-
-    def validate(self, device: str = "cpu") -> "Settings":
-        if self.dtype not in DTYPES:
-            raise EngineError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.weights not in WEIGHT_FORMATS:
-            raise EngineError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {self.weights!r}")
-        if self.weights == "int4" and self.group_size not in GROUP_SIZES:
-            raise EngineError(f"int4 group size must be one of {', '.join(map(str, GROUP_SIZES))}, "
-                              f"got {self.group_size}")
-        if self.kv_layout not in KV_LAYOUTS:
-            raise EngineError(f"KV layout must be one of {', '.join(KV_LAYOUTS)}, got {self.kv_layout!r}")
-        if self.attention not in BACKENDS:
-            raise EngineError(f"attention must be one of {', '.join(BACKENDS)}, got {self.attention!r}")
-        if self.dtype == "fp16" and device == "cpu":
-            raise EngineError("fp16 is not offered on the CPU (PyTorch has no fast fp16 matmul there); use fp32 or bf16")
-        if int(self.max_new_tokens) != self.max_new_tokens or self.max_new_tokens < 1:
-            raise EngineError(f"max new tokens must be a whole number >= 1, got {self.max_new_tokens}")
-        if isinstance(self.users, bool) or not isinstance(self.users, numbers.Real) or \
-                int(self.users) != self.users or not 0 <= self.users <= MAX_USERS:
-            raise EngineError(f"simulated users must be a whole number from 0 to {MAX_USERS}, got {self.users!r}")
-        object.__setattr__(self, "users", int(self.users))  # 4.0 or a numpy integer from a slider: 4
-        if self.policy not in POLICIES:
-            raise EngineError(f"batching policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
-        if self.users and self.kv_layout == "off":
-            raise EngineError("simulated users need the KV cache: batching keeps every sequence's K/V in the "
-                              "paged pool (turn the KV cache on, or set users to 0)")
-        self.sampling.validate()
-        return self
-
-    @property
-    def label(self) -> str:
-        weights = "" if self.weights == "fp" else f" · {weights_label(self.weights, self.group_size)}"
-        kv = {"contiguous": "on", "paged": "paged", "off": "off"}.get(self.kv_layout, self.kv_layout)
-        attention = " · naive attention" if self.attention == "naive" else ""
-        if self.users:  # batched serving always runs on the paged pool, whatever the chat's layout
-            return f"{self.dtype}{weights} · kv paged{attention} · {self.users} users {self.policy}"
-        return f"{self.dtype}{weights} · kv {kv}{attention}"
-
-    @property
-    def kv_cache(self) -> bool:
-        """The KV cache on/off view of `kv_layout` (the app's KV toggle)."""
-        return self.kv_layout != "off"
-
-    @property
-    def weights_key(self) -> tuple[str, str, int] | None:
-        """Which quantised copy of the model these settings run (None: the dtype's own weights)."""
-        return None if self.weights == "fp" else (self.dtype, self.weights, self.group_size)
-
-
-_settings_init = Settings.__init__
-
-
-@functools.wraps(_settings_init)
-def _settings_init_with_kv_cache(self, *args, kv_cache: bool | None = None, **kwargs):
-    """`kv_cache` stays a keyword of Settings(...) and replace(...): False means kv_layout "off";
-    True turns an "off" layout back on (contiguous) and leaves "contiguous"/"paged" as they are."""
-    _settings_init(self, *args, **kwargs)
-    if kv_cache is not None:
-        on = self.kv_layout if self.kv_layout != "off" else "contiguous"
-        object.__setattr__(self, "kv_layout", on if kv_cache else "off")
-
-
-Settings.__init__ = _settings_init_with_kv_cache
-
-
-# ---- events (plain data) ----------------------------------------------------------------
-@dataclass(frozen=True)
-class TokenEvent:
-    token_id: int
-    text: str  # the newly complete text (may be empty while a UTF-8 character is split)
-    index: int  # 0 for the first generated token
-
-
-@dataclass(frozen=True)
-class SettingsApplied:
-    settings: Settings
-    changes: tuple[str, ...]  # e.g. ("kv cache off",)
-    step: int
-    t_s: float
-
-
-@dataclass(frozen=True)
-class DoneEvent:
-    reason: str  # "eos", "max_tokens", "stopped", "context_full"
-    text: str
-    n_prompt_tokens: int
-    n_new_tokens: int
-    ttft_s: float
-    decode_s: float  # time spent in decode steps
-    n_cached_tokens: int = 0  # prompt tokens whose K/V were already cached (not prefilled again)
-
-    @property
-    def ttft_note(self) -> str:
-        """'TTFT 123 ms', and how much of the prompt the cache spared: what makes a turn's TTFT."""
-        text = f"TTFT {1e3 * self.ttft_s:.0f} ms"
-        if self.n_cached_tokens:
-            text += f" ({self.n_cached_tokens:,} of {self.n_prompt_tokens:,} prompt tokens cached)"
-        return text
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        return (self.n_new_tokens - 1) / self.decode_s if self.decode_s > 0 and self.n_new_tokens > 1 else 0.0
 
 
 class Engine:
     def __init__(self, model: "str | LoadedWeights" = "default", device: str = "cpu", dtype: str = "fp32",
                  max_context: int | None = 4096, progress=None, hardware=None, settings: Settings | None = None):
-        from engine.hardware import detect_device
+        from engine.hardware.detect import detect_device
 
         self.device = device
         if device == "cpu":
@@ -193,7 +72,7 @@ class Engine:
         if self.settings.weights_key is not None:  # quantised from the start: make the copy now
             self._request_weights(self.settings)
             self._quantised.wait(self.settings.weights_key)
-        # batched serving (engine/serving.py): made when users > 0, dropped when they are gone
+        # batched serving (engine/serving/server.py): made when users > 0, dropped when they are gone
         self._server: BatchServer | None = None
         self._reply_active = False  # a reply is streaming: serve_step() leaves the batch to it
         self._person_ids = itertools.count(1)  # the person's requests; users' ids start far above
@@ -248,6 +127,11 @@ class Engine:
         _, users = pool_size(self.cfg, _elem_bytes(DTYPES[dtype]), per_user_tokens(self._user_workload()),
                              self._pool_budget())
         return users
+
+    def capabilities(self) -> Capabilities:
+        """What this model on this device can take (the front end disables the rest, with why)."""
+        dtypes = [d for d in DTYPES if d != "fp16" or self.device != "cpu"]
+        return Capabilities.for_model(self.cfg, self.device, {d: self.max_users_for(d) for d in dtypes})
 
     def _pool_budget(self) -> int:
         if self.kv_pool_budget_bytes is None:  # measured once: the pool itself then takes free memory
@@ -469,7 +353,7 @@ class Engine:
         self._sync_server()
         eos = frozenset() if ignore_eos else frozenset(self.tokenizer.eos_ids)
         # retain_kv: the conversation's K/V stay in the pool after the reply, and the next turn
-        # prefills only what is new (engine/scheduler.py), as the plain path's cache does
+        # prefills only what is new (engine/serving/scheduler.py), as the plain path's cache does
         req = Request(next(self._person_ids), list(ids), min(want, room), eos, retain_kv=True)
         server.submit_person(req, self.settings.sampling, gen)
         self._reply_active = True
@@ -599,9 +483,9 @@ class Engine:
         return ContiguousKVCache(self.cfg, 1, self.cfg.max_seq_len, dtype, self.device)
 
     def kv_snapshot(self):
-        """The KV cache's memory as plain data (engine/paged.py KVCacheSnapshot) for the app's
+        """The KV cache's memory as plain data (engine/kv/blocks.py KVCacheSnapshot) for the app's
         panel: cells per block, owners, fill, reserved vs used bytes. Call between steps."""
-        from engine.paged import KVCacheSnapshot
+        from engine.kv.blocks import KVCacheSnapshot
         if self._server is not None and self.settings.users:  # batched serving: the shared block pool
             return self._server.kv_snapshot()
         layout = self.settings.kv_layout

@@ -25,13 +25,14 @@ import pickle
 import queue
 import threading
 import time
-from dataclasses import dataclass, replace
-from typing import Any, Callable
+from dataclasses import replace
+from typing import Callable
 
-from engine.config import ModelConfig
-from engine.engine import DoneEvent, Engine, Settings
-from engine.hardware import DeviceSpec
+from engine.engine import Engine
+from engine.events import DoneEvent
 from engine.metrics import StepMetrics
+from engine.protocol import Apply, Chat, Load, MeasureQuality, ModelInfo, Quit, Reset, Stop, default_dtype, one_line
+from engine.settings import Settings
 
 # Events leave in batches at most this often (and at once when the engine is slower), so a tiny
 # model decoding thousands of tokens a second does not flood the front end's event loop. Each batch
@@ -43,78 +44,11 @@ KV_SNAPSHOT_INTERVAL_S = 0.15  # the KV panel needs a few pictures a second, not
 IDLE_WAIT_S = 0.02  # serving with nothing to run (every simulated user thinking): look again this often
 
 
-@dataclass(frozen=True)
-class ModelInfo:
-    """What a front end needs to know about a loaded model (plain data)."""
-    label: str
-    source: str  # "gguf", "hf", "synthetic"
-    device: str
-    cfg: ModelConfig
-    weight_bytes: int  # matmul weights one step reads, at the current dtype
-    hardware: DeviceSpec
-    settings: Settings
-    max_users: int = 0  # simulated users the device's KV memory allows beside the chat
-
-
-@dataclass(frozen=True)
-class Load:
-    model: Any  # "default", "synthetic:SHAPE", a path, a prebuilt engine.loader.LoadedWeights or one pickled
-    device: str = "auto"
-    settings: Settings | None = None  # None: the device's default dtype
-    hardware: DeviceSpec | None = None  # None: measured (once per process)
-    max_context: int = 4096
-
-
-@dataclass(frozen=True)
-class Chat:
-    text: str
-
-
-@dataclass(frozen=True)
-class Reset:
-    pass
-
-
-@dataclass(frozen=True)
-class MeasureQuality:
-    """Perplexity and top-1 agreement of fp / int8 / int4 on the evaluation text (seconds on a CPU)."""
-    n_tokens: int = 256
-
-
-@dataclass(frozen=True)
-class Apply:
-    settings: Settings
-
-
-@dataclass(frozen=True)
-class Stop:
-    pass
-
-
-@dataclass(frozen=True)
-class Quit:
-    pass
-
-
 _WAKE = object()  # a queued no-op: wakes the loop to look at the engine's settings again
 
 
 class Cancelled(BaseException):
     """Raised inside a model load from its progress callback when the host is told to quit."""
-
-
-def one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    message = text[0] if text else ""
-    if isinstance(error, MemoryError) or "out of memory" in message.lower():
-        return f"out of memory: {message or 'the allocation failed'}"
-    if isinstance(error, (ValueError, FileNotFoundError, PermissionError)):
-        return message or type(error).__name__
-    return f"{type(error).__name__}: {message}" if message else type(error).__name__
-
-
-def default_dtype(device_kind: str) -> str:
-    return "bf16" if device_kind == "cuda" else "fp32"
 
 
 class EngineHost:
@@ -241,7 +175,7 @@ class EngineHost:
                 if hardware is not None:
                     device = hardware.kind
                 else:
-                    from engine.hardware import detect_device
+                    from engine.hardware.detect import detect_device
                     device = detect_device("auto", measure=False).kind
             settings = command.settings or Settings(dtype=default_dtype(device))
             if isinstance(command.model, bytes):  # a LoadedWeights from another process
@@ -256,7 +190,7 @@ class EngineHost:
             self.emit("model_loaded", ModelInfo(
                 label=engine.loaded.label, source=engine.loaded.source, device=device, cfg=engine.cfg,
                 weight_bytes=engine.model.linear_weight_bytes(), hardware=engine.hardware,
-                settings=engine.settings, max_users=engine.max_users))
+                settings=engine.settings, capabilities=engine.capabilities(), messages=tuple(engine.messages)))
             self._emit_kv_snapshot(engine)
         except Cancelled:
             raise
@@ -269,7 +203,7 @@ class EngineHost:
         engine = self.engine
         if engine is None:
             return
-        from engine.perplexity import weight_quality
+        from engine.model.quality import weight_quality
         try:
             self.emit("quality", weight_quality(engine, n_tokens=command.n_tokens))
         except Exception as error:  # quality is extra information: report, keep running

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from engine.config import ModelConfig
+from engine.model.config import ModelConfig
 
 
 @dataclass(frozen=True)

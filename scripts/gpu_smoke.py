@@ -7,16 +7,17 @@ import math
 
 import torch
 
-from engine.batch_forward import BatchRunner
-from engine.byte_tokenizer import ByteTokenizer
-from engine.config import ModelConfig
-from engine.engine import Engine, Settings, TokenEvent
-from engine.kv_cache import ContiguousKVCache
-from engine.loader import LoadedWeights, synthetic_weights
+from engine.engine import Engine
+from engine.events import TokenEvent
+from engine.io.byte_tokenizer import ByteTokenizer
+from engine.io.loader import LoadedWeights, synthetic_weights
+from engine.kv.cache import ContiguousKVCache
 from engine.metrics import StepMetrics
-from engine.model import Transformer
-from engine.sampling import SamplingParams
-from engine.scheduler import Request
+from engine.model.config import ModelConfig
+from engine.model.transformer import Transformer
+from engine.serving.batch_forward import BatchRunner
+from engine.serving.scheduler import Request
+from engine.settings import SamplingParams, Settings
 
 
 def graphs_match_eager() -> None:

@@ -1,5 +1,5 @@
 """TTFT of the person's follow-up turn served in the batch beside simulated users, with the
-conversation's K/V kept in the pool between turns (engine/scheduler.py: retain_kv) and without
+conversation's K/V kept in the pool between turns (engine/serving/scheduler.py: retain_kv) and without
 (every turn prefills the whole conversation again). Alternating, in one process:
 
     python scripts/reuse_ttft.py [--model default] [--users 4] [--prompt-tokens 500] [--rounds 3]
@@ -10,8 +10,10 @@ import statistics
 from dataclasses import replace
 
 import engine.engine as engine_module
-from engine.bench import bench_prompt_ids
-from engine.engine import DoneEvent, Engine, Settings
+from engine.bench.run import bench_prompt_ids
+from engine.engine import Engine
+from engine.events import DoneEvent
+from engine.settings import Settings
 
 
 def forget(request, *args, **kw):

@@ -1,8 +1,8 @@
 """Shared by the app tests (tests/app is on sys.path under pytest's default import mode)."""
 from __future__ import annotations
 
-from engine.hardware import DeviceSpec
-from engine.sampling import SamplingParams
+from engine.hardware.spec import DeviceSpec
+from engine.settings import SamplingParams
 
 GREEDY = SamplingParams(greedy=True, temperature=0.0)
 

@@ -7,17 +7,15 @@ import time
 
 import pytest
 import torch
+from app_test_helpers import GREEDY, fake_cpu
 from PySide6.QtCore import QThread, QTimer
 from PySide6.QtWidgets import QApplication
 
 from app.worker import running_workers
-from engine.byte_tokenizer import ByteTokenizer
-from engine.config import ModelConfig
-from engine.engine import Settings
-from engine.loader import LoadedWeights, synthetic_weights
-
-from app_test_helpers import GREEDY, fake_cpu
-
+from engine.io.byte_tokenizer import ByteTokenizer
+from engine.io.loader import LoadedWeights, synthetic_weights
+from engine.model.config import ModelConfig
+from engine.settings import Settings
 
 TINY = ModelConfig(name="tiny", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=256,
                    tied_embeddings=True, max_seq_len=4096)

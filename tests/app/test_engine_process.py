@@ -9,11 +9,11 @@ import signal
 import time
 
 import pytest
+from app_test_helpers import GREEDY, activate, fake_cpu, send_and_wait
 from PySide6.QtCore import Qt
 
-from engine.engine import Settings, SettingsApplied, TokenEvent
-
-from app_test_helpers import GREEDY, activate, fake_cpu, send_and_wait
+from engine.events import SettingsApplied, TokenEvent
+from engine.settings import Settings
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
 from app.kv_panel import CELL_PX, KVCachePanel  # noqa: E402
-from engine.paged import BlockPool, KVCacheManager, KVCacheSnapshot, contiguous_snapshot  # noqa: E402
+from engine.kv.blocks import BlockPool, KVCacheManager, KVCacheSnapshot, contiguous_snapshot  # noqa: E402
 
 
 def test_paged_snapshot_draws_owners_partial_blocks_and_free_cells(qtbot):

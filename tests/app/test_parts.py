@@ -6,17 +6,15 @@ import math
 
 import numpy as np
 import pytest
+from app_test_helpers import fake_cpu
 
 from app.controls import CONTROLS, describe_changes, get_field, has_field, with_field
 from app.plots import LiveData, merge_bars, nice_ceiling, x_window
 from app.ringbuffer import RingBuffer
 from app.theme import DARK, LIGHT, SettingColours
-from engine import ceilings
-from engine.config import ModelConfig
-from engine.engine import Settings
-from engine.sampling import SamplingParams
-
-from app_test_helpers import fake_cpu
+from engine.hardware import ceilings
+from engine.model.config import ModelConfig
+from engine.settings import SamplingParams, Settings
 
 
 def test_ring_buffer_keeps_the_newest_rows_in_order():
@@ -150,7 +148,7 @@ def test_ceiling_text_is_short():
 
 
 def test_every_datasheet_gpu_has_a_memory_size():
-    from engine.hardware import KNOWN_GPUS
+    from engine.hardware.spec import KNOWN_GPUS
 
     assert {g.label for g in KNOWN_GPUS} <= set(ceilings.GPU_MEMORY_BYTES)
 

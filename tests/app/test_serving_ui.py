@@ -4,11 +4,10 @@ the person's reply still streams while users are served, and closing while servi
 from __future__ import annotations
 
 import numpy as np
+from app_test_helpers import activate, send_and_wait
 from PySide6.QtCore import Qt
 
-from engine.serving import BatchStats
-
-from app_test_helpers import activate, send_and_wait
+from engine.events import BatchStats
 
 
 def users_slider(window):
@@ -19,7 +18,7 @@ def test_the_users_slider_is_bounded_by_memory_and_steps_by_doubling(make_window
     window = make_window(max_new_tokens=8)
     activate(window, qtbot)
     slider = users_slider(window)
-    assert slider.maximum() == min(64, window.model_info.max_users) and slider.maximum() >= 8
+    assert slider.maximum() == min(64, window.model_info.capabilities.max_users[window.settings.dtype]) and slider.maximum() >= 8
     assert slider.value() == 0 and slider.isEnabled()
     for expected in (1, 2, 4):
         qtbot.keyClick(window, Qt.Key.Key_Up, Qt.KeyboardModifier.AltModifier)

@@ -8,12 +8,13 @@ import time
 
 import numpy as np
 import pytest
+from app_test_helpers import activate, send_and_wait
 from PySide6.QtCore import Qt
 
-from engine.engine import DoneEvent, Engine, Settings, TokenEvent
+from engine.engine import Engine
+from engine.events import DoneEvent, TokenEvent
 from engine.metrics import StepMetrics
-
-from app_test_helpers import activate, send_and_wait
+from engine.settings import Settings
 
 
 def test_a_prompt_streams_a_reply_into_the_chat_panel(make_window, qtbot):
@@ -149,8 +150,9 @@ def test_a_bad_model_path_is_reported_and_the_loaded_model_stays(make_window, qt
 
 
 def test_a_broken_model_file_is_reported_without_a_model(qtbot, tmp_path):
-    from app.window import MainWindow
     from app_test_helpers import fake_cpu
+
+    from app.window import MainWindow
 
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 64)
@@ -223,10 +225,10 @@ def test_model_picker_builds_engine_specs(qtbot):
 def test_screenshot_mode_answers_and_saves_the_window(qapp, tiny_model, tmp_path):
     from types import SimpleNamespace
 
+    from app_test_helpers import GREEDY, fake_cpu
     from PySide6.QtGui import QImage
 
     from app.main import SCREENSHOT_SIZE, main
-    from app_test_helpers import GREEDY, fake_cpu
 
     path = tmp_path / "shot.png"
     code = main(SimpleNamespace(screenshot=str(path), prompt="hi", debug=False), model=tiny_model,

@@ -6,13 +6,13 @@ import math
 import pytest
 import torch
 
-from engine.attention import BACKENDS, attend
-from engine.config import ModelConfig
-from engine.kv_cache import ContiguousKVCache, PagedKV, PageLayout
-from engine.loader import synthetic_weights
+from engine.io.loader import synthetic_weights
+from engine.kv.blocks import BlockPool, KVCacheManager
+from engine.kv.cache import ContiguousKVCache, PagedKV, PageLayout
 from engine.metrics import step_cost
-from engine.model import Transformer
-from engine.paged import BlockPool, KVCacheManager
+from engine.model.attention import BACKENDS, attend
+from engine.model.config import ModelConfig
+from engine.model.transformer import Transformer
 
 
 def reference(q, k, v, kv_lens=None):

@@ -1,17 +1,16 @@
-"""A scheduler plan run as one batched forward (engine/batch_forward.py) gives each request the
+"""A scheduler plan run as one batched forward (engine/serving/batch_forward.py) gives each request the
 greedy tokens it gets run alone through the plain model path — mixed lengths, chunked prefill
 beside decodes, pre-emption and recompute included (fp32, tiny random model)."""
 import pytest
 import torch
-
-from engine import batch_forward
-from engine.batch_forward import forward_plan
-from engine.kv_cache import ContiguousKVCache, PagedKVCache
-from engine.loader import synthetic_weights
-from engine.model import Transformer
-from engine.scheduler import Request, Scheduler
-
 from test_engine import CFG
+
+from engine.io.loader import synthetic_weights
+from engine.kv.cache import ContiguousKVCache, PagedKVCache
+from engine.model.transformer import Transformer
+from engine.serving import batch_forward
+from engine.serving.batch_forward import forward_plan
+from engine.serving.scheduler import Request, Scheduler
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +74,8 @@ def test_each_request_gets_its_solo_greedy_tokens_in_a_mixed_batch(model, attent
 
 @pytest.mark.parametrize("starts", [(9, 2, 5), (6, 6, 6)])  # ragged rows, and rows of one length
 def test_decode_rows_keys_are_gathered_block_by_block_in_position_order(starts):
-    from engine.batch_forward import _decode_gather, _gather_blocks
-    from engine.scheduler import ScheduledSeq
+    from engine.serving.batch_forward import _decode_gather, _gather_blocks
+    from engine.serving.scheduler import ScheduledSeq
     bs, n_kv, hd, num_blocks = 4, 2, 3, 12
     pool = torch.randn(n_kv, num_blocks * bs, hd)
     tables = [(7, 0, 10), (3, 8), (11, 4)]  # scattered blocks, out of order

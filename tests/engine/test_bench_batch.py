@@ -1,19 +1,18 @@
-"""Simulated users (engine/load.py), the batch runner's step metrics, and the batching bench
-(engine/bench_batch.py) on a tiny random model; `membound bench --sweep batch` end to end."""
+"""Simulated users (engine/serving/users.py), the batch runner's step metrics, and the batching bench
+(engine/bench/batch.py) on a tiny random model; `membound bench --sweep batch` end to end."""
 import json
 
 import pytest
 import torch
-
-from engine.batch_forward import BatchRunner
-from engine.bench_batch import mixed_workload, run_batch_point, run_mixed
-from engine.load import SimulatedUsers, Workload, bundled_prompts
-from engine.loader import synthetic_weights
-from engine.model import Transformer
-from engine.scheduler import Request
-
 from test_cli import assert_one_line_error, run_cli
 from test_engine import CFG, fake_cpu
+
+from engine.bench.batch import mixed_workload, run_batch_point, run_mixed
+from engine.io.loader import synthetic_weights
+from engine.model.transformer import Transformer
+from engine.serving.batch_forward import BatchRunner
+from engine.serving.scheduler import Request
+from engine.serving.users import SimulatedUsers, Workload, bundled_prompts
 
 WORKLOAD = Workload(prompts=((5, 6, 7), (9, 10)), prompt_lens=(2, 20), output_lens=(2, 9), think_s=(0.0, 0.5))
 
@@ -104,7 +103,7 @@ def test_mixed_workload_serves_every_request(model, policy):
 
 
 def test_mixed_workload_is_the_bundled_chat_prompts_with_replies_to_eos():
-    from engine.byte_tokenizer import ByteTokenizer
+    from engine.io.byte_tokenizer import ByteTokenizer
     tok = ByteTokenizer(256)
     tok.eos_ids = {0}
     wl = mixed_workload(tok, 128)

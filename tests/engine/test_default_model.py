@@ -3,9 +3,10 @@ the same GGUF with its own loader: greedy tokens must be identical."""
 import pytest
 import torch
 
-from engine.engine import DoneEvent, Engine, Settings, TokenEvent
-from engine.models import find_default_model
-from engine.sampling import SamplingParams
+from engine.engine import Engine
+from engine.events import DoneEvent, TokenEvent
+from engine.io.default_model import find_default_model
+from engine.settings import SamplingParams, Settings
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 

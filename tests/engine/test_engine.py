@@ -5,13 +5,14 @@ import threading
 import pytest
 import torch
 
-from engine.byte_tokenizer import ByteTokenizer
-from engine.config import ModelConfig
-from engine.engine import DoneEvent, Engine, EngineError, PromptError, Settings, SettingsApplied, TokenEvent
-from engine.hardware import DeviceSpec
-from engine.loader import LoadedWeights, synthetic_weights
+from engine.engine import Engine
+from engine.events import DoneEvent, SettingsApplied, TokenEvent
+from engine.hardware.spec import DeviceSpec
+from engine.io.byte_tokenizer import ByteTokenizer
+from engine.io.loader import LoadedWeights, synthetic_weights
 from engine.metrics import StepMetrics
-from engine.sampling import SamplingError, SamplingParams
+from engine.model.config import ModelConfig
+from engine.settings import EngineError, PromptError, SamplingError, SamplingParams, Settings
 
 CFG = ModelConfig(name="tiny", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=256,
                   tied_embeddings=True, max_seq_len=200)

@@ -9,9 +9,10 @@ import types
 import pytest
 import torch
 
-from engine import hardware
-from engine.hardware import (DTYPE_NAMES, KNOWN_GPUS, TERA, DeviceSpec, HardwareError, HardwareSample,
-                             NvmlSampler, describe, detect_device, lookup_gpu, nvml_status)
+from engine.hardware import detect as hardware
+from engine.hardware.detect import detect_device
+from engine.hardware.nvml import HardwareSample, NvmlSampler, nvml_status
+from engine.hardware.spec import DTYPE_NAMES, KNOWN_GPUS, TERA, DeviceSpec, HardwareError, describe, lookup_gpu
 
 # --------------------------------------------------------------------------------------------
 # Datasheet table

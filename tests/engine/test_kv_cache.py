@@ -7,16 +7,16 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from engine.config import ModelConfig
-from engine.engine import Settings, SettingsApplied, TokenEvent
-from engine.kv_cache import ContiguousKVCache, PagedKVCache
-from engine.loader import synthetic_weights
-from engine.metrics import StepMetrics
-from engine.model import Transformer
-from engine.paged import FREE, BlockPool, KVCacheFull, KVCacheManager, contiguous_snapshot
-
 from test_engine import GREEDY, make_engine, run
+
+from engine.events import SettingsApplied, TokenEvent
+from engine.io.loader import synthetic_weights
+from engine.kv.blocks import FREE, BlockPool, KVCacheFull, KVCacheManager, contiguous_snapshot
+from engine.kv.cache import ContiguousKVCache, PagedKVCache
+from engine.metrics import StepMetrics
+from engine.model.config import ModelConfig
+from engine.model.transformer import Transformer
+from engine.settings import Settings
 
 
 # ---- BlockPool / KVCacheManager -------------------------------------------------------------

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine.config import ConfigError, ModelConfig
-from engine.gguf_file import ModelFileError
-from engine.hf_compare import build_hf_model
-from engine.loader import load_model, synthetic_weights, unpermute_qk
-from engine.model import Transformer
+from engine.bench.hf_compare import build_hf_model
+from engine.io.gguf_file import ModelFileError
+from engine.io.loader import load_model, synthetic_weights, unpermute_qk
+from engine.model.config import ConfigError, ModelConfig
+from engine.model.transformer import Transformer
 
 CFG = ModelConfig(name="tiny", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=300,
                   tied_embeddings=False, max_seq_len=128)
@@ -128,7 +128,7 @@ def test_corrupt_gguf_gives_one_line(tmp_path):
 
 
 def test_truncated_default_model_gives_one_line(tmp_path):
-    from engine.models import find_default_model
+    from engine.io.default_model import find_default_model
     src = find_default_model()
     cut = tmp_path / "cut.gguf"
     with open(src, "rb") as f:

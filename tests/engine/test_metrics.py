@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from engine.config import ModelConfig
 from engine.metrics import StepMetrics, decode_ceiling_tokens_per_s, step_cost
+from engine.model.config import ModelConfig
 
 LLAMA_7B = ModelConfig.from_name("llama-7b")
 

@@ -2,11 +2,11 @@
 import pytest
 import torch
 
-from engine.config import ModelConfig
-from engine.hf_compare import build_hf_model
-from engine.kv_cache import ContiguousKVCache
-from engine.loader import synthetic_weights
-from engine.model import Transformer
+from engine.bench.hf_compare import build_hf_model
+from engine.io.loader import synthetic_weights
+from engine.kv.cache import ContiguousKVCache
+from engine.model.config import ModelConfig
+from engine.model.transformer import Transformer
 
 
 def tiny(n_heads=4, n_kv_heads=2, tied=False, **kw) -> ModelConfig:
@@ -82,8 +82,8 @@ def test_greedy_generation_matches_transformers_generate():
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 5])
 def test_cpu_gemv_path_equals_plain_linear(rows, monkeypatch):
-    from engine import model
-    from engine.model import linear
+    from engine.model import transformer as model
+    from engine.model.transformer import linear
     monkeypatch.setattr(model, "CPU_GEMV_MAX_ROWS", 8)  # the chunked bmm for every row count here
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(96, 40, generator=gen)
@@ -100,7 +100,7 @@ needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reas
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 33])
 def test_linear_takes_the_packed_copy_for_batched_rows_and_matches_matmul(rows, dtype):
-    from engine import model
+    from engine.model import transformer as model
     gen = torch.Generator().manual_seed(rows)
     lin = model.Linear(torch.randn(96, 40, generator=gen).to(dtype))
     x = torch.randn(1, rows, 40, generator=gen).to(dtype)  # (1, N, dim), as the batched forward packs rows
@@ -114,7 +114,7 @@ def test_linear_takes_the_packed_copy_for_batched_rows_and_matches_matmul(rows, 
 
 @needs_onednn
 def test_packed_copy_follows_in_place_weight_writes_and_dies_with_the_weight():
-    from engine import model
+    from engine.model import transformer as model
     lin = model.Linear(torch.randn(64, 32))
     x = torch.randn(6, 32)
     lin(x)
@@ -130,7 +130,7 @@ def test_packed_copy_follows_in_place_weight_writes_and_dies_with_the_weight():
 
 @needs_onednn
 def test_no_packed_copy_when_memory_is_short(monkeypatch):
-    from engine import model
+    from engine.model import transformer as model
     monkeypatch.setattr(model, "_memory_allows", lambda nbytes: False)
     lin = model.Linear(torch.randn(48, 16))
     x = torch.randn(7, 16)

@@ -6,19 +6,30 @@ import threading
 
 import pytest
 import torch
-from hypothesis import given, settings as hyp_settings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
 
-from engine.byte_tokenizer import ByteTokenizer
-from engine.config import ModelConfig
-from engine.engine import Engine, EngineError, Settings, SettingsApplied, TokenEvent
-from engine.loader import LoadedWeights, synthetic_weights
+from engine.engine import Engine
+from engine.events import SettingsApplied, TokenEvent
+from engine.io.byte_tokenizer import ByteTokenizer
+from engine.io.loader import LoadedWeights, synthetic_weights
 from engine.metrics import StepMetrics
-from engine.model import Linear, Transformer
-from engine.perplexity import evaluate, evaluation_ids, evaluation_text, score, weight_quality
-from engine.quant import (HEAD_WEIGHTS, Int4Linear, Int8Linear, QuantError, QuantisedModels, check_weights,
-                          dequantize_int4, dequantize_int8, quantize_int4, quantize_int8, quantize_model,
-                          valid_group_sizes)
-from engine.sampling import SamplingParams
+from engine.model.config import ModelConfig
+from engine.model.quality import evaluate, evaluation_ids, evaluation_text, score, weight_quality
+from engine.model.quant import (
+    HEAD_WEIGHTS,
+    Int4Linear,
+    Int8Linear,
+    QuantisedModels,
+    dequantize_int4,
+    dequantize_int8,
+    quantize_int4,
+    quantize_int8,
+    quantize_model,
+)
+from engine.model.transformer import Linear, Transformer
+from engine.settings import EngineError, QuantError, SamplingParams, Settings, check_weights, valid_group_sizes
 from kernels.int4_pack import pack_int4, unpack_int4
 from tests.engine.test_engine import fake_cpu
 
@@ -81,7 +92,7 @@ def test_int4_group32_reproduces_the_default_models_q4_1_blocks():
     """Q4_1 stores, per 32 weights, fp16 d and m and 4-bit codes: w = code * d + m. Quantising the
     dequantised tensor back must give the same d, m and codes."""
     gguf = pytest.importorskip("gguf")
-    from engine.models import find_default_model
+    from engine.io.default_model import find_default_model
     try:
         path = find_default_model()
     except Exception as e:
@@ -264,8 +275,8 @@ def test_perplexity_is_the_exponentiated_mean_cross_entropy():
 
 
 def test_weight_sweep_reports_each_setting_side_by_side():
-    from engine.bench import format_sweep, run_weight_sweep
-    from engine.perplexity import weight_variants
+    from engine.bench.run import format_sweep, run_weight_sweep
+    from engine.model.quality import weight_variants
 
     eng = tiny_engine()
     variants = weight_variants(eng.settings, 32)
@@ -297,7 +308,7 @@ def test_engine_and_kernels_import_without_triton():
     import sys
     code = (
         "import sys; sys.modules['triton'] = None\n"  # `import triton` now raises ImportError
-        "import torch, engine.engine, engine.quant\n"
+        "import torch, engine.engine, engine.model.quant\n"
         "from kernels.int8_matmul import int8_matmul, reference_int8_matmul\n"
         "q = torch.ones(4, 8, dtype=torch.int8); s = torch.ones(4); x = torch.ones(1, 8)\n"
         "assert reference_int8_matmul(x, q, s).sum() == 32\n"

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from engine.paged import FREE, BlockPool, KVCacheManager
-from engine.scheduler import Request, RequestState, Scheduler
+from engine.kv.blocks import FREE, BlockPool, KVCacheManager
+from engine.serving.scheduler import Request, RequestState, Scheduler
 
 VOCAB = 50
 EOS = 0

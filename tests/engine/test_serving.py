@@ -1,4 +1,4 @@
-"""The person's chat served in a batch beside simulated users (engine/serving.py through the Engine):
+"""The person's chat served in a batch beside simulated users (engine/serving/server.py through the Engine):
 the same greedy tokens as alone, Stop ends only the person's reply, settings validated, serve_step
 idle without users, and a soak of 1,000 simulated requests under random setting changes."""
 import gc
@@ -9,16 +9,15 @@ from dataclasses import replace
 
 import pytest
 import torch
-
-from engine.engine import BatchStats, DoneEvent, EngineError, Settings, SettingsApplied, TokenEvent
-from engine.load import Workload
-from engine.metrics import StepMetrics
-from engine.model import Linear, cpu_packed_weight
-from engine.sampling import SamplingParams
-from engine.scheduler import RequestState
-from engine.serving import MAX_USERS, BatchServer
-
 from test_engine import CFG, GREEDY, make_engine, run
+
+from engine.events import BatchStats, DoneEvent, SettingsApplied, TokenEvent
+from engine.metrics import StepMetrics
+from engine.model.transformer import Linear, cpu_packed_weight
+from engine.serving.scheduler import RequestState
+from engine.serving.server import BatchServer
+from engine.serving.users import Workload
+from engine.settings import MAX_USERS, EngineError, SamplingParams, Settings
 
 PROMPT = list(range(1, 20))
 

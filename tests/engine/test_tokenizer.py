@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.gguf_file import ModelFileError
-from engine.models import find_default_model
-from engine.tokenizer import StreamDecoder, Tokenizer, TokenizerError, byte_to_char, render_chatml
+from engine.io.default_model import find_default_model
+from engine.io.gguf_file import ModelFileError
+from engine.io.tokenizer import StreamDecoder, Tokenizer, TokenizerError, byte_to_char, render_chatml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,7 +65,7 @@ def model_path() -> Path:
 
 @pytest.fixture(scope="module")
 def tok(model_path) -> Tokenizer:
-    from engine.gguf_file import read_gguf_metadata
+    from engine.io.gguf_file import read_gguf_metadata
 
     return Tokenizer.from_gguf_metadata(read_gguf_metadata(model_path))  # ~2 s: 49k tokens + merges
 
@@ -79,7 +79,8 @@ def oracle(model_path):
 @pytest.fixture(scope="module")
 def model_oracle(oracle):
     """transformers' vocabulary, merges and special tokens, with the pre-tokenizer of SmolLM2's tokenizer.json."""
-    from tokenizers import Tokenizer as Backend, pre_tokenizers
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import pre_tokenizers
 
     backend = Backend.from_str(oracle.backend_tokenizer.to_str())
     backend.pre_tokenizer = pre_tokenizers.Sequence([
@@ -302,6 +303,6 @@ def test_find_default_model_says_how_to_install(monkeypatch, tmp_path):
 
 
 def test_imports_without_gguf_or_qt():
-    code = ("import sys; sys.modules['gguf'] = None; import engine.tokenizer, engine.models; "
+    code = ("import sys; sys.modules['gguf'] = None; import engine.io.tokenizer, engine.io.default_model; "
             "assert not any(m.startswith(('PySide6', 'PyQt')) for m in sys.modules)")
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)

@@ -11,8 +11,13 @@ if not torch.cuda.is_available():
 
 triton = pytest.importorskip("triton")
 
-from kernels.flash_decode import (flash_decode, paged_flash_decode, reference_decode,  # noqa: E402
-                                  reference_paged_decode, split_kv_reference)
+from kernels.flash_decode import (  # noqa: E402
+    flash_decode,
+    paged_flash_decode,
+    reference_decode,
+    reference_paged_decode,
+    split_kv_reference,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}

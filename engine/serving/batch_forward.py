@@ -1,4 +1,4 @@
-"""One forward pass for a whole scheduler plan (engine/scheduler.py): ragged sequences, each at
+"""One forward pass for a whole scheduler plan (engine/serving/scheduler.py): ragged sequences, each at
 its own positions, K/V in a paged cache whose slots the scheduler has already allocated.
 
 The step's tokens are packed into one row (1, N) so every weight is read once for the whole batch
@@ -6,7 +6,7 @@ The step's tokens are packed into one row (1, N) so every weight is read once fo
 matrix-matrix). Only attention is per sequence: the decode rows together (on a GPU the Triton
 paged kernel reads their block tables; on a CPU their blocks are gathered once per layer, padded
 and masked by length), each prefill chunk on its own. On a CPU the matmuls of more than one row
-take oneDNN's packed weights (engine/model.py: Linear)."""
+take oneDNN's packed weights (engine/model/transformer.py: Linear)."""
 from __future__ import annotations
 
 import time
@@ -14,11 +14,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-from engine.attention import attend
-from engine.kv_cache import PagedKV, PagedKVCache, PageLayout
+from engine.kv.cache import PagedKV, PagedKVCache, PageLayout
 from engine.metrics import StepCost, StepMetrics, step_cost
-from engine.model import Transformer
-from engine.scheduler import ScheduledSeq, Scheduler
+from engine.model.attention import attend
+from engine.model.transformer import Transformer
+from engine.serving.scheduler import ScheduledSeq, Scheduler
 
 # the decode rows' keys on a CPU: gathered block by block (True), or read through PagedKV as on a
 # GPU (False: tests flip it to run the GPU's layout plumbing here)
@@ -209,7 +209,7 @@ class BatchRunner:
 
     def set_model(self, model: Transformer) -> None:
         """Swap the weights between steps (fp <-> int8/int4 of one dtype): the cached K/V stay.
-        A dtype change needs a new pool (engine/serving.py re-queues everything to recompute)."""
+        A dtype change needs a new pool (engine/serving/server.py re-queues everything to recompute)."""
         if model.dtype != self.cache.k.dtype:
             raise ValueError(f"the KV pool is {self.cache.k.dtype}, the model {model.dtype}: make a new runner")
         self.model = model

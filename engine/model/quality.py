@@ -12,24 +12,17 @@ import importlib
 import inspect
 import math
 import sys
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from engine.events import Quality
 
 # Modules whose docstrings are mostly English prose (few code listings).
 EVALUATION_MODULES = ("argparse", "csv", "json", "statistics", "heapq", "unittest", "doctest", "sched",
                       "itertools", "difflib", "collections", "random", "typing", "string", "pickle")
 DEFAULT_TOKENS = 2048
 DEFAULT_WINDOW = 512
-
-
-@dataclass(frozen=True)
-class Quality:
-    label: str
-    perplexity: float
-    top1_agreement: float  # fraction of positions where the argmax token equals the reference's
-    n_tokens: int  # tokens predicted
 
 
 def evaluation_text() -> str:

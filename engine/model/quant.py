@@ -23,11 +23,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from engine.model import Linear, Transformer
+from engine.model.transformer import Linear, Transformer
+from engine.settings import GROUP_SIZES, QuantError, check_weights, weights_label
 from kernels.int4_pack import pack_int4, unpack_int4
 
-WEIGHT_FORMATS = ("fp", "int8", "int4")
-GROUP_SIZES = (32, 64, 128)
 INT4_CPU_ZERO_CODE = 8  # PyTorch's CPU int4 kernel dequantises (code - 8) * scale + zero
 # PyTorch's packed CPU kernels are matrix-vector kernels: their time grows with every row of x,
 # while a bf16 GEMM (oneDNN) barely notices rows. Past these row counts (prefill) the CPU path
@@ -35,10 +34,6 @@ INT4_CPU_ZERO_CODE = 8  # PyTorch's CPU int4 kernel dequantises (code - 8) * sca
 # threads (2-core AMD EPYC): int8 packed 3.10 ms vs dequantise + GEMM 1.40 ms at 128 rows
 # (even at 32); int4 packed 2.70 vs 3.17 ms at 128 rows, 5.47 vs 4.54 ms at 256.
 CPU_PACKED_MAX_ROWS = {"int8": 32, "int4": 192}
-
-
-class QuantError(ValueError):
-    """Settings the quantiser or its kernels cannot take (one-line message for the user)."""
 
 
 # ---- quantisers (tensor → stored tensors) ---------------------------------------------------
@@ -222,35 +217,6 @@ class Int4Linear(nn.Module):
 
 
 # ---- the model transform --------------------------------------------------------------------
-def valid_group_sizes(cfg) -> tuple[int, ...]:
-    """INT4 group sizes that divide the inputs of every linear layer of this model shape."""
-    return tuple(g for g in GROUP_SIZES if all(k % g == 0 for k in _linear_inputs(cfg).values()))
-
-
-def _linear_inputs(cfg) -> dict[str, int]:
-    # the head is INT8 (per channel) in every setting: no group constraint
-    return {"wqkv and w_gate_up (dim)": cfg.dim, "wo (q_dim)": cfg.q_dim, "w_down (ffn_dim)": cfg.ffn_dim}
-
-
-def check_weights(cfg, weights: str, group_size: int) -> None:
-    """QuantError (one line) when this model cannot take these weight settings."""
-    if weights not in WEIGHT_FORMATS:
-        raise QuantError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")
-    if weights != "int4":
-        return
-    if group_size not in GROUP_SIZES:
-        raise QuantError(f"int4 group size must be one of {', '.join(map(str, GROUP_SIZES))}, got {group_size}")
-    for what, k in _linear_inputs(cfg).items():
-        if k % group_size:
-            ok = valid_group_sizes(cfg)
-            hint = f"use group {' or '.join(map(str, ok))}" if ok else "this model cannot run int4"
-            raise QuantError(f"int4 group size {group_size} does not divide {what} = {k} of {cfg.name}: {hint}")
-
-
-def weights_label(weights: str, group_size: int) -> str:
-    return {"fp": "fp weights", "int8": "int8"}.get(weights, f"int4 g{group_size}")
-
-
 HEAD_WEIGHTS = "int8"  # what the output head becomes under int8 and int4 (see the module docstring)
 
 

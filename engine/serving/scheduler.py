@@ -22,9 +22,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engine.paged import KVCacheManager
-
-POLICIES = ("continuous", "static")
+from engine.kv.blocks import KVCacheManager
+from engine.settings import POLICIES
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.config import ModelConfig
+from engine.model.config import ModelConfig
 
 _HF_PARTS = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "wq": "self_attn.q_proj",
              "wk": "self_attn.k_proj", "wv": "self_attn.v_proj", "wo": "self_attn.o_proj",

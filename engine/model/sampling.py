@@ -1,36 +1,10 @@
-"""Sampling: greedy, temperature, top-k, top-p, seeded. `SamplingParams.validate()` gives
-the one-line message for impossible values."""
+"""Sampling a token from logits: greedy, temperature, top-k, top-p, seeded (`SamplingParams`,
+engine/settings.py, says which)."""
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
-
-class SamplingError(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.7
-    top_k: int = 0  # 0 = off
-    top_p: float = 0.95  # 1.0 = off
-    seed: int | None = None
-    greedy: bool = False
-
-    def validate(self) -> "SamplingParams":
-        if not (self.temperature >= 0.0) or self.temperature > 100:
-            raise SamplingError(f"temperature must be between 0 and 100, got {self.temperature}")
-        if int(self.top_k) != self.top_k or self.top_k < 0:
-            raise SamplingError(f"top-k must be a whole number >= 0, got {self.top_k}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise SamplingError(f"top-p must be in (0, 1], got {self.top_p}")
-        return self
-
-    @property
-    def is_greedy(self) -> bool:
-        return self.greedy or self.temperature == 0.0
+from engine.settings import SamplingParams
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:

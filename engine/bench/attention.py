@@ -102,12 +102,12 @@ def summarise_point(attention: str, kv_layout: str, context: int, prefill_attent
 
 
 def run_sweep(args, progress) -> int:
-    from engine.bench import bench_prompt_ids
+    from engine.bench.run import bench_prompt_ids
     from engine.cli import resolve_dtype
-    from engine.engine import DTYPES, Engine, Settings
-    from engine.hardware import describe
-    from engine.loader import load_model
-    from engine.sampling import SamplingParams
+    from engine.engine import DTYPES, Engine
+    from engine.hardware.spec import describe
+    from engine.io.loader import load_model
+    from engine.settings import SamplingParams, Settings
 
     sweep = args.sweep
     on_gpu = args.device == "cuda"

@@ -1,14 +1,14 @@
 """KV cache layouts. `ContiguousKVCache` reserves a max-length buffer per sequence and hands
 attention a view of the filled prefix; `PagedKVCache` keeps K/V in fixed-size blocks of a shared
-pool (bookkeeping in engine/paged.py) and hands attention `PagedKV` handles that read through the
+pool (bookkeeping in engine/kv/blocks.py) and hands attention `PagedKV` handles that read through the
 block tables. Both: `update(layer, start_pos, k, v)`, `truncate(n)`, `length`, `snapshot()`.
 ("off", no cache, is the model run with cache=None: every step recomputes the context.)"""
 from __future__ import annotations
 
 import torch
 
-from engine.config import ModelConfig
-from engine.paged import BlockPool, KVCacheFull, KVCacheManager, KVCacheSnapshot, contiguous_snapshot
+from engine.kv.blocks import BlockPool, KVCacheFull, KVCacheManager, KVCacheSnapshot, contiguous_snapshot
+from engine.model.config import ModelConfig
 
 DEFAULT_BLOCK_SIZE = 16  # positions per block (vLLM's default on GPUs)
 

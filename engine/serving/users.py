@@ -8,10 +8,9 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.scheduler import Request
+from engine.serving.scheduler import Request
 
-
-PROMPTS_FILE = Path(__file__).resolve().parents[1] / "assets" / "user_prompts.txt"
+PROMPTS_FILE = Path(__file__).resolve().parents[2] / "assets" / "user_prompts.txt"
 
 
 def bundled_prompts(path: Path = PROMPTS_FILE) -> list[str]:

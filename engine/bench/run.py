@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from engine.tables import rows_of, side_by_side
+from engine.bench.tables import rows_of, side_by_side
 
 # A fixed, self-written text: the bench prompt is its first N tokens (repeated if need be).
 BENCH_TEXT = (
@@ -47,10 +47,8 @@ def bench_prompt_ids(tokenizer, n_tokens: int) -> list[int]:
 
 
 def run_ours(engine, prompt_ids: list[int], decode_tokens: int) -> tuple[BenchResult, list]:
-    from engine.engine import DoneEvent
+    from engine.events import DoneEvent, TokenEvent
     from engine.metrics import StepMetrics
-
-    from engine.engine import TokenEvent
 
     engine.reset()
     steps: list[StepMetrics] = []
@@ -92,8 +90,8 @@ def run_hf(engine, prompt_ids: list[int], decode_tokens: int, our_steps, progres
     """transformers' generate, greedy, same weights/dtype/device. Prefill time = a 1-token
     generate; decode rate = extra tokens / extra time of a (1 + decode_tokens)-token generate.
     Bytes are charged by the same cost model as ours (the same model reads the same bytes)."""
+    from engine.bench.hf_compare import build_hf_model
     from engine.engine import DTYPES
-    from engine.hf_compare import build_hf_model
 
     progress(0.0, "building the transformers model")
     dtype = DTYPES[engine.settings.dtype]
@@ -174,7 +172,8 @@ def run_weight_sweep(engine, variants: dict, prompt_ids: list[int], decode_token
     Repeats are interleaved across settings, so background load falls on each alike; the best
     run of each is kept. Quality: perplexity and top-1 agreement with the fp model."""
     from dataclasses import replace
-    from engine.perplexity import weight_quality
+
+    from engine.model.quality import weight_quality
 
     for i, (label, s) in enumerate(variants.items()):  # make each copy, warm it up (kernels, graphs)
         progress(i / len(variants), f"preparing {label}")
@@ -219,9 +218,9 @@ def format_sweep(results: list[BenchResult], quality: dict) -> str:
 
 def run_bench(args, progress) -> int:
     from engine.cli import resolve_dtype
-    from engine.engine import Engine, Settings
-    from engine.hardware import describe
-    from engine.sampling import SamplingParams
+    from engine.engine import Engine
+    from engine.hardware.spec import describe
+    from engine.settings import SamplingParams, Settings
 
     if args.prompt_tokens < 1 or args.decode_tokens < 2:
         raise ValueError("bench needs --prompt-tokens >= 1 and --decode-tokens >= 2")
@@ -232,11 +231,11 @@ def run_bench(args, progress) -> int:
         raise ValueError("--compare hf runs transformers on floating-point weights: use it without --weights/--sweep")
     if sweep == "weights" and weights != "fp":
         raise ValueError("--sweep weights runs fp, int8 and int4 itself: drop --weights")
-    if sweep == "batch" or getattr(args, "workload", None):  # the scheduler under load: engine/bench_batch.py
-        from engine.bench_batch import run_batch_bench
+    if sweep == "batch" or getattr(args, "workload", None):  # the scheduler under load: engine/bench/batch.py
+        from engine.bench.batch import run_batch_bench
         return run_batch_bench(args, progress)
     if sweep in ("attention", "kv"):
-        from engine.bench_attention import run_sweep
+        from engine.bench.attention import run_sweep
         return run_sweep(args, progress)
     settings = Settings(dtype=dtype, kv_layout=args.kv_layout, attention=args.attention,
                         kv_cache=False if args.no_kv_cache else None, max_new_tokens=args.decode_tokens + 1,
@@ -283,7 +282,7 @@ def run_bench(args, progress) -> int:
 
 
 def _print_weight_sweep(engine, settings, prompt_ids: list[int], args, progress) -> int:
-    from engine.perplexity import evaluation_ids, text_description, weight_variants
+    from engine.model.quality import evaluation_ids, text_description, weight_variants
 
     variants = weight_variants(settings, args.group_size)
     results, steps, quality = run_weight_sweep(engine, variants, prompt_ids, args.decode_tokens, args.repeats,
@@ -291,7 +290,7 @@ def _print_weight_sweep(engine, settings, prompt_ids: list[int], args, progress)
     ordered = [results[label] for label in variants]
     print(f"\nworkload: batch 1, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens} tokens, greedy, "
           f"{settings.dtype} activations, KV cache {'off' if args.no_kv_cache else 'on'}; int8 per output channel, "
-          f"int4 asymmetric group {args.group_size}; the head is int8 in both (engine/quant.py)")
+          f"int4 asymmetric group {args.group_size}; the head is int8 in both (engine/model/quant.py)")
     print(format_sweep(ordered, quality))
     if quality:
         n = next(iter(quality.values())).n_tokens

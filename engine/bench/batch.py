@@ -1,7 +1,7 @@
 """`membound bench --sweep batch` and `--workload mixed`: the scheduler and the batched forward
-(engine/batch_forward.py) under load. The sweep runs B identical requests together for B = 1, 2,
+(engine/serving/batch_forward.py) under load. The sweep runs B identical requests together for B = 1, 2,
 4, ...: aggregate vs per-request decode tok/s, arithmetic intensity, MBU, MFU, and where the
-step turns compute-bound (cost model). The mixed workload has simulated users (engine/load.py)
+step turns compute-bound (cost model). The mixed workload has simulated users (engine/serving/users.py)
 send varied requests; static and continuous batching serve the same requests."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-from engine.load import SimulatedUsers, Workload, bundled_prompts
-from engine.tables import rows_of, side_by_side
+from engine.bench.tables import rows_of, side_by_side
+from engine.serving.users import SimulatedUsers, Workload, bundled_prompts
 
 # no torch at import: engine/cli.py imports this module to build its parser (the app's process too)
 
@@ -55,7 +55,7 @@ class BatchPoint:
 
 
 def _runner(model, hardware, dtype: str, num_blocks: int, **kw):
-    from engine.batch_forward import BatchRunner
+    from engine.serving.batch_forward import BatchRunner
     return BatchRunner(model, num_blocks, BLOCK_SIZE, peak_bandwidth_bps=hardware.peak_bandwidth_gbs * 1e9,
                        peak_flops=hardware.peak_flops_for(dtype) or float("nan"), **kw)
 
@@ -88,7 +88,7 @@ def run_batch_point(model, hardware, dtype: str, batch_size: int, prompt_ids: li
 
 
 def _request(i: int, prompt_ids: list[int], decode_tokens: int):
-    from engine.scheduler import Request
+    from engine.serving.scheduler import Request
     return Request(i, list(prompt_ids), decode_tokens)  # no EOS: every request decodes in full
 
 
@@ -200,10 +200,11 @@ def mixed_workload(tokenizer, decode_tokens: int) -> Workload:
 def run_batch_bench(args, progress) -> int:
     import torch
 
-    from engine.bench import bench_prompt_ids
+    from engine.bench.run import bench_prompt_ids
     from engine.cli import resolve_dtype
-    from engine.engine import Engine, Settings
-    from engine.hardware import describe
+    from engine.engine import Engine
+    from engine.hardware.spec import describe
+    from engine.settings import Settings
 
     dtype = resolve_dtype(args)
     if args.prompt_tokens < 1 or args.decode_tokens < 2:

@@ -12,9 +12,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from engine.kv_cache import PagedKV
-
-BACKENDS = ("naive", "flash")
+from engine.kv.cache import PagedKV
+from engine.settings import ATTENTION_BACKENDS as BACKENDS
 
 
 def attend(q: torch.Tensor, k, v, backend: str = "flash", kv_lens: torch.Tensor | None = None) -> torch.Tensor:

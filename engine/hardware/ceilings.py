@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.config import ModelConfig
-from engine.hardware import KNOWN_GPUS, DeviceSpec
+from engine.hardware.spec import KNOWN_GPUS, DeviceSpec
+from engine.model.config import ModelConfig
 
 GIB = 2**30
 

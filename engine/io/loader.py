@@ -13,8 +13,8 @@ from typing import Any, Callable
 
 import torch
 
-from engine.config import ConfigError, ModelConfig
-from engine.gguf_file import ModelFileError, open_gguf, read_metadata
+from engine.io.gguf_file import ModelFileError, open_gguf, read_metadata
+from engine.model.config import ConfigError, ModelConfig
 
 Progress = Callable[[float, str], None]
 
@@ -46,7 +46,7 @@ def load_model(spec: str | Path, dtype: torch.dtype = torch.float32, device: str
     progress = progress or _no_progress
     spec_str = str(spec)
     if spec_str == "default":
-        from engine.models import find_default_model
+        from engine.io.default_model import find_default_model
         spec_str = str(find_default_model())
     if spec_str.startswith("synthetic:"):
         return load_synthetic(spec_str.split(":", 1)[1], dtype, device, progress, max_context)
@@ -106,7 +106,7 @@ def load_gguf(path: Path, dtype, device, progress: Progress, max_context: int | 
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    from engine.tokenizer import Tokenizer
+    from engine.io.tokenizer import Tokenizer
 
     progress(0.0, f"reading {path.name}")
     reader = open_gguf(path)
@@ -212,7 +212,7 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_hf_dir(path: Path, dtype, device, progress: Progress, max_context: int | None) -> LoadedWeights:
-    from engine.tokenizer import Tokenizer
+    from engine.io.tokenizer import Tokenizer
 
     cfg = ModelConfig.from_hf_config(path, name=path.name)
     if max_context:
@@ -288,7 +288,7 @@ def synthetic_weights(cfg: ModelConfig, dtype, device, seed: int = 0, progress: 
 
 
 def load_synthetic(shape: str, dtype, device, progress: Progress, max_context: int | None) -> LoadedWeights:
-    from engine.byte_tokenizer import ByteTokenizer
+    from engine.io.byte_tokenizer import ByteTokenizer
 
     cfg = ModelConfig.from_name(shape)
     if max_context:

@@ -12,8 +12,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
-from engine.attention import attend
-from engine.config import ModelConfig
+from engine.model.attention import attend
+from engine.model.config import ModelConfig
 
 # Decode on a CPU is a matrix-vector product per weight. PyTorch's plain F.linear (one
 # GEMV on (N, K) weights) streams about 11 GB/s on the 2-core machines here; viewing the
@@ -175,7 +175,7 @@ class Block(nn.Module):
         q, k, v = self._qkv(x, cos, sin)
         if cache is not None:  # (B, n_kv, start_pos + T, hd) views, or PagedKV handles (paged cache)
             k, v = cache.update(layer, start_pos, k, v)
-        y = attend(q, k, v, attention)  # engine/attention.py: "naive" or "flash"
+        y = attend(q, k, v, attention)  # engine/model/attention.py: "naive" or "flash"
         return self._out_and_ffn(x, y)
 
     def forward_static(self, x, cos, sin, layer: int, cache, pos: torch.Tensor, kv_len: int,

@@ -18,47 +18,22 @@ from typing import Callable
 
 import torch
 
-from engine.batch_forward import BatchRunner
-from engine.config import ModelConfig
-from engine.kv_cache import DEFAULT_BLOCK_SIZE
-from engine.load import SimulatedUsers, Workload, bundled_prompts
+from engine.events import BatchStats
+from engine.kv.cache import DEFAULT_BLOCK_SIZE
 from engine.metrics import StepMetrics
-from engine.model import Transformer
-from engine.sampling import SamplingParams, sample
-from engine.scheduler import Request, RequestState
+from engine.model.config import ModelConfig
+from engine.model.sampling import sample
+from engine.model.transformer import Transformer
+from engine.serving.batch_forward import BatchRunner
+from engine.serving.scheduler import Request, RequestState
+from engine.serving.users import SimulatedUsers, Workload, bundled_prompts
+from engine.settings import MAX_USERS, SamplingParams
 
-MAX_USERS = 64
 STATS_WINDOW_S = 2.0  # tokens/s are measured over the last this-many seconds
 STATS_FINISHED = 64  # TTFT and inter-token latency percentiles over this many recent requests
 USER_OUTPUT_LENS = (16, 128)
 USER_THINK_S = (0.2, 1.5)
 IDLE_STATS_S = 0.25  # while every user thinks, a BatchStats (tokens 0) at most this often
-
-
-@dataclass(frozen=True)
-class BatchStats:
-    """The serving picture after one batched step. Plain data (no torch). Rates are over the last
-    ~2 s (at least the last step); latencies are percentiles over the last 64 finished requests
-    (nan before any)."""
-    step: int  # the StepMetrics.step of the same step
-    t_s: float  # time.monotonic() at the end of the step (StepMetrics.t_s's clock)
-    users: int  # simulated users now (sending, waiting for a reply or thinking)
-    policy: str  # "continuous" | "static"
-    running: int  # requests in the batch after the step
-    waiting: int  # queue length after the step (new and pre-empted requests)
-    tokens: int  # tokens sampled this step, every request together
-    aggregate_tokens_per_s: float  # all requests' sampled tokens / s over the window
-    per_request_tokens_per_s: float  # median over running requests of their decode tok/s (nan: none yet)
-    ttft_p50_s: float
-    ttft_p95_s: float
-    itl_p50_s: float  # inter-token latency: gaps between one request's consecutive tokens
-    itl_p95_s: float
-    preempted_total: int  # pre-emptions since serving started (a dtype switch re-queues all running)
-    finished_total: int  # requests finished (EOS or length) since serving started
-    cancelled_total: int  # requests cancelled (the person's Stop)
-    kv_blocks_used: int
-    kv_blocks_total: int
-    person_in_batch: bool  # the person's reply is one of the running requests
 
 
 def kv_budget_bytes(device: str, memory_total_bytes: int | None) -> int:

@@ -1,0 +1,140 @@
+"""The contract between the engine process and a front end, torch-free: the commands that go in,
+`ModelInfo` and `Capabilities` that come out at load, and the one-line error format. Events are in
+engine/events.py, step figures in engine/metrics.py; all of it is plain data that pickles."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.hardware.spec import DeviceSpec
+from engine.model.config import ModelConfig
+from engine.settings import GROUP_SIZES, EngineError, Settings, group_size_refusal
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the loaded model on its device can take, beyond what `Settings.validate` checks for
+    any model: the front end disables what is refused here, with the reason as the tooltip, and
+    the engine refuses the same settings with the same line."""
+    device: str
+    group_sizes: dict[int, str]  # INT4 group size -> why this model cannot take it ("" if it can)
+    max_users: dict[str, int]  # dtype -> simulated users the KV memory holds beside a full chat
+    notes: dict[str, str] = field(default_factory=dict)  # "field=value" -> a kernel fallback it runs with
+
+    @classmethod
+    def for_model(cls, cfg: ModelConfig, device: str, max_users: dict[str, int],
+                  notes: dict[str, str] | None = None) -> "Capabilities":
+        return cls(device, {g: group_size_refusal(cfg, g) for g in GROUP_SIZES}, dict(max_users), dict(notes or {}))
+
+    def refusal(self, settings: Settings) -> str:
+        """Why the engine would refuse `settings` ("" if it would run them)."""
+        try:
+            settings.validate(self.device)
+        except EngineError as error:
+            return str(error)
+        reason = self.group_sizes.get(settings.group_size, "")
+        if reason:
+            return reason
+        most = self.max_users.get(settings.dtype, 0)
+        if settings.users > most:
+            return (f"{settings.users} simulated users need more KV cache than this device's memory allows "
+                    f"({most} at most with {settings.dtype})")
+        return ""
+
+    def note(self, field_name: str, value: Any) -> str:
+        return self.notes.get(f"{field_name}={value}", "")
+
+
+def with_changes(settings: Settings, changes) -> Settings:
+    """`settings` with each (dotted field, value) of `changes` replaced."""
+    for path, value in changes:
+        settings = _with_field(settings, path, value)
+    return settings
+
+
+def _with_field(obj: Any, path: str, value: Any) -> Any:
+    head, _, rest = path.partition(".")
+    if head == "kv_cache" and not rest:  # the on/off view of kv_layout
+        return dataclasses.replace(obj, kv_cache=bool(value))
+    if not rest:
+        return dataclasses.replace(obj, **{head: value})
+    return dataclasses.replace(obj, **{head: _with_field(getattr(obj, head), rest, value)})
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a front end needs to know about a loaded model (plain data)."""
+    label: str
+    source: str  # "gguf", "hf", "synthetic"
+    device: str
+    cfg: ModelConfig
+    weight_bytes: int  # matmul weights one step reads, at the current dtype
+    hardware: DeviceSpec
+    settings: Settings
+    capabilities: "Capabilities"
+    messages: tuple[dict, ...] = ()  # the conversation the engine holds (restored after a restart)
+
+
+@dataclass(frozen=True)
+class Load:
+    model: Any  # "default", "synthetic:SHAPE", a path, a prebuilt engine.loader.LoadedWeights or one pickled
+    device: str = "auto"
+    settings: Settings | None = None  # None: the device's default dtype
+    hardware: DeviceSpec | None = None  # None: measured (once per process)
+    max_context: int = 4096
+    messages: tuple[dict, ...] = ()  # a conversation to carry on (a restarted engine's)
+
+
+@dataclass(frozen=True)
+class Chat:
+    text: str
+
+
+@dataclass(frozen=True)
+class Reset:
+    pass
+
+
+@dataclass(frozen=True)
+class MeasureQuality:
+    """Perplexity and top-1 agreement of fp / int8 / int4 on the evaluation text (seconds on a CPU)."""
+    n_tokens: int = 256
+
+
+@dataclass(frozen=True)
+class Apply:
+    """A settings change. `changes` ({field: value}, dotted for sampling: "sampling.top_p") is laid
+    over what the engine will run (its settings with any change still pending), so a refused
+    request never leaks into the next; `settings` replaces them whole. The engine answers the
+    `request_id` with SettingsApplied or SettingsRefused."""
+    settings: Settings | None = None
+    changes: tuple[tuple[str, Any], ...] = ()
+    request_id: int = 0
+
+
+@dataclass(frozen=True)
+class Stop:
+    pass
+
+
+@dataclass(frozen=True)
+class Quit:
+    pass
+
+
+
+def one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    message = text[0] if text else ""
+    if isinstance(error, MemoryError) or "out of memory" in message.lower():
+        return f"out of memory: {message or 'the allocation failed'}"
+    if isinstance(error, (ValueError, FileNotFoundError, PermissionError)):
+        return message or type(error).__name__
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+
+
+def default_dtype(device_kind: str) -> str:
+    return "bf16" if device_kind == "cuda" else "fp32"
+
+
