@@ -119,9 +119,13 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class Query:
+    """Ask what the engine runs now (answered with `state(Settings)`, at once, mid-reply too)."""
+
+
+@dataclass(frozen=True)
 class Quit:
     pass
-
 
 
 def one_line(error: BaseException) -> str:
@@ -138,3 +142,29 @@ def default_dtype(device_kind: str) -> str:
     return "bf16" if device_kind == "cuda" else "fp32"
 
 
+
+
+def engine_process_main(conn) -> None:
+    """The engine process's entry point (a torch-free module, so the front end can name it without
+    importing the engine): everything torch comes in with engine.host, in the child."""
+    from engine.host import serve
+
+    serve(conn)
+
+
+def settings_delta(old: Settings, new: Settings) -> tuple[tuple[str, Any], ...]:
+    """The (dotted field, value) pairs that turn `old` into `new` (an Apply's `changes`)."""
+    return _delta(old, new, "")
+
+
+def _delta(old: Any, new: Any, prefix: str) -> tuple[tuple[str, Any], ...]:
+    changes: list[tuple[str, Any]] = []
+    for f in dataclasses.fields(new):
+        before, after = getattr(old, f.name), getattr(new, f.name)
+        if before == after:
+            continue
+        if dataclasses.is_dataclass(after) and dataclasses.is_dataclass(before):
+            changes.extend(_delta(before, after, f"{prefix}{f.name}."))
+        else:
+            changes.append((f"{prefix}{f.name}", after))
+    return tuple(changes)

@@ -1,9 +1,7 @@
 """Loaders: HF safetensors folders, GGUF files (round trip through gguf's writer), synthetic
 shapes, and the one-line errors for bad files."""
 import json
-import struct
 
-import numpy as np
 import pytest
 import torch
 
