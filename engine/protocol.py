@@ -4,12 +4,15 @@ engine/events.py, step figures in engine/metrics.py; all of it is plain data tha
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.hardware.spec import DeviceSpec
 from engine.model.config import ModelConfig
 from engine.settings import GROUP_SIZES, EngineError, Settings, group_size_refusal
+
+ENGINE_ENTRY_POINT = ("engine.host", "serve")  # what the engine process runs: serve(conn)
 
 
 @dataclass(frozen=True)
@@ -142,14 +145,11 @@ def default_dtype(device_kind: str) -> str:
     return "bf16" if device_kind == "cuda" else "fp32"
 
 
-
-
 def engine_process_main(conn) -> None:
-    """The engine process's entry point (a torch-free module, so the front end can name it without
-    importing the engine): everything torch comes in with engine.host, in the child."""
-    from engine.host import serve
-
-    serve(conn)
+    """The engine process's entry point. It lives in this torch-free module and finds the host by
+    name, so a front end can start the engine without importing it (torch comes in the child)."""
+    module, function = ENGINE_ENTRY_POINT
+    getattr(importlib.import_module(module), function)(conn)
 
 
 def settings_delta(old: Settings, new: Settings) -> tuple[tuple[str, Any], ...]:
