@@ -78,6 +78,7 @@ class MainWindow(QMainWindow):
         self._after_load: list = []  # setting requests made while a restarted engine loads
         self.engine_dead = ""  # why the engine process ended, until the next action restarts it
         self._restarting = False
+        self._messages_before_reset: list[dict[str, str]] = []
         self.loading = False
         self.replying = False
         self.last_error = ""
@@ -239,7 +240,7 @@ class MainWindow(QMainWindow):
 
     def new_chat(self) -> None:
         self.stop()
-        self.messages = []
+        self._messages_before_reset, self.messages = self.messages, []
         if not self.engine_dead:
             self.worker.submit(Reset())
         self.chat.clear()
@@ -541,6 +542,8 @@ class MainWindow(QMainWindow):
                 text += " — the conversation so far is kept"
         elif what in ("reset", "quality"):
             text = f"{'new chat' if what == 'reset' else 'measuring quality'} failed: {message}"
+            if what == "reset":  # the engine still holds the conversation: so does the window
+                self.messages = self._messages_before_reset
         else:
             text = message
         self.chat.add_notice(text, error=True)

@@ -223,8 +223,11 @@ class EngineWorker(QThread):
         self._process = process
         with self._send_lock:
             self._conn = ours
-            for message in self._unsent:
-                ours.send(message)
+            try:
+                for message in self._unsent:
+                    ours.send(message)
+            except (OSError, ValueError):  # it died already: _pump reports it
+                pass
             self._unsent = []
         reason = self._pump(ours, process)
         with self._send_lock:
@@ -241,7 +244,7 @@ class EngineWorker(QThread):
         or dies ("": its exit code tells)."""
         while True:
             ready = multiprocessing.connection.wait([conn, process.sentinel], timeout=DEATH_POLL_S)
-            if conn in ready or (not ready and conn.poll()):
+            if conn in ready:
                 try:
                     kind, args = conn.recv()
                 except (EOFError, OSError):

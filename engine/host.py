@@ -157,6 +157,7 @@ class EngineHost:
         """Pending settings, then one serving step; events leave in batches like a reply's.
         False: nothing ran."""
         try:
+            inject("serve_step")
             events = engine.serve_step()
         except Exception as error:  # report once, switch the users off, keep the model
             self._flush_background()
@@ -349,11 +350,8 @@ def serve(conn) -> None:
                     return
                 else:
                     commands.put(message)
-            except Exception as error:  # the listener must outlive any one message
-                if isinstance(message, Apply):
-                    _report(emit, None, SettingsRefused(message.request_id, _refusal_line(error),
-                                                        host.engine.settings if host.engine else None))
-                _report(emit, f"the engine could not handle {type(message).__name__}: {one_line(error)}")
+            except Exception as error:  # the listener must outlive any one message, and say what was lost
+                _report_lost(emit, host, message, error)
 
     threading.Thread(target=listen, name="membound-host-listener", daemon=True).start()
     reason = "quit"
@@ -368,6 +366,27 @@ def serve(conn) -> None:
         except (OSError, ValueError):
             pass
         conn.close()
+
+
+def _report_lost(emit, host: EngineHost, message, error: BaseException) -> None:
+    """A message the listener could not hand on: answer it as failed, so no front end waits for it."""
+    line = one_line(error)
+    if isinstance(message, Apply):
+        _report(emit, None, SettingsRefused(message.request_id, _refusal_line(error),
+                                            host.engine.settings if host.engine else None))
+        return
+    what = {Load: "load", Chat: "reply", Reset: "reset", MeasureQuality: "quality"}.get(type(message))
+    try:
+        if what is not None:
+            emit("failed", what, f"the engine could not take the command: {line}")
+            if what in ("load", "reply"):
+                emit("busy_changed", what, False)
+        elif isinstance(message, Query):
+            emit("state", host.engine.settings if host.engine else None)
+        else:
+            emit("failed", "engine", f"the engine could not handle {type(message).__name__}: {line}")
+    except (OSError, ValueError):
+        pass
 
 
 def _report(emit, message: str | None, event=None) -> None:
