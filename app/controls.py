@@ -96,8 +96,6 @@ CONTROLS: tuple[Choice | Toggle | Slider | Number, ...] = (
 )
 
 
-CONTROL_TOOLTIPS = {c.field: c.tooltip for c in CONTROLS}
-
 
 def get_field(settings: Any, path: str) -> Any:
     for part in path.split("."):

@@ -33,7 +33,7 @@ from dataclasses import replace
 from typing import Callable
 
 from engine.engine import Engine
-from engine.events import DoneEvent, SettingsRefused
+from engine.events import DoneEvent, SettingsApplied, SettingsRefused
 from engine.faults import inject
 from engine.metrics import StepMetrics
 from engine.protocol import (
@@ -172,7 +172,8 @@ class EngineHost:
             return False
         self._background.extend(events)
         now = time.monotonic()
-        if now - self._background_emit_s >= BATCH_INTERVAL_S or not engine.serving:
+        if now - self._background_emit_s >= BATCH_INTERVAL_S or not engine.serving \
+                or any(isinstance(event, (SettingsApplied, SettingsRefused)) for event in events):
             self._flush_background()
         if now - self._background_snapshot_s >= KV_SNAPSHOT_INTERVAL_S or not engine.serving:
             self._emit_kv_snapshot(engine)
@@ -292,7 +293,9 @@ class EngineHost:
                     inject("step")
                     continue
                 now = time.monotonic()
-                if isinstance(event, DoneEvent) or now - last_emit >= BATCH_INTERVAL_S:
+                # a settings answer leaves at once: the window shows the change only when it arrives
+                if isinstance(event, (DoneEvent, SettingsApplied, SettingsRefused)) \
+                        or now - last_emit >= BATCH_INTERVAL_S:
                     self.emit("events", batch)
                     batch, last_emit = [], now
                 if isinstance(event, DoneEvent) or now - last_snapshot >= KV_SNAPSHOT_INTERVAL_S:
@@ -319,10 +322,15 @@ def serve(conn) -> None:
     says the host is done ("quit" when told to). Apply/Stop/Query/Quit are handled by a listener
     thread the moment they arrive, so they reach the engine mid-step as they would on a thread."""
     send_lock = threading.Lock()
+    host: EngineHost | None = None
 
     def emit(kind: str, *args) -> None:
         with send_lock:
-            conn.send((kind, args))
+            try:
+                conn.send((kind, args))
+            except (OSError, ValueError):  # the front end is gone: stop what runs and end quietly
+                if host is not None:
+                    host.quit()
 
     host = EngineHost(emit)
     commands: queue.Queue = queue.Queue()
