@@ -31,7 +31,9 @@ TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 4e-2}
 # the compiled step fuses some of them (rounding differently), so the bound is looser.
 GRAPH_TOLERANCE = {torch.float32: 1e-3, torch.float16: 5e-2, torch.bfloat16: 1e-1}
 MATMUL_ROWS = (1, 80)  # a decode step and a prefill chunk: the two families of launch configs
-CONTEXT_LEN = 300  # keys in the attention checks: not a multiple of the tile, so the masked tail runs
+# keys in the attention checks: not a multiple of the tile (the masked tail runs), and long enough
+# that a GPU splits it (the reduction runs); models with a shorter context use theirs
+CONTEXT_LEN = 1000
 GRAPH_PROMPT = 4  # positions prefilled before the checked graph step
 REASON_CHARS = 90  # a note is one line: the reason is cut here
 
@@ -97,7 +99,7 @@ def run_check(check: KernelCheck, engine, run: bool = True) -> CheckResult:
             if engine.device.startswith("cuda"):
                 torch.cuda.synchronize()  # an asynchronous launch error surfaces here, in its own check
     except Exception as error:
-        problem = f"{one_line(error)}"
+        problem = one_line(error)
     return CheckResult(check.kernel, _cut(problem), ran, time.perf_counter() - t0)
 
 
@@ -107,7 +109,8 @@ def kernel_notes() -> dict[str, str]:
     for check in CHECKS:
         reason = registry.reason(check.kernel)
         if reason:
-            notes.update(dict.fromkeys(check.options, f"{check.label} failed its check ({reason}) — {check.fallback}"))
+            note = f"{check.label} failed its check ({reason}) — {check.fallback}"
+            notes.update(dict.fromkeys(check.options, note))
     return notes
 
 
@@ -168,25 +171,29 @@ def check_paged(cfg: ModelConfig, dtype: torch.dtype, device, block_size: int = 
 def check_graphs(engine) -> str | None:
     """One decode step replayed from the captured graph against the same step run eagerly. It runs
     on the engine's model and its (new, empty) cache, so the graph captured here is the one the first
-    reply replays: the compile time moves from the first reply to the load."""
+    reply replays: the compile time moves from the first reply to the load. Returns None where
+    graphs do not run (off in the settings, or not on this device)."""
     graphs = engine.graphs
-    if graphs.unavailable:
+    if graphs.unavailable or not engine.settings.cuda_graphs:
         return None
     model, cfg = engine.model, engine.cfg
     cache = engine.cache
     if not isinstance(cache, ContiguousKVCache) or cache.k.dtype != model.dtype:
-        cache = engine.cache = ContiguousKVCache(cfg, 1, cfg.max_seq_len, model.dtype, engine.device)
+        cache = ContiguousKVCache(cfg, 1, cfg.max_seq_len, model.dtype, engine.device)
+        if engine.settings.kv_layout == "contiguous":  # the layout graphs run on: the first reply takes it
+            engine.cache = cache
     engine.cached_ids = []  # what the check writes there is no conversation's
     ids = torch.arange(1, GRAPH_PROMPT + 2, device=model.device)[None] % cfg.vocab_size
     prompt, token = ids[:, :GRAPH_PROMPT], ids[:, GRAPH_PROMPT:]
     replays = graphs.replays
+    attention = engine.settings.attention
     try:
-        model(prompt, start_pos=0, cache=cache)
-        want = model(token, start_pos=GRAPH_PROMPT, cache=cache)
+        model(prompt, start_pos=0, cache=cache, attention=attention)
+        want = model(token, start_pos=GRAPH_PROMPT, cache=cache, attention=attention)
         kv_len = graphs.bucket(True, GRAPH_PROMPT, cache.max_len)
         for _ in range(3):  # compile and warm up, record, replay: the third call is a replay
             cache.truncate(GRAPH_PROMPT)
-            got = graphs.decode(model, cache, token, GRAPH_PROMPT, kv_len, engine.settings.attention)
+            got = graphs.decode(model, cache, token, GRAPH_PROMPT, kv_len, attention)
         ran = graphs.replays - replays
     finally:
         cache.truncate(0)

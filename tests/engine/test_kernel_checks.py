@@ -2,12 +2,16 @@
 fails a named kernel's check on a CPU, the notes it leaves in the engine's Capabilities (and the
 host's ModelInfo), and the CUDA-graph decoder told why it is off. The checks themselves, and the
 dispatch around a switched-off kernel, run under TRITON_INTERPRET=1 in tests/kernels."""
+from dataclasses import replace
+
 import pytest
+import torch
 
 from engine import faults
+from engine.events import TokenEvent
 from engine.graphs import GraphDecoder
 from engine.host import EngineHost
-from engine.kernel_checks import CHECKS, check_kernels, mismatch, run_checks
+from engine.kernel_checks import CHECKS, check_graphs, check_kernels, mismatch, run_checks
 from engine.protocol import Load
 from kernels import registry
 from tests.engine.test_engine import GREEDY, fake_cpu, make_engine
@@ -95,8 +99,60 @@ def test_the_host_publishes_the_notes_with_the_model(inject, tiny_weights):
     assert not [args for kind, args in emitted if kind == "failed"]
 
 
+# ---- the graph check's plumbing, with the capture stood in for by the capturable step run eagerly ----
+def stand_in_graphs(engine, broken: str = ""):
+    """engine.graphs as on a GPU, its compiled step replaced by `forward_decode_static` run eagerly
+    (torch.compile's CUDA graphs need a GPU); `broken`: "stale" reads no cache, "capture" fails."""
+    graphs = engine.graphs
+    graphs.unavailable = ""
+
+    def decode(model, cache, tokens, start, kv_len, attention):
+        if broken == "capture":
+            graphs.unavailable = "capture failed: BackendCompilerFailed: inductor"
+            return model(tokens, start_pos=start, cache=cache, attention=attention)
+        graphs.replays += 1
+        cache.length = start + 1
+        if broken == "stale":
+            return model(tokens, attention=attention)
+        return model.forward_decode_static(tokens, torch.tensor([start]), cache, kv_len, attention)
+    graphs.decode = decode
+    return graphs
+
+
+def test_the_graph_check_compares_the_replayed_step_with_eager_and_leaves_the_cache_empty():
+    engine = make_engine()
+    graphs = stand_in_graphs(engine)
+    assert check_graphs(engine) == ""
+    assert engine.cache.layout == "contiguous" and engine.cache.length == 0 and engine.cached_ids == []
+    assert graphs.replays == 0  # the figures count the conversation's replays only
+    # the first reply decodes into the cache the check captured its graph on, as a fresh engine would
+    cache = engine.cache
+    tokens = reply(engine)
+    assert engine.cache is cache and len(tokens) == GREEDY.max_new_tokens and graphs.replays == len(tokens) - 1
+    assert tokens == reply(make_engine())
+    paged = make_engine(replace(GREEDY, kv_layout="paged"))  # graphs are not for its cache: a scratch one
+    stand_in_graphs(paged)
+    assert check_graphs(paged) == "" and paged.cache is None
+
+
+def reply(engine) -> list[int]:
+    return [e.token_id for e in engine.generate([5, 6, 7], ignore_eos=True)
+            if isinstance(e, TokenEvent) and e.token_id >= 0]
+
+
+def test_a_graph_that_disagrees_or_does_not_capture_fails_its_check():
+    engine = make_engine()
+    stand_in_graphs(engine, broken="stale")
+    assert check_graphs(engine).startswith("max error")
+    engine = make_engine()
+    stand_in_graphs(engine, broken="capture")
+    assert check_graphs(engine) == "capture failed: BackendCompilerFailed: inductor"
+    engine = make_engine(replace(GREEDY, cuda_graphs=False))
+    stand_in_graphs(engine)
+    assert check_graphs(engine) is None  # graphs are off in the settings: nothing to check
+
+
 def test_mismatch_says_what_is_wrong():
-    import torch
     want = torch.tensor([1.0, -2.0, 4.0])
     assert mismatch(want.clone(), want) == ""
     assert mismatch(want * 1.5, want) == "max error 0.5 of the largest output, allowed 0.0001"

@@ -15,14 +15,7 @@ triton = pytest.importorskip("triton")
 import kernels.flash_decode as flash_module  # noqa: E402
 import kernels.int4_matmul as int4_module  # noqa: E402
 import kernels.int8_matmul as int8_module  # noqa: E402
-from engine.kernel_checks import (  # noqa: E402
-    CHECKS,
-    check_flash,
-    check_int4,
-    check_int8,
-    check_paged,
-    run_check,
-)
+from engine.kernel_checks import CHECKS, check_flash, check_int4, check_int8, check_paged, run_check  # noqa: E402
 from engine.model import attention, quant  # noqa: E402
 from engine.model.config import ModelConfig  # noqa: E402
 from engine.model.quant import Int4Linear, Int8Linear  # noqa: E402
