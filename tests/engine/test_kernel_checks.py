@@ -1,7 +1,7 @@
 """The kernels' load checks without a GPU: the registry of kernels switched off, the fault that
 fails a named kernel's check on a CPU, the notes it leaves in the engine's Capabilities (and the
 host's ModelInfo), and the CUDA-graph decoder told why it is off. The checks themselves, and the
-dispatch around a switched-off kernel, run under TRITON_INTERPRET=1 in tests/kernels."""
+dispatch around a switched-off kernel, run under TRITON_INTERPRET=1 in tests/kernels/test_load_checks.py."""
 from dataclasses import replace
 
 import pytest
