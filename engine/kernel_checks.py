@@ -128,6 +128,7 @@ def check_int8(weight: torch.Tensor) -> str:
 
 
 def check_int4(weight: torch.Tensor, group_size: int) -> str:
+    """The INT4 matmul on `weight` quantised with `group_size`, against the reference."""
     from kernels.int4_matmul import int4_matmul, reference_int4_matmul
     packed, scales, mins = quantize_int4(weight, group_size)
     for rows in MATMUL_ROWS:
