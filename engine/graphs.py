@@ -2,12 +2,13 @@
 mode="reduce-overhead") instead of hundreds of kernel launches. Only batch-1 decode on the
 contiguous cache is captured; everything else runs eager. A capture that fails switches graphs
 off for this engine with the reason kept (`GraphDecoder.unavailable`), so the figures can say
-which path ran."""
+which path ran; so does a failed check at load (engine/kernel_checks.py, kernels/registry.py)."""
 from __future__ import annotations
 
 import torch
 
 from engine.model.transformer import Transformer
+from kernels import registry as kernel_registry
 
 GRAPH_BUCKET = 1024  # attention in a captured step reads a multiple of this many positions
 
@@ -16,7 +17,8 @@ class GraphDecoder:
     def __init__(self, device: str):
         self.device = device
         self._steps: dict = {}  # (id(model), id(cache)) -> compiled step; one at a time
-        self.unavailable = "" if device.startswith("cuda") else "not on a GPU"  # why graphs do not run
+        # why graphs do not run ("" while they can)
+        self.unavailable = kernel_registry.reason("graphs") if device.startswith("cuda") else "not on a GPU"
         self.replays = 0  # decode steps that ran from a graph
 
     def bucket(self, enabled: bool, start: int, max_len: int) -> int | None:

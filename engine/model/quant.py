@@ -4,7 +4,7 @@ Quantisers turn a weight tensor into stored tensors; `quantize_model` swaps ever
 a `Transformer` for an `Int8Linear` / `Int4Linear` built from them, sharing everything else.
 
 What runs where: CUDA → the Triton kernels in kernels/ (through torch custom ops, so a compiled
-decode step can capture them); CPU → PyTorch's packed CPU kernels, fed bf16 activations (the
+decode step can capture them) unless one failed its check at load (kernels/registry.py); CPU → PyTorch's packed CPU kernels, fed bf16 activations (the
 only ones they vectorise); anything else → the one-line reference forward.
 
 The head is quantised too (a fifth of the default model's weight bytes), to INT8 in both
@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from engine.model.transformer import Linear, Transformer
 from engine.settings import GROUP_SIZES, QuantError, check_weights, weights_label
+from kernels import registry as kernel_registry
 from kernels.int4_pack import pack_int4, unpack_int4
 
 INT4_CPU_ZERO_CODE = 8  # PyTorch's CPU int4 kernel dequantises (code - 8) * scale + zero
@@ -140,7 +141,7 @@ class Int8Linear(nn.Module):
             else:
                 y = torch._weight_int8pack_mm(x2, self.q, self.scales_bf16)
             return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-        if self.backend == "triton":
+        if self.backend == "triton" and kernel_registry.enabled("int8"):
             return _int8_op(x, self.q, self.scales)
         return self.reference(x)
 
@@ -196,7 +197,7 @@ class Int4Linear(nn.Module):
             if y.shape[1] != self.out_features:
                 y = y[:, : self.out_features]
             return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-        if self.backend == "triton":
+        if self.backend == "triton" and kernel_registry.enabled("int4"):
             return _int4_op(x, self.packed, self.scales, self.mins, self.group_size)
         return self.reference(x)
 
