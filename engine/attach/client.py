@@ -36,9 +36,11 @@ def normalise_url(url: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"not a server address: {url!r} (expected e.g. http://localhost:8000)")
     try:
-        parts.port
-    except ValueError:
-        raise ValueError(f"not a server address: {url!r} (bad port)") from None
+        port = parts.port
+    except ValueError:  # not a number, or out of range
+        port = -1
+    if port is not None and not 0 < port < 65536:
+        raise ValueError(f"not a server address: {url!r} (bad port)")
     path = parts.path.rstrip("/")
     for suffix in ("/metrics", "/v1/chat/completions", "/v1"):
         path = path.removesuffix(suffix)

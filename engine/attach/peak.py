@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from engine.hardware.spec import KNOWN_GPUS, GB, lookup_gpu
+from engine.hardware.spec import GB, KNOWN_GPUS, lookup_gpu
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "0.0.0.0")
 
@@ -51,12 +51,12 @@ def local_gpu_name() -> str | None:
         return None
     try:
         pynvml.nvmlInit()
-    except Exception:
+    except pynvml.NVMLError:
         return None
     try:
         name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
         return name.decode() if isinstance(name, bytes) else str(name)
-    except Exception:
+    except pynvml.NVMLError:
         return None
     finally:
         pynvml.nvmlShutdown()

@@ -46,6 +46,7 @@ class ScrapeRecord:
     tflops: float = NAN
     mbu: float = NAN  # gbs over the GPU's peak bandwidth
     mfu: float = NAN
+    ceiling_tokens_per_s: float = NAN  # peak bandwidth / the server's bytes per generated token (decode-only intervals)
     engines: dict[str, dict[str, float]] = field(default_factory=dict)  # per data-parallel engine
     gpus: dict[str, dict[str, float]] = field(default_factory=dict)  # per GPU series of the byte counters
 
@@ -237,6 +238,12 @@ def _rates(server: ServerMetrics, previous: Scrape, scrape: Scrape, peak: GpuPea
     if drafted is not None and accepted is not None and sum(drafted.values()) > 0:
         out["spec_acceptance"] = sum(accepted.values()) / sum(drafted.values())
     out.update(_bandwidth(server, previous, scrape, interval_s, peak))
+    tokens = out.get("generation_tokens", 0.0)
+    # the seed formula, where the interval only decoded and one GPU series carries the bytes
+    if peak is not None and "gbs" in out and "gpus" not in out and tokens > 0 and prompt is not None \
+            and sum(prompt.values()) == 0 and out["gbs"] > 0:
+        bytes_per_token = out["gbs"] * 1e9 * interval_s / tokens
+        out["ceiling_tokens_per_s"] = peak.bandwidth_bps / bytes_per_token
     return out
 
 

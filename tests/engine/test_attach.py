@@ -181,7 +181,7 @@ def test_a_gap_shows_nan_and_the_next_answer_is_only_a_baseline():
 
 def test_per_engine_series_and_their_sum():
     builder = SeriesBuilder()
-    text = lambda g: vllm_text(g, 0, engines=("0", "1"), running=2)  # noqa: E731 (each engine the same)
+    text = lambda g: vllm_text(g, 0, engines=("0", "1"), running=2)
     _, record = feed(builder, (0.0, text(100)), (1.0, text(160)))
     assert set(record.engines) == {"0", "1"}
     assert record.engines["0"]["generation_tokens_per_s"] == pytest.approx(60.0)
