@@ -11,8 +11,17 @@ import threading
 import time
 
 from PySide6.QtCore import QEvent, QObject, Signal
-from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
-                               QPushButton, QWidget)
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QWidget,
+)
 
 from app.plots import LiveData
 from engine.attach.client import AttachError, ChatDone, Scraper, normalise_url, server_model, stream_chat

@@ -50,11 +50,15 @@ def build(version: str = VERSION, jobs: int | None = None, log=print) -> Path:
             members = [m for m in archive.getmembers() if m.name.startswith(prefix)]
             archive.extractall(work, members=members, filter="data")
         source, build_dir = work / prefix, work / "build"
-        log(f"llama_server: building llama-server with {jobs} jobs (CPU only)")
-        subprocess.run(["cmake", "-S", str(source), "-B", str(build_dir), *CMAKE_OPTIONS], check=True,
-                       stdout=subprocess.DEVNULL)
-        subprocess.run(["cmake", "--build", str(build_dir), "--target", "llama-server", "-j", str(jobs)],
-                       check=True, stdout=subprocess.DEVNULL)
+        build_log = CACHE_ROOT / version / "build.log"
+        build_log.parent.mkdir(parents=True, exist_ok=True)
+        log(f"llama_server: building llama-server with {jobs} jobs (CPU only; compiler output in {build_log})")
+        with open(build_log, "w") as output:
+            for command in (["cmake", "-S", str(source), "-B", str(build_dir), *CMAKE_OPTIONS],
+                            ["cmake", "--build", str(build_dir), "--target", "llama-server", "-j", str(jobs)]):
+                if subprocess.run(command, stdout=output, stderr=subprocess.STDOUT, check=False).returncode != 0:
+                    tail = build_log.read_text(errors="replace").splitlines()[-30:]
+                    raise SystemExit("\n".join(tail) + f"\nllama_server: {command[:2]} failed; the whole log: {build_log}")
         built = build_dir / "bin" / "llama-server"
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_suffix(".partial")

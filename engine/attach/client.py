@@ -201,15 +201,17 @@ def server_model(base_url: str, api_key: str | None = None, timeout_s: float = S
 def stream_chat(base_url: str, messages: list[dict], *, model: str | None = None, max_tokens: int = 256,
                 temperature: float = 0.7, seed: int | None = None, api_key: str | None = None,
                 timeout_s: float = CHAT_TIMEOUT_S, stop: threading.Event | None = None,
-                clock=time.monotonic) -> Iterator[str | ChatDone]:
+                extra: dict | None = None, clock=time.monotonic) -> Iterator[str | ChatDone]:
     """Yield the reply's text pieces as they stream, then one ChatDone. AttachError (one line) when
-    the server is down, refuses, or streams something that is not the OpenAI format."""
+    the server is down, refuses, or streams something that is not the OpenAI format. `extra`: fields
+    one server understands (llama.cpp's `ignore_eos`)."""
     body = {"messages": messages, "stream": True, "max_tokens": max_tokens, "temperature": temperature,
             "stream_options": {"include_usage": True}}
     if model:
         body["model"] = model
     if seed is not None:
         body["seed"] = seed
+    body.update(extra or {})
     connection, path = _connection(base_url, timeout_s)
     where = f"{base_url}/v1/chat/completions"
     sent = clock()
