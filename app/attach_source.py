@@ -201,6 +201,7 @@ class AttachController(QObject):
         self.replying = False
         self._reply_t0 = 0.0
         self._preempted_total = 0.0
+        self._label = "server"
         self.button = QPushButton("Attach to server…")
         self.button.setToolTip("show a running vLLM, SGLang or llama.cpp server's figures and chat with it")
         self.button.clicked.connect(self.pick_server)
@@ -249,18 +250,23 @@ class AttachController(QObject):
             w.apply_settings(dataclasses.replace(w.settings, users=0))
         self._disconnect_window()
         self.url, self.peak, self.peak_note = url, peak, note
-        self.records, self.messages, self._preempted_total = [], [], 0.0
+        self.records, self.messages, self._preempted_total, self._label = [], [], 0.0, "server"
         data = w.data
         data.clear()
         data.source, data.x_label = SOURCE, f"scrape (every {interval_s:g} s)"
         data.notes = {"timeline": NO_TIMELINE}
         w.plots.set_hardware(device_spec(peak) if peak else None)
+        strip = w.hardware_strip
         if peak is not None:
-            w.hardware_strip.set_device(device_spec(peak))
+            strip.set_device(device_spec(peak))
         else:
-            w.hardware_strip.device_label.setText(f"the server's GPU: unknown — {note}")
-            w.hardware_strip.bandwidth_label.setText("")
-            w.hardware_strip.compute_label.setText("")
+            strip.device_label.setText(f"the server's GPU: unknown — {note}")
+            strip.bandwidth_label.setText("")
+            strip.compute_label.setText("")
+        strip.spec = None  # this machine's memory and NVML readings are not the server's
+        strip.memory_label.setText("")
+        strip.live_label.setText("figures: the server's /metrics — its counters, and its own estimates of bytes "
+                                 "and FLOPs where it publishes them")
         w.serving_panel.title.setText("<b>Serving: the server's batch, queue and latencies</b>")
         w.controls.set_enabled(False)
         w.model_button.setEnabled(False)
@@ -401,8 +407,9 @@ class AttachController(QObject):
                                 else {})
             if server.live_note:
                 w.data.notes["tokens"] = server.live_note
-        add_record(w.data, record, f"{server.label if server else 'server'} server", self.peak,
-                   self._preempted_total)
+        if server is not None:
+            self._label = f"{server.label} server"  # one legend entry and colour; a gap keeps the last
+        add_record(w.data, record, self._label, self.peak, self._preempted_total)
         self.status_label.setText(status_line(record, self.url))
         state = "down" if record.status in ("down", "bad answer") else "up"
         if state != self.state:

@@ -681,6 +681,8 @@ class PlotsPanel(QWidget):
         labels = steps.column("label", last=TRAIL_STEPS)
         prefill = steps.column("prefill", last=TRAIL_STEPS) > 0.5
         mixed = steps.column("mixed", last=TRAIL_STEPS) > 0.5
+        known = np.isfinite(ai) & np.isfinite(flops)  # (a server's scrapes: none where it did not answer)
+        ai, flops, labels, prefill, mixed = ai[known], flops[known], labels[known], prefill[known], mixed[known]
         all_ai = steps.column("ai")
         lo = 10.0 ** math.floor(math.log10(min(ridge / 30, np.nanmin(ai) / 3)))
         hi = 10.0 ** math.ceil(math.log10(max(ridge * 30, np.nanmax(all_ai) * 3)))

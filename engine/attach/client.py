@@ -98,7 +98,9 @@ def fetch_metrics(base_url: str, *, timeout_s: float = SCRAPE_TIMEOUT_S, api_key
     finally:
         connection.close()
     if response.status != 200:
-        raise AttachError(f"{base_url}/metrics: HTTP {response.status} {response.reason}: {_error_text(body)}")
+        hint = " (SGLang serves /metrics with --enable-metrics, llama.cpp's server with --metrics)" \
+            if response.status == 404 else ""
+        raise AttachError(f"{base_url}/metrics: HTTP {response.status} {response.reason}: {_error_text(body)}{hint}")
     try:
         return parse_metrics(body.decode("utf-8", "replace"), t_s, _float_or_none(start))
     except MetricsError as error:

@@ -30,6 +30,8 @@ class FakeVllm(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/v1/models":
             return self._send(200, "application/json", json.dumps({"data": [{"id": "fake-model"}]}))
+        if self.path == "/login/metrics":  # a proxy's sign-in page
+            return self._send(200, "text/html", "<!DOCTYPE html><html><body>Sign in</body></html>")
         if self.path != "/metrics":
             return self._send(404, "text/plain", "not found")
         tokens = GEN_TPS * (time.monotonic() - self.t0)
@@ -127,3 +129,13 @@ def test_attach_refuses_a_bad_address_or_gpu_with_one_line(qtbot, tiny_model):
     assert not window.attach.attach("http://127.0.0.1:9", gpu="Voodoo 2")
     assert "not in the datasheet table" in window.last_error and "\n" not in window.last_error
     assert not window.attach.attached and math.isnan(window.data.steps.last("tokens_per_s"))
+
+
+def test_wrong_path_or_an_html_page_is_a_bad_answer_in_one_line(fake_vllm):
+    from engine.attach.client import Scraper
+
+    missing = Scraper(fake_vllm + "/nope").poll()
+    assert missing.status == "bad answer" and "HTTP 404" in missing.message and "--enable-metrics" in missing.message
+    html = Scraper(fake_vllm + "/login").poll()
+    assert html.status == "bad answer" and "not Prometheus metrics (an HTML page" in html.message
+    assert "\n" not in missing.message + html.message
