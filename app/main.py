@@ -60,6 +60,10 @@ def main(args=None, *, model="default", device: str = "auto", hardware=None, set
     if not screenshot and not os.environ.get("QT_QPA_PLATFORM") and not (
             os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) and sys.platform.startswith("linux"):
         # Qt would abort ("could not connect to display"): say so and chat in the terminal instead
+        if getattr(args, "command", None) == "attach":
+            print("membound: error: no display here (DISPLAY is not set): `membound attach URL --headless` "
+                  "scrapes the server in the terminal", file=sys.stderr)
+            return 2
         print("membound: no display here (DISPLAY is not set): starting the terminal chat; "
               "`membound --screenshot FILE` draws the app offscreen", file=sys.stderr)
         from engine.cli import main as engine_main
