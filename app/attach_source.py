@@ -85,6 +85,13 @@ def status_line(record: ScrapeRecord, url: str) -> str:
         parts.append(f"running {record.running:.0f} · waiting {record.waiting:.0f}")
     if math.isfinite(record.kv_cache_usage):
         parts.append(f"KV cache {100 * record.kv_cache_usage:.0f}% used")
+    if len(record.engines) > 1:  # a data-parallel server: each engine's share
+        parts.append("engines " + ", ".join(
+            f"{key}: {figures.get('generation_tokens_per_s', math.nan):,.0f} tok/s" for key, figures in
+            sorted(record.engines.items())))
+    if len(record.gpus) > 1:
+        parts.append("GPUs " + ", ".join(f"{key}: {figures.get('gbs', math.nan):,.0f} GB/s"
+                                         for key, figures in sorted(record.gpus.items())))
     if math.isfinite(record.spec_acceptance):
         parts.append(f"speculative acceptance {100 * record.spec_acceptance:.0f}%")
     if record.status != "ok":

@@ -139,3 +139,24 @@ def test_wrong_path_or_an_html_page_is_a_bad_answer_in_one_line(fake_vllm):
     html = Scraper(fake_vllm + "/login").poll()
     assert html.status == "bad answer" and "not Prometheus metrics (an HTML page" in html.message
     assert "\n" not in missing.message + html.message
+
+
+def test_status_line_names_each_engine_of_a_data_parallel_server():
+    from app.attach_source import status_line
+    from engine.attach.exposition import parse_metrics
+    from engine.attach.series import SeriesBuilder
+
+    def text(tokens: float) -> str:
+        lines = ["# TYPE vllm:num_requests_running gauge", "# TYPE vllm:generation_tokens counter",
+                 "# TYPE vllm:estimated_read_bytes_per_gpu counter"]
+        for engine in ("0", "1"):
+            labels = f'engine="{engine}",model_name="m"'
+            lines += [f"vllm:num_requests_running{{{labels}}} 1", f"vllm:generation_tokens_total{{{labels}}} {tokens}",
+                      f"vllm:estimated_read_bytes_per_gpu_total{{{labels}}} {tokens * 1e9}"]
+        return "\n".join(lines) + "\n"
+
+    builder = SeriesBuilder()
+    builder.add(parse_metrics(text(100), 0.0))
+    line = status_line(builder.add(parse_metrics(text(160), 1.0)), "http://h:1")
+    assert line.startswith("vLLM at http://h:1 · running 2") and "engines 0: 60 tok/s, 1: 60 tok/s" in line
+    assert "GPUs engine=0: 60 GB/s, engine=1: 60 GB/s" in line

@@ -281,3 +281,4 @@ def test_records_are_json_ready():
     _, record = feed(builder, (0.0, vllm_text(0, 0)), (1.0, vllm_text(10, 0)))
     data = json.loads(json.dumps(record.to_dict(0.0)))
     assert data["generation_tokens_per_s"] == 10.0 and data["gbs"] is None and data["t_s"] == 1.0
+
