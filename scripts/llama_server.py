@@ -48,7 +48,8 @@ def build(version: str = VERSION, jobs: int | None = None, log=print) -> Path:
         prefix = f"{sdist.name[:-len('.tar.gz')]}/vendor/llama.cpp/"
         with tarfile.open(sdist) as archive:
             members = [m for m in archive.getmembers() if m.name.startswith(prefix)]
-            archive.extractall(work, members=members, filter="data")
+            safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # (Python 3.11.4+)
+            archive.extractall(work, members=members, **safe)
         source, build_dir = work / prefix, work / "build"
         build_log = CACHE_ROOT / version / "build.log"
         build_log.parent.mkdir(parents=True, exist_ok=True)
