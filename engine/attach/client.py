@@ -145,7 +145,7 @@ class Scraper:
     def next_delay_s(self) -> float:
         if self.failures == 0:
             return self.interval_s
-        return min(self.interval_s * 2 ** (self.failures - 1), MAX_BACKOFF_S)
+        return min(self.interval_s * 2 ** self.failures, MAX_BACKOFF_S)
 
     def run(self, seconds: float, on_record, stop: threading.Event | None = None) -> None:
         """Scrape for `seconds` (every interval_s, slower while failing), handing each record to

@@ -38,7 +38,8 @@ def summary_line(record: ScrapeRecord, t0_s: float) -> str:
     return line + (f"   [{record.status}: {record.message}]" if record.status != "ok" else "")
 
 
-def run_headless(args, out=sys.stdout, err=sys.stderr) -> int:
+def run_headless(args, out=None, err=None) -> int:
+    out, err = out or sys.stdout, err or sys.stderr
     url = normalise_url(args.url)
     if not args.seconds > 0:
         raise ValueError("--seconds must be above 0")

@@ -272,7 +272,7 @@ def test_a_dead_server_is_a_down_record_with_backoff():
     scraper = Scraper(f"127.0.0.1:{port}", interval_s=0.5, timeout_s=1.0)
     first, second = scraper.poll(), scraper.poll()
     assert first.status == "down" and "refused" in first.message and "\n" not in first.message
-    assert scraper.next_delay_s == pytest.approx(1.0) and second.status == "down"
+    assert scraper.next_delay_s == pytest.approx(2.0) and second.status == "down"  # 0.5 s, doubled twice
     assert summary_line(first, 0.0).strip().startswith(f"{first.t_s:.1f} s  down:")
 
 
