@@ -29,7 +29,8 @@ def free_port() -> int:
 class LlamaServer:
     """start() / stop() on one fixed port, so a restart is the same URL."""
 
-    def __init__(self, model: Path, threads: int = 2):
+    # one thread: on a shared 2-core machine a second one waits at every barrier for a busy core
+    def __init__(self, model: Path, threads: int = 1):
         self.binary = _builder().build(log=lambda message: print(message, flush=True))
         self.model = model
         self.threads = threads
