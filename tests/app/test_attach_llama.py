@@ -43,7 +43,7 @@ def test_plotted_tokens_per_s_agrees_with_the_counters_and_the_stream(llama_serv
         while not records:
             time.sleep(0.05)
         arrivals, done = [], None
-        for piece in stream_chat(url, [{"role": "user", "content": PROMPT}], max_tokens=200, temperature=0.0,
+        for piece in stream_chat(url, [{"role": "user", "content": PROMPT}], max_tokens=120, temperature=0.0,
                                  extra={"ignore_eos": True}):
             if isinstance(piece, ChatDone):
                 done = piece
@@ -54,7 +54,7 @@ def test_plotted_tokens_per_s_agrees_with_the_counters_and_the_stream(llama_serv
         stop.set()
         thread.join()
     counted = predicted_total(url) - before
-    assert done is not None and done.counted_from == "usage" and done.n_tokens == 200
+    assert done is not None and done.counted_from == "usage" and done.n_tokens == 120
     assert counted == done.n_tokens  # the server's token counter (it adds a reply when it ends)
     ok = [r for r in records if r.ok]
     assert len(ok) >= 4 and all(r.kind == "llamacpp" for r in ok)
