@@ -382,7 +382,8 @@ class AttachController(QObject):
             parts.append(f"{done.tokens_per_s:,.1f} tok/s (this reply, from the stream)")
         server_rate = self.server_rate_since(self._reply_t0)
         if math.isfinite(server_rate):
-            parts.append(f"server: {server_rate:,.1f} tok/s generation while it streamed (its counters)")
+            parts.append(f"server: {server_rate:,.1f} tok/s generated, every request, since it was sent "
+                         "(its counters)")
         self.window.chat.end_reply("— " + " · ".join(parts))
         self._end_reply()
         self.reply_finished.emit(done)
@@ -394,7 +395,8 @@ class AttachController(QObject):
         self.reply_finished.emit(None)
 
     def server_rate_since(self, t0_s: float) -> float:
-        """The server's generation tokens/s over the scrapes since t0_s (nan without any)."""
+        """The server's generation tokens/s over the scrapes since t0_s, all requests together (nan
+        without any): the reply's own rate beside what the whole server did meanwhile."""
         rows = [r for r in self.records if r.t_s >= t0_s and r.ok and math.isfinite(r.generation_tokens)]
         span = sum(r.interval_s for r in rows)
         return sum(r.generation_tokens for r in rows) / span if span > 0 else math.nan
