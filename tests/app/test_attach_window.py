@@ -23,6 +23,7 @@ FLOPS_PER_TOKEN = 2e12
 
 class FakeVllm(BaseHTTPRequestHandler):
     t0 = time.monotonic()
+    api_key = "secret"  # required on /keyed/metrics, as a server started with --api-key does
 
     def log_message(self, *args) -> None:  # quiet
         pass
@@ -30,6 +31,10 @@ class FakeVllm(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/v1/models":
             return self._send(200, "application/json", json.dumps({"data": [{"id": "fake-model"}]}))
+        if self.path.startswith("/keyed/"):
+            if self.headers.get("Authorization") != f"Bearer {self.api_key}":
+                return self._send(401, "application/json", json.dumps({"error": {"message": "Unauthorized"}}))
+            self.path = self.path.removeprefix("/keyed")
         if self.path == "/login/metrics":  # a proxy's sign-in page
             return self._send(200, "text/html", "<!DOCTYPE html><html><body>Sign in</body></html>")
         if self.path != "/metrics":
@@ -160,3 +165,11 @@ def test_status_line_names_each_engine_of_a_data_parallel_server():
     line = status_line(builder.add(parse_metrics(text(160), 1.0)), "http://h:1")
     assert line.startswith("vLLM at http://h:1 · running 2") and "engines 0: 60 tok/s, 1: 60 tok/s" in line
     assert "GPUs engine=0: 60 GB/s, engine=1: 60 GB/s" in line
+
+
+def test_api_key_is_sent_as_a_bearer_token(fake_vllm):
+    from engine.attach.client import Scraper
+
+    refused = Scraper(fake_vllm + "/keyed").poll()
+    assert refused.status == "bad answer" and "HTTP 401 Unauthorized: Unauthorized" in refused.message
+    assert Scraper(fake_vllm + "/keyed", api_key="secret").poll().status == "baseline"

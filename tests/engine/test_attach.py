@@ -282,3 +282,13 @@ def test_records_are_json_ready():
     data = json.loads(json.dumps(record.to_dict(0.0)))
     assert data["generation_tokens_per_s"] == 10.0 and data["gbs"] is None and data["t_s"] == 1.0
 
+
+
+def test_attach_imports_neither_torch_nor_qt():
+    import subprocess
+    import sys
+
+    code = ("import sys, engine.attach.headless, engine.attach.client; "
+            "print(sorted(m for m in ('torch', 'PySide6', 'gguf') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
