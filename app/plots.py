@@ -62,6 +62,10 @@ class LiveData:
         self.reply_t1: float | None = None  # its last step's end (None while it streams)
         self.ttft_s: float | None = None
         self.version = 0
+        # where the figures come from, for the readouts: the cost model, or (attach mode) the server
+        self.source = "model"
+        self.x_label = "step"  # what one row of `steps` is (attach mode: one scrape of the server)
+        self.notes: dict[str, str] = {}  # plot name -> why it shows nothing (e.g. the flag to start a server with)
 
     def label_code(self, label: str) -> int:
         if label not in self.labels:
@@ -339,7 +343,7 @@ class PlotsPanel(QWidget):
         self._drawn_notes: list[Annotation] = []
         self._peak_lines: dict[str, pg.InfiniteLine] = {}
 
-        tokens = self._style_plot("tokens", "tokens/s (log)", "step")
+        tokens = self._style_plot("tokens", "tokens/s (log)", self.data.x_label)
         tokens.setLogMode(y=True)
         self.ceiling_item = pg.PlotDataItem(pen=_pen(t.peak, 2, dashed=True), connect="finite",
                                             name="ceiling = peak BW ÷ bytes/token")
@@ -361,10 +365,10 @@ class PlotsPanel(QWidget):
 
         # NVML series only where NVML answers: a CPU run shows what is modelled, and says so.
         nvml = bool(self.hardware is not None and self.hardware.nvml)
-        memory = self._style_plot("memory", "GB/s", "step")
+        memory = self._style_plot("memory", "GB/s", self.data.x_label)
         self.dram_item = pg.PlotDataItem(pen=_pen(t.text, 2, dotted=True), connect="finite",
                                          name="DRAM bandwidth (NVML GPM)" if nvml else None)
-        compute = self._style_plot("compute", "% of peak FLOP/s", "step")
+        compute = self._style_plot("compute", "% of peak FLOP/s", self.data.x_label)
         self.sm_item = pg.PlotDataItem(pen=_pen(t.text, 2, dotted=True), connect="finite",
                                        name="SM busy (NVML)" if nvml else None)
         self.tensor_item = pg.PlotDataItem(pen=_pen(t.spec_peak, 2, dotted=True), connect="finite",
@@ -639,6 +643,8 @@ class PlotsPanel(QWidget):
             peak_flops = spec.peak_flops_for("fp32") or float("nan")
             dtype = "fp32"
         scale, unit = flops_unit(peak_flops if math.isfinite(peak_flops) else 0)
+        if self.data.source != "model":  # a server's figures: the peak is the datasheet's, for its dtype
+            dtype = spec.ridge_dtype or ""
         origin = "measured" if spec.kind == "cpu" or dtype in spec.measured_flops and \
             spec.measured_flops.get(dtype) == peak_flops else "spec"
         self._hline("compute", "peak_flops", 100.0 if math.isfinite(peak_flops) else None,
@@ -662,6 +668,8 @@ class PlotsPanel(QWidget):
         peak_flops, peak_bps = steps.last("peak_flops"), steps.last("peak_bps")
         if not (math.isfinite(peak_flops) and math.isfinite(peak_bps) and peak_bps > 0):
             return
+        if not np.isfinite(steps.column("ai", last=TRAIL_STEPS)).any():  # a server without byte counters
+            return
         scale, unit = flops_unit(peak_flops)
         if self._set_keys.get("roofline_unit") != unit:
             self._set_keys["roofline_unit"] = unit
@@ -673,6 +681,8 @@ class PlotsPanel(QWidget):
         labels = steps.column("label", last=TRAIL_STEPS)
         prefill = steps.column("prefill", last=TRAIL_STEPS) > 0.5
         mixed = steps.column("mixed", last=TRAIL_STEPS) > 0.5
+        known = np.isfinite(ai) & np.isfinite(flops)  # (a server's scrapes: none where it did not answer)
+        ai, flops, labels, prefill, mixed = ai[known], flops[known], labels[known], prefill[known], mixed[known]
         all_ai = steps.column("ai")
         lo = 10.0 ** math.floor(math.log10(min(ridge / 30, np.nanmin(ai) / 3)))
         hi = 10.0 ** math.ceil(math.log10(max(ridge * 30, np.nanmax(all_ai) * 3)))
@@ -754,6 +764,9 @@ class PlotsPanel(QWidget):
         steps = self.data.steps
         if steps.total == 0:
             return
+        if self.data.source != "model":
+            self._server_readouts()
+            return
         decode = steps.column("prefill")[-64:] < 0.5
         recent_tps = steps.column("tokens_per_s")[-64:][decode][-8:]
         ceiling = steps.column("ceiling_tps")[-64:][decode][-1:]
@@ -787,3 +800,42 @@ class PlotsPanel(QWidget):
             if len(inter):
                 parts.append(f"{np.median(inter):.0f} ms/token (median)")
             self._title("timeline", "Phase timeline", " · ".join(parts))
+
+    def _server_readouts(self) -> None:
+        """Attach mode: the latest scrapes' figures, labelled with their source; a plot whose figures
+        the server does not publish says why (data.notes) instead of showing a number."""
+        steps, source, notes = self.data.steps, self.data.source, self.data.notes
+
+        def recent(name: str, n: int = 4) -> float:
+            values = steps.column(name)[-n:]
+            values = values[np.isfinite(values)]
+            return float(np.mean(values)) if len(values) else math.nan
+
+        tps, ceiling = recent("tokens_per_s"), recent("ceiling_tps", 1)
+        text = f"generation {tps:,.1f} tok/s (server's counters)" if math.isfinite(tps) else notes.get("tokens", "–")
+        if math.isfinite(ceiling):
+            text += f" · ceiling {ceiling:,.0f} ({source})"
+        self._title("tokens", "Tokens/s", text)
+        gbs, peak_gbs = recent("gbs"), steps.last("peak_bps") / 1e9
+        text = notes.get("memory", "–")
+        if math.isfinite(gbs):
+            text = f"{gbs:,.1f} GB/s per GPU ({source})"
+            if math.isfinite(peak_gbs) and peak_gbs > 0:
+                text += f" · MBU {100 * gbs / peak_gbs:.0f}%"
+        self._title("memory", "Memory traffic", text)
+        flops, mfu = recent("flops"), recent("mfu_pct")
+        text = notes.get("compute", "–")
+        if math.isfinite(flops):
+            scale, unit = flops_unit(flops)
+            text = f"{format_rate(flops / scale, unit)} per GPU ({source})"
+            if math.isfinite(mfu):
+                text += f" · MFU {mfu:.0f}%"
+        self._title("compute", "Compute", text)
+        ai, ridge = recent("ai", 1), steps.last("peak_flops") / steps.last("peak_bps")
+        text = notes.get("roofline", "–")
+        if math.isfinite(ai):
+            text = f"{ai:.2g} FLOP/B ({source})"
+            if math.isfinite(ridge):
+                text += ": compute-bound" if ai >= ridge else ": memory-bound"
+        self._title("roofline", "Roofline", text)
+        self._title("timeline", "Phase timeline", notes.get("timeline", ""))

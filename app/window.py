@@ -104,6 +104,9 @@ class MainWindow(QMainWindow):
         self.table_button.setChecked(not large_fonts)
         for button in (self.model_button, self.table_button, self.theme_button, self.fonts_button):
             self.controls.extra.addWidget(button)
+        from app.attach_source import add_attach_button  # attach mode: a server's /metrics feeds the plots
+
+        self.attach = add_attach_button(self)  # "Attach to server…" beside "Model…"
         self.chat = ChatPanel(self.theme)
         self.seed_table = SeedTable(self.theme, self.colours)
         self.kv_panel = KVCachePanel(self.theme)

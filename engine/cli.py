@@ -1,4 +1,5 @@
-"""`membound` command line: the app (default), `chat` (terminal chat) and `bench`.
+"""`membound` command line: the app (default), `chat` (terminal chat), `bench` and `attach` (a
+running vLLM / SGLang / llama.cpp server; `--headless` here, the window in app/).
 Every known failure prints one line (`membound: error: …`) and exits 2; --debug shows tracebacks."""
 from __future__ import annotations
 
@@ -86,6 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
                             "1024,4096 on cpu, 1024,4096,8192 on cuda)")
     bench.add_argument("--eval-tokens", type=int, default=2048,
                        help="tokens of evaluation text for the sweep's perplexity (0: skip quality)")
+    attach = sub.add_parser("attach", help="the dashboard on a running vLLM, SGLang or llama.cpp server")
+    attach.add_argument("url", help="the server's address, e.g. http://localhost:8000")
+    attach.add_argument("--gpu", metavar="NAME",
+                        help="the server's GPU, for MBU/MFU (a datasheet entry, e.g. H100); default: NVML "
+                             "when the server runs on this machine")
+    attach.add_argument("--api-key", help="sent as a Bearer token (a server started with --api-key)")
+    attach.add_argument("--interval", type=float, default=1.0, help="seconds between scrapes (default 1)")
+    attach.add_argument("--headless", action="store_true", help="no window: print each scrape")
+    attach.add_argument("--seconds", type=float, default=10.0, help="(headless) how long to scrape (default 10)")
+    attach.add_argument("--json", metavar="FILE", help="(headless) write the series, one record per scrape")
     return parser
 
 
@@ -94,6 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "chat":
             return run_chat(args)
+        if args.command == "attach":
+            if not args.headless:
+                raise ValueError("the attach window needs the desktop app (`membound attach URL`); "
+                                 "--headless scrapes in the terminal")
+            from engine.attach.headless import run_headless
+            return run_headless(args)
         if args.command == "bench":
             from engine.bench.run import run_bench
             return run_bench(args, _progress_printer())
