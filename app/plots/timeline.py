@@ -64,8 +64,9 @@ class TimelinePlot(PlotView):
                 self.bars[key] = self._bar_item(key)
             x0, x1, height = merge_bars(start[mask] - (t0 or 0), step_ms[mask])
             zero = np.zeros_like(height)
-            self.set_if_changed(self.bars[key], (t0, len(x0), float(x0[-1]) if len(x0) else None),
-                                np.stack([x0, x0, x1, x1], 1).ravel(), np.stack([zero, height, height, zero], 1).ravel())
+            outline_x = np.stack([x0, x0, x1, x1], 1).ravel()
+            outline_y = np.stack([zero, height, height, zero], 1).ravel()
+            self.set_if_changed(self.bars[key], (t0, len(x0), float(x0[-1]) if len(x0) else None), outline_x, outline_y)
         ttft = self.data.ttft_s
         if self._set_keys.get("ttft") != ttft:
             self._set_keys["ttft"] = ttft
