@@ -15,10 +15,10 @@ SERVING_CAPACITY = 8192
 MAX_ANNOTATIONS = 64
 
 STEP_COLUMNS = ("x", "t_s", "start_s", "prefill", "mixed", "label", "tokens_per_s", "ceiling_tps", "roof_tps", "gbs",
-                "flops", "mfu_pct", "ai", "step_ms", "context_len", "peak_flops", "peak_bps")
-HW_COLUMNS = ("x", "t_s", "mem_util_pct", "sm_util_pct", "dram_bw_util_pct", "tensor_active_pct")
+                "flops", "mfu_pct", "ai", "step_ms", "peak_flops", "peak_bps")
+HW_COLUMNS = ("x", "t_s", "sm_util_pct", "dram_bw_util_pct", "tensor_active_pct")
 SERVING_COLUMNS = ("x", "t_s", "users", "running", "waiting", "aggregate_tps", "per_request_tps", "ttft_p50_s",
-                   "ttft_p95_s", "itl_p50_s", "itl_p95_s", "preempted", "finished", "cancelled")
+                   "ttft_p95_s", "itl_p50_s", "itl_p95_s", "preempted")
 
 
 @dataclass(frozen=True)
@@ -68,8 +68,7 @@ class LiveData:
             ceiling_tps=m.memory_ceiling_tokens_per_s, roof_tps=_finite_or_none(m.predicted_ceiling_tokens_per_s),
             gbs=m.achieved_gbs, flops=m.flops / m.step_s,
             mfu_pct=100 * m.mfu if m.peak_flops == m.peak_flops and m.peak_flops > 0 else None,
-            ai=m.arithmetic_intensity, step_ms=1e3 * m.step_s, context_len=m.context_len,
-            peak_flops=m.peak_flops, peak_bps=m.peak_bandwidth_bps)
+            ai=m.arithmetic_intensity, step_ms=1e3 * m.step_s, peak_flops=m.peak_flops, peak_bps=m.peak_bandwidth_bps)
         self.version += 1
 
     def add_batch_stats(self, b) -> None:
@@ -78,15 +77,14 @@ class LiveData:
             x=max(self.steps.total - 1, 0), t_s=b.t_s, users=b.users, running=b.running, waiting=b.waiting,
             aggregate_tps=b.aggregate_tokens_per_s, per_request_tps=b.per_request_tokens_per_s,
             ttft_p50_s=b.ttft_p50_s, ttft_p95_s=b.ttft_p95_s, itl_p50_s=b.itl_p50_s, itl_p95_s=b.itl_p95_s,
-            preempted=b.preempted_total, finished=b.finished_total, cancelled=b.cancelled_total)
+            preempted=b.preempted_total)
         self.serving_policy = b.policy
         self.serving_version += 1
 
     def add_hardware(self, sample) -> None:
         """sample: an engine HardwareSample (NVML); x is the step the engine is at."""
-        self.hardware.append(x=max(self.steps.total - 1, 0), t_s=sample.t_s, mem_util_pct=sample.mem_util_pct,
-                             sm_util_pct=sample.sm_util_pct, dram_bw_util_pct=sample.dram_bw_util_pct,
-                             tensor_active_pct=sample.tensor_active_pct)
+        self.hardware.append(x=max(self.steps.total - 1, 0), t_s=sample.t_s, sm_util_pct=sample.sm_util_pct,
+                             dram_bw_util_pct=sample.dram_bw_util_pct, tensor_active_pct=sample.tensor_active_pct)
         self.version += 1
 
     def annotate(self, text: str, label: str, t_s: float) -> Annotation:

@@ -87,6 +87,25 @@ def test_memory_and_compute_plots_draw_against_the_device_peaks(data, qtbot):
     assert "% of peak" in memory.readout() and "MFU" in compute.readout()
 
 
+def test_a_gpu_with_nvml_adds_its_measured_counters_beside_the_model(data, qtbot):
+    from engine.hardware.nvml import HardwareSample
+    from engine.hardware.spec import DeviceSpec
+
+    h200 = DeviceSpec(name="NVIDIA H200", kind="cuda", peak_bandwidth_gbs=4800.0, peak_flops={"bf16": 989e12},
+                      spec_bandwidth_gbs=4800.0, measured_bandwidth_gbs=4200.0, nvml=True)
+    for pct in (50.0, 75.0):
+        data.add_hardware(HardwareSample(t_s=100.1, sm_util_pct=90.0, dram_bw_util_pct=pct, tensor_active_pct=10.0))
+    memory = make(MemoryPlot, data, qtbot, h200)
+    assert memory.dram_item.getData()[1].tolist() == [2400.0, 3600.0]  # % of the datasheet peak, in GB/s
+    assert memory._peak_lines["spec_bw"].isVisible() and memory._peak_lines["measured_bw"].value() == 4200.0
+    compute = make(ComputePlot, data, qtbot, h200)
+    assert compute.sm_item.getData()[1].tolist() == [90.0, 90.0]
+    assert compute.tensor_item.getData()[1].tolist() == [10.0, 10.0]
+    assert compute.plot.legend.getLabel(compute.sm_item) is not None
+    cpu = make(ComputePlot, data, qtbot, fake_cpu())  # no NVML: nothing measured is drawn or named
+    assert cpu.sm_item.getData()[0] is None and cpu.plot.legend.getLabel(cpu.sm_item) is None
+
+
 def test_roofline_puts_the_dot_on_the_last_step_and_keeps_the_last_prefill(data, qtbot):
     view = make(RooflinePlot, data, qtbot)
     last = data.steps.last("ai")
