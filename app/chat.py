@@ -20,7 +20,6 @@ class ChatPanel(QWidget):
         super().__init__(parent)
         self.theme = theme
         self.reply_text = ""  # the reply streaming now (or the last one)
-        self.n_replies = 0
         self._streaming = False
 
         title = QLabel("Chat")
@@ -155,7 +154,6 @@ class ChatPanel(QWidget):
         self._keep_scrolled(at_bottom)
 
     def end_reply(self, summary: str) -> None:
-        self.n_replies += 1
         at_bottom = self._at_bottom()
         cursor = self._cursor_at_end()
         cursor.insertBlock()

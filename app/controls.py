@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.theme import SettingColours, Theme
+from engine.protocol import with_changes
 from engine.settings import Settings
 
 
@@ -95,8 +96,6 @@ CONTROLS: tuple[Choice | Toggle | Slider | Number, ...] = (
 )
 
 
-CONTROL_TOOLTIPS = {c.field: c.tooltip for c in CONTROLS}
-
 
 def get_field(settings: Any, path: str) -> Any:
     for part in path.split("."):
@@ -120,37 +119,12 @@ def with_field(settings: Any, path: str, value: Any) -> Any:
     return dataclasses.replace(settings, **{head: with_field(getattr(settings, head), rest, value)})
 
 
-def describe_changes(old: Settings, new: Settings) -> list[str]:
-    """Labels for what differs, in the words the annotations use (e.g. "kv cache off")."""
-    changes = []
-    for control in CONTROLS:
-        if not has_field(new, control.field):
-            continue
-        before, after = get_field(old, control.field), get_field(new, control.field)
-        if before == after:
-            continue
-        if isinstance(control, Toggle):
-            changes.append(f"{control.label.lower()} {'on' if after else 'off'}")
-        elif control.field == "kv_layout":  # the KV cache switch and this choice share one state
-            if get_field(old, "kv_cache") == get_field(new, "kv_cache"):
-                changes.append(f"kv {after}")
-        elif control.field == "group_size":
-            if new.weights == "int4":
-                changes.append(f"int4 group {after}")
-        elif control.field == "policy":
-            changes.append(f"{after} batching")
-        elif isinstance(control, Slider):
-            changes.append(f"{after} {control.label.lower()}")
-        elif isinstance(control, Choice):
-            changes.append(f"{after} attention" if control.field == "attention" else str(after))
-        else:
-            changes.append(f"{control.label.lower()} {after:g}")
-    return changes
-
-
 class ControlsBar(QFrame):
-    """Emits `settings_changed(Settings)` when the user changes a control; `set_settings` shows
-    the engine's settings without emitting."""
+    """Shows the settings the engine confirmed (`settings`) and marks the options asked for but not
+    confirmed yet (`pending`: dashed outline, "→ value"). A user's change emits
+    `settings_changed(Settings)`: the requested settings with that change; the control itself moves
+    only when the window passes the engine's answer to `set_settings`. Options the loaded model or
+    device cannot take (`Capabilities`) are disabled, the reason in their tooltip."""
     settings_changed = Signal(object)
 
     def __init__(self, theme: Theme, colours: SettingColours, parent=None):
@@ -158,7 +132,10 @@ class ControlsBar(QFrame):
         self.setObjectName("panel")
         self.theme = theme
         self.colours = colours
-        self.settings = Settings()
+        self.settings = Settings()  # what the engine runs
+        self.pending: dict[str, Any] = {}  # field -> value asked for, not confirmed yet
+        self.capabilities = None  # engine.protocol.Capabilities of the loaded model
+        self._extra_tips: dict[str, str] = {}  # field -> more for its tooltip (measured quality)
         self.device = "cpu"
         self._updating = False
         self._enabled = False
@@ -277,10 +254,9 @@ class ControlsBar(QFrame):
         rows = "".join(f"<tr><td>{label}</td><td align='right'>{q.perplexity:.2f}</td>"
                        f"<td align='right'>{100 * q.top1_agreement:.1f}%</td></tr>" for label, q in table.items())
         n = next(iter(table.values())).n_tokens
-        tip = (f"{CONTROL_TOOLTIPS['weights']}<br><br><b>Quality</b> on {n} tokens of evaluation text"
-               f"<table><tr><th>weights</th><th>perplexity</th><th>top-1 = fp</th></tr>{rows}</table>")
-        for button in group.buttons():
-            button.setToolTip(tip)
+        self._extra_tips["weights"] = (f"<b>Quality</b> on {n} tokens of evaluation text<table><tr><th>weights</th>"
+                                       f"<th>perplexity</th><th>top-1 = fp</th></tr>{rows}</table>")
+        self._render()
 
     def _add_shortcut(self, keys: str | None, action) -> None:
         if not keys:
@@ -302,40 +278,45 @@ class ControlsBar(QFrame):
             return int(widget.value())
         return widget.value() if control.decimals else int(widget.value())
 
+    @property
+    def requested(self) -> Settings:
+        """The confirmed settings with the pending changes laid over: what a new change builds on."""
+        return with_changes(self.settings, self.pending.items())
+
     def _changed(self, control) -> None:
         if self._updating:
             return
-        new = with_field(self.settings, control.field, self._value(control))
-        if new != self.settings:
-            self.settings_changed.emit(new)  # the window applies it, then calls set_settings
+        self._request(control.field, self._value(control))
+
+    def _request(self, field: str, value: Any) -> None:
+        new = with_field(self.requested, field, value)
+        self._render()  # the widget shows the engine's value until the engine confirms the change
+        if new != self.requested:
+            self.settings_changed.emit(new)  # the window asks the engine, then calls set_settings
 
     def toggle(self, field: str) -> None:
-        button = self.widgets[field]
-        if button.isEnabled():
-            button.setChecked(not button.isChecked())
-            self._changed(self._control(field))
+        if self.widgets[field].isEnabled():
+            self._request(field, not get_field(self.requested, field))
 
     def cycle(self, field: str) -> None:
-        """Next allowed option of a Choice (the stage shortcut)."""
-        group = self.widgets[field]
-        buttons = [b for b in group.buttons() if b.isEnabled()]
-        if not buttons:
+        """Next allowed option of a Choice (the stage shortcut), after the one asked for last."""
+        values = [b.value for b in self.widgets[field].buttons() if b.isEnabled()]
+        if not values:
             return
-        current = group.checkedButton()
-        index = buttons.index(current) if current in buttons else -1
-        buttons[(index + 1) % len(buttons)].setChecked(True)
-        self._changed(self._control(field))
+        current = get_field(self.requested, field)
+        index = values.index(current) if current in values else -1
+        self._request(field, values[(index + 1) % len(values)])
 
     def step_slider(self, field: str, direction: int) -> None:
         """Alt+Up / Alt+Down: the next stop of 0, 1, 2, 4, 8, ... (doubling, as batch sweeps go)."""
         slider = self.widgets[field]
         if not slider.isEnabled():
             return
-        value = slider.value()
+        value = get_field(self.requested, field)
         stops = sorted({0, slider.maximum(), *[2 ** i for i in range(12) if 2 ** i < slider.maximum()]})
         following = [v for v in stops if v > value] if direction > 0 else [v for v in stops if v < value][::-1]
         if following:
-            slider.setValue(following[0])  # emits valueChanged (tracking is off only for drags)
+            self._request(field, following[0])
 
     def _show_slider_value(self, control, value: int) -> None:
         label = self.slider_values.get(control.field)
@@ -348,11 +329,11 @@ class ControlsBar(QFrame):
         control = self._control(field)
         if slider is None or not isinstance(control, Slider):
             return
-        self._updating = True
+        updating, self._updating = self._updating, True
         try:
             slider.setMaximum(max(control.minimum, min(control.maximum, int(maximum))))
         finally:
-            self._updating = False
+            self._updating = updating
         slider.setToolTip(control.tooltip + (f"<br><br>at most {slider.maximum()} here: {why}" if why else ""))
 
     def _control(self, field: str):
@@ -360,7 +341,7 @@ class ControlsBar(QFrame):
 
     def set_device(self, device: str) -> None:
         self.device = device
-        self.set_settings(self.settings)
+        self._render()
 
     def set_enabled(self, enabled: bool) -> None:
         self._enabled = enabled
@@ -376,53 +357,96 @@ class ControlsBar(QFrame):
                 w.setEnabled(enabled and self._allowed(control, getattr(w, "value", None)))
 
     def _allowed(self, control, value) -> bool:
-        if not isinstance(control, Choice):
-            return True
-        try:
-            with_field(self.settings, control.field, value).validate(self.device)
-            return True
-        except ValueError:
-            return False
+        if isinstance(control, Choice):
+            return not self._refusal(control, value)
+        if isinstance(control, Toggle):
+            return not self._refusal(control, not get_field(self.requested, control.field))
+        if isinstance(control, Slider):  # usable when some value above the minimum is allowed
+            return not self._refusal(control, control.minimum + 1)
+        return True
 
     def _refusal(self, control, value) -> str:
+        """Why the engine would refuse this option, from where the settings are heading ("" if not)."""
+        settings = with_field(self.requested, control.field, value)
+        if self.capabilities is not None:
+            return self.capabilities.refusal(settings)
         try:
-            with_field(self.settings, control.field, value).validate(self.device)
+            settings.validate(self.device)
             return ""
         except ValueError as error:
             return str(error)
 
-    def set_settings(self, settings: Settings) -> None:
+    def _option_tooltip(self, control, value) -> str:
+        refusal = self._refusal(control, value)
+        if refusal:
+            return refusal
+        note = self.capabilities.note(control.field, value) if self.capabilities is not None else ""
+        extra = self._extra_tips.get(control.field, "")
+        return control.tooltip + (f"<br><br>{note}" if note else "") + (f"<br><br>{extra}" if extra else "")
+
+    def set_capabilities(self, capabilities) -> None:
+        """What the loaded model and device can take (engine.protocol.Capabilities)."""
+        self.capabilities = capabilities
+        self._render()
+
+    def set_settings(self, settings: Settings, pending: dict[str, Any] | None = None) -> None:
+        """Show what the engine runs (and, if given, the options still waiting for its answer)."""
+        self.settings = settings
+        if pending is not None:
+            self.pending = dict(pending)
+        self._render()
+
+    def set_pending(self, pending: dict[str, Any]) -> None:
+        self.pending = dict(pending)
+        self._render()
+
+    def _render(self) -> None:
         self._updating = True
         try:
-            self.settings = settings
+            settings = self.settings
+            if self.capabilities is not None and "users" in self.widgets:
+                self.set_limit("users", self.capabilities.max_users.get(self.requested.dtype, 0),
+                               "the KV cache memory set aside for batching")
             for control in CONTROLS:
                 widget = self.widgets.get(control.field)
                 if widget is None:
                     continue
                 value = get_field(settings, control.field)
+                asked = self.pending.get(control.field, value)
+                waiting = asked != value
                 if isinstance(control, Choice):
                     for button in widget.buttons():
                         button.setChecked(button.value == value)
-                        refusal = self._refusal(control, button.value)
-                        button.setToolTip(refusal or control.tooltip)
+                        button.setToolTip(self._option_tooltip(control, button.value)
+                                          + ("<br><br>asked for: waiting for the engine" if waiting and
+                                             button.value == asked else ""))
                         colour = self.colours.option_colour(str(button.value))
-                        button.setStyleSheet(f"QPushButton:checked {{ background: {colour}; color: "
-                                             f"{self.theme.background}; font-weight: bold; }}" if colour else "")
+                        style = (f"QPushButton:checked {{ background: {colour}; color: {self.theme.background}; "
+                                 f"font-weight: bold; }}" if colour else "")
+                        if waiting and button.value == asked:
+                            style += f"QPushButton {{ border: 2px dashed {self.theme.accent}; }}"
+                        button.setStyleSheet(style)
                 elif isinstance(control, Toggle):
                     widget.setChecked(bool(value))
-                    widget.setText(f"{control.label}: {'ON' if value else 'OFF'}")
+                    widget.setText(f"{control.label}: {'ON' if value else 'OFF'}"
+                                   + (f" → {'ON' if asked else 'OFF'}…" if waiting else ""))
+                    widget.setToolTip(self._option_tooltip(control, not value))
                     colour = self.colours.colour(settings.label)
-                    widget.setStyleSheet(f"QPushButton {{ font-weight: bold; border: 2px solid {colour}; "
+                    border = "dashed" if waiting else "solid"
+                    widget.setStyleSheet(f"QPushButton {{ font-weight: bold; border: 2px {border} {colour}; "
                                          f"color: {colour}; }}")
                 elif isinstance(control, Slider):
                     widget.setValue(int(value))
-                    self.slider_values[control.field].setText(str(int(value)))
+                    self.slider_values[control.field].setText(str(int(value)) + (f" → {asked}" if waiting else ""))
+                    if not self._allowed(control, None):
+                        widget.setToolTip(self._refusal(control, control.minimum + 1))
                 else:
                     widget.setValue(value)
+                    widget.setSuffix(f"  → {asked:g}" if waiting else "")
             self._refresh_enabled()
         finally:
             self._updating = False
 
     def set_theme(self, theme: Theme) -> None:
         self.theme = theme
-        self.set_settings(self.settings)
+        self._render()

@@ -18,7 +18,8 @@ PROMPT = ("Write a long, detailed explanation of how a transformer language mode
 
 
 def headless_decode_tokens_per_s(model: str, tokens: int) -> float:
-    from engine.bench.run import bench_prompt_ids, run_ours
+    from engine.bench.prompts import bench_prompt_ids
+    from engine.bench.run import run_ours
     from engine.engine import Engine
     from engine.settings import SamplingParams, Settings
 

@@ -18,10 +18,10 @@ def _flops(value: float) -> str:
     return f"{value / 1e12:.1f} TFLOP/s" if value >= 1e12 else f"{value / 1e9:.1f} GFLOP/s"
 
 
-def process_rss_bytes() -> int | None:
-    """Resident memory of this process (Linux /proc; None elsewhere)."""
+def process_rss_bytes(pid: int | None = None) -> int | None:
+    """Resident memory of process `pid` (None: this one; Linux /proc; None elsewhere or if it is gone)."""
     try:
-        with open("/proc/self/statm") as statm:
+        with open(f"/proc/{pid or 'self'}/statm") as statm:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
@@ -59,6 +59,7 @@ class HardwareStrip(QFrame):
         self.theme = theme
         self.spec = None
         self.weight_bytes: int | None = None
+        self.engine_pid: int | None = None  # the engine's process (None: it runs in this one)
         self.device_label = QLabel("measuring the device…")
         self.device_label.setObjectName("title")
         self.bandwidth_label = QLabel("")
@@ -73,6 +74,10 @@ class HardwareStrip(QFrame):
         self.progress.setVisible(False)
         self.progress_label = QLabel("")
         self.progress_label.setObjectName("caption")
+        self.notes_label = QLabel("")  # kernels that failed their check at load, and what runs instead
+        self.notes_label.setObjectName("error")
+        self.notes_label.setWordWrap(True)
+        self.notes_label.setVisible(False)
         left = QVBoxLayout()
         left.setSpacing(0)
         left.addWidget(self.device_label)
@@ -82,6 +87,7 @@ class HardwareStrip(QFrame):
         right.setSpacing(0)
         right.addWidget(self.memory_label)
         right.addWidget(self.live_label)
+        right.addWidget(self.notes_label)
         right.addWidget(self.progress_label)
         right.addWidget(self.progress)
         layout = QHBoxLayout(self)
@@ -94,6 +100,10 @@ class HardwareStrip(QFrame):
         self.progress.setVisible(busy)
         self.progress.setValue(int(1000 * max(0.0, min(fraction, 1.0))))
         self.progress_label.setText(message if busy else "")
+
+    def set_notes(self, notes: list[str]) -> None:
+        self.notes_label.setText(" · ".join(notes))
+        self.notes_label.setVisible(bool(notes))
 
     def set_device(self, spec, weight_bytes: int | None = None) -> None:
         self.spec = spec
@@ -125,8 +135,8 @@ class HardwareStrip(QFrame):
                 live.append(f"SM {sample.sm_clock_mhz:.0f} MHz")
             self.live_label.setText(" · ".join(live))
         else:
-            rss = process_rss_bytes()
-            used = f"process {_gb(rss)} of {_gb(spec.memory_total_bytes)} RAM (OS)" if rss else \
+            rss = process_rss_bytes(self.engine_pid)
+            used = f"engine process {_gb(rss)} of {_gb(spec.memory_total_bytes)} RAM (OS)" if rss else \
                 f"RAM {_gb(spec.memory_total_bytes)}"
             self.live_label.setText("no NVML here: throughput and utilisation are modelled "
                                     "(cost model ÷ measured step time)" if spec.kind == "cpu" or not spec.nvml

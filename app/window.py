@@ -1,10 +1,15 @@
 """The main window: toggles along the top, chat on the left (a third), the live plots on the right,
 the hardware strip along the bottom. It owns the worker thread and the redraw timer, turns the
 worker's events into chat text, ring-buffer rows and annotations, and shuts the worker down
-cleanly when it closes (also mid-reply)."""
+cleanly when it closes (also mid-reply).
+
+Settings are a transaction: a change is sent with a request id and shows (controls, annotation)
+only when the engine confirms it; a refusal puts the controls back and shows its one line. The
+window keeps the conversation, so when the engine process dies the next action starts a fresh one
+with the same model, settings and messages."""
 from __future__ import annotations
 
-import dataclasses
+import itertools
 import os
 import sys
 import time
@@ -14,16 +19,17 @@ from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QMainWindow, QPushButton, QSplitter, QTabWidget, QVBoxLayout, QWidget
 
 from app.chat import ChatPanel
-from app.controls import ControlsBar, describe_changes
+from app.controls import ControlsBar
 from app.hardware_strip import HardwareStrip
 from app.kv_panel import KVCachePanel
 from app.plots import LiveData, PlotsPanel
 from app.seed_table import SeedTable
 from app.serving_panel import ServingPanel
 from app.theme import SettingColours, stylesheet, themed
-from app.worker import Chat, EngineWorker, Load, MeasureQuality, ModelInfo, Reset
-from engine.events import BatchStats, DoneEvent, SettingsApplied, TokenEvent
+from app.worker import EngineWorker
+from engine.events import BatchStats, DoneEvent, SettingsApplied, SettingsRefused, TokenEvent
 from engine.metrics import StepMetrics
+from engine.protocol import Apply, Chat, Load, MeasureQuality, ModelInfo, Reset, settings_delta
 from engine.settings import Settings
 
 FRAME_MS = 33  # ~30 fps redraw
@@ -57,18 +63,28 @@ class MainWindow(QMainWindow):
         self.colours = SettingColours(self.theme)
         self.data = LiveData()
         self.model_spec = model if isinstance(model, str) else "prebuilt"
+        self._model_source = model  # what the last load asked for (a path, a shape or LoadedWeights)
+        self._loaded_source = None  # what the model now in the engine was loaded from
         self.device = device
         self.hardware = hardware
         self.max_context = max_context
-        self.settings: Settings | None = settings  # what the controls show (the engine follows)
+        self.settings: Settings | None = settings  # what the engine runs (as it last confirmed)
         self.model_info: ModelInfo | None = None
+        self.messages: list[dict[str, str]] = []  # the conversation (kept here too: it outlives the engine)
+        self._turn_text = ""  # the user's turn in flight
+        self._reply_text: list[str] = []  # the reply in flight, as streamed
+        self._requests = itertools.count(1)
+        self._pending: dict[int, tuple] = {}  # settings request id -> its changes, not answered yet
+        self._after_load: list = []  # setting requests made while a restarted engine loads
+        self.engine_dead = ""  # why the engine process ended, until the next action restarts it
+        self._restarting = False
+        self._messages_before_reset: list[dict[str, str]] = []
         self.loading = False
         self.replying = False
         self.last_error = ""
         self.quality: dict | None = None  # {label: Quality} once measured
         self._quality_asked = False
         self.last_done: DoneEvent | None = None
-        self._pending_change: tuple[Settings, list[str]] | None = None
         self._reply_steps: list[StepMetrics] = []
         self._frame = 0
         self.gui_cpu_share = 0.0  # of one core, smoothed over the last few frames
@@ -138,6 +154,7 @@ class MainWindow(QMainWindow):
         self.worker.failed.connect(self._on_failed)
         self.worker.kv_snapshot.connect(self.kv_panel.set_snapshot)
         self.worker.quality.connect(self._on_quality)
+        self.worker.engine_died.connect(self._on_engine_died)
 
         # ---- user actions
         self.chat.send_requested.connect(self.send)
@@ -178,18 +195,39 @@ class MainWindow(QMainWindow):
         if self.replying:
             self.worker.stop()
         self.loading = True
+        self._restarting = False
+        self.engine_dead = ""
         self.model_spec = model if isinstance(model, str) else "prebuilt"
+        self._model_source = model
         self.chat.set_ready(False)
         self.controls.set_enabled(False)
         self.hardware_strip.set_progress(0.0, "starting…")
         self.worker.submit(Load(model, device, settings, hardware, self.max_context))
 
+    def _restart_engine(self) -> None:
+        """A fresh engine process with the model, settings and conversation the dead one had."""
+        source = self._loaded_source if self._loaded_source is not None else self._model_source
+        self.engine_dead = ""
+        self.loading = True
+        self._restarting = True
+        self.controls.set_enabled(False)
+        self.chat.add_notice("restarting the engine…")
+        self.hardware_strip.set_progress(0.0, "restarting the engine…")
+        self.worker.submit(Load(source, self.device, self.settings, self.hardware, self.max_context,
+                                messages=tuple(self.messages)))
+
     def send(self, text: str) -> None:
-        if self.model_info is None or self.replying or self.loading or self._closed:
+        if self.replying or self._closed:
+            return
+        if self.engine_dead:
+            self._restart_engine()  # the chat goes in after the load, on the same queue
+        elif self.model_info is None or self.loading:
             return
         self.clear_error()
         self.replying = True
         self._reply_steps = []
+        self._turn_text = text
+        self._reply_text = []
         self.chat.add_message("user", text)
         self.chat.begin_reply()
         self.chat.set_ready(False)
@@ -202,36 +240,65 @@ class MainWindow(QMainWindow):
 
     def new_chat(self) -> None:
         self.stop()
-        self.worker.submit(Reset())
+        self._messages_before_reset, self.messages = self.messages, []
+        if not self.engine_dead:
+            self.worker.submit(Reset())
         self.chat.clear()
         self.chat.add_notice("new chat")
 
     def apply_settings(self, new: Settings) -> None:
-        """From the controls: the engine takes it at its next step (mid-reply too)."""
-        old = self.settings or new
-        try:
-            self.worker.apply(new)
-        except ValueError as error:
-            self.show_error(str(error).strip().splitlines()[0])
-            self.controls.set_settings(old)
+        """Ask the engine for `new` (from the controls, mid-reply too). Only the changes from what is
+        already asked for travel, with a request id; the engine answers with SettingsApplied (the
+        controls and plots then show it) or SettingsRefused (the controls go back, one line says why)."""
+        changes = settings_delta(self.controls.requested, new)
+        if not changes:
             return
-        self.settings = new
-        self.controls.set_settings(new)
-        if new.users > 0 and old.users == 0 and self.side_tabs.isVisibleTo(self):
-            self.side_tabs.setCurrentWidget(self.serving_panel)  # where the batch shows
+        request_id = next(self._requests)
+        self._pending[request_id] = changes
+        self._show_pending()
+        command = Apply(changes=changes, request_id=request_id)
+        if self.engine_dead:
+            self._restart_engine()
+        if self.loading and self._restarting:
+            self._after_load.append(command)  # a fresh engine takes it once it has loaded
+        else:
+            self.worker.request(command)
         if new.weights != "fp" and not self._quality_asked:
             # the quantised copies are being made anyway: measure their quality once, on the
             # worker thread after the reply in progress (it waits for the copies)
             self._quality_asked = True
             self.worker.submit(MeasureQuality())
-        changes = describe_changes(old, new)
-        if not changes:
-            return
-        serving = old.users > 0 or new.users > 0
-        if self.replying or serving:  # annotated where the engine applies it (SettingsApplied)
-            self._pending_change = (new, changes)
-        else:
-            self.data.annotate(", ".join(changes), new.label, time.monotonic())
+
+    @property
+    def settings_pending(self) -> bool:
+        """Some settings request has not been answered by the engine yet."""
+        return bool(self._pending) or bool(self._after_load)
+
+    def _show_pending(self) -> None:
+        fields: dict = {}
+        for request_id in sorted(self._pending):
+            fields.update(self._pending[request_id])
+        self.controls.set_pending(fields)
+
+    def _on_settings_applied(self, event: SettingsApplied) -> None:
+        old = self.settings
+        self.settings = event.settings
+        for request_id in event.request_ids:
+            self._pending.pop(request_id, None)
+        self.controls.set_settings(event.settings)
+        self._show_pending()
+        if event.changes:  # marks the step at which it took effect
+            self.data.annotate(", ".join(event.changes), event.settings.label, event.t_s)
+        if event.settings.users > 0 and (old is None or old.users == 0) and self.side_tabs.isVisibleTo(self):
+            self.side_tabs.setCurrentWidget(self.serving_panel)  # where the batch shows
+
+    def _on_settings_refused(self, event: SettingsRefused) -> None:
+        self._pending.pop(event.request_id, None)
+        if event.settings is not None:
+            self.settings = event.settings
+            self.controls.set_settings(event.settings)
+        self._show_pending()
+        self.show_error(f"not applied: {event.reason}")
 
     def pick_model(self) -> None:
         from app.model_picker import ModelPicker
@@ -298,29 +365,44 @@ class MainWindow(QMainWindow):
 
     def _on_model_loaded(self, info: ModelInfo) -> None:
         first = self.model_info is None
+        restarted = self._restarting
+        self._restarting = False
         self.model_info = info
+        self._loaded_source = self._model_source if not restarted else self._loaded_source or self._model_source
         self.loading = False
-        self.chat.set_ready(True)
+        self.chat.set_ready(not self.replying)
         self.controls.set_enabled(True)
         self.device = info.device
         self.hardware = info.hardware
         self.settings = info.settings
-        self.data.clear()
+        self.messages = list(info.messages)
         self.plots.set_hardware(info.hardware)
         self.controls.set_device(info.device)
-        self.controls.set_limit("users", info.capabilities.max_users.get(info.settings.dtype, 0),
-                                "the KV cache memory set aside for batching")
+        self.controls.set_capabilities(info.capabilities)
         self.controls.set_settings(info.settings)
         params = info.cfg.n_params
         size = f"{params / 1e9:.1f} B" if params >= 1e9 else f"{params / 1e6:.0f} M"
         self.chat.model_label.setText(f"{info.label} · {size} parameters · {info.device}")
-        if not first:
-            self.chat.clear()
-        self.chat.add_notice(f"loaded {info.label}")
+        if restarted:
+            self.chat.add_notice(f"the engine is back: {info.label}, {len(info.messages) // 2} turns of the "
+                                 "conversation kept")
+            self.data.annotate("engine restarted", info.settings.label, time.monotonic())
+        else:
+            self.data.clear()
+            if not first:
+                self.chat.clear()
+            self.chat.add_notice(f"loaded {info.label}")
+            self.data.annotate(f"start: {info.settings.label}", info.settings.label, time.monotonic())
+        for note in dict.fromkeys(info.capabilities.notes.values()):
+            self.chat.add_notice(note, error=True)
+        self.hardware_strip.engine_pid = self.worker.pid
         self.hardware_strip.set_device(info.hardware, info.weight_bytes)
+        self.hardware_strip.set_notes(list(dict.fromkeys(info.capabilities.notes.values())))
         self.seed_table.set_model(info.cfg, info.label, info.hardware, info.settings.dtype)
-        self.data.annotate(f"start: {info.settings.label}", info.settings.label, time.monotonic())
         self._start_sampler(info.hardware)
+        after, self._after_load = self._after_load, []
+        for command in after:
+            self.worker.request(command)
         self.model_ready.emit(info)
 
     def _start_sampler(self, spec) -> None:
@@ -361,14 +443,16 @@ class MainWindow(QMainWindow):
                     self._reply_steps.append(event)
             elif isinstance(event, TokenEvent):
                 text.append(event.text)
+                self._reply_text.append(event.text)
             elif isinstance(event, BatchStats):
                 self.data.add_batch_stats(event)
             elif isinstance(event, SettingsApplied):
                 if text:
                     self.chat.append_reply("".join(text))
                     text = []
-                self._pending_change = None
-                self.data.annotate(", ".join(event.changes) or event.settings.label, event.settings.label, event.t_s)
+                self._on_settings_applied(event)
+            elif isinstance(event, SettingsRefused):
+                self._on_settings_refused(event)
             elif isinstance(event, DoneEvent):
                 if text:
                     self.chat.append_reply("".join(text))
@@ -398,10 +482,9 @@ class MainWindow(QMainWindow):
             parts += [f"decode {rate:.1f} tok/s" + (" (this reply, batched)" if batched else ""),
                       f"{gbs:.1f} GB/s (model) = {100 * gbs / peak:.0f}% of {peak:.0f} GB/s peak"]
         self.chat.end_reply("— " + " · ".join(parts))
-        if self._pending_change is not None:  # the reply ended before the engine's next step
-            new, changes = self._pending_change
-            self._pending_change = None
-            self.data.annotate(", ".join(changes), new.label, time.monotonic())
+        self.messages = self.messages + [{"role": "user", "content": self._turn_text},
+                                         {"role": "assistant", "content": done.text}]
+        self._reply_text = []
 
     def _on_busy_changed(self, kind: str, busy: bool) -> None:
         if busy:
@@ -419,15 +502,35 @@ class MainWindow(QMainWindow):
             done, self.last_done = self.last_done, None
             self.reply_finished.emit(done)
 
+    def _on_engine_died(self, message: str) -> None:
+        """The engine process ended without being told to: say so, mark the reply in flight as
+        interrupted, keep the conversation, and restart it with the next action."""
+        if self.replying:
+            self.chat.end_reply(f"— interrupted: {message}")
+            if self._reply_text:  # what was said stays part of the conversation, as a stopped reply does
+                self.messages = self.messages + [{"role": "user", "content": self._turn_text},
+                                                 {"role": "assistant", "content": "".join(self._reply_text)}]
+            self._reply_text = []
+            self.replying = False
+            self.chat.set_streaming(False)
+            self.reply_finished.emit(None)
+        self.loading = False
+        self._restarting = False
+        self._after_load = []
+        self._pending.clear()
+        self._show_pending()
+        self.engine_dead = message
+        self.hardware_strip.set_progress(1.0, "")
+        self.chat.set_ready(True)
+        self.controls.set_enabled(self.settings is not None)
+        what = self.model_info.label if self.model_info is not None else "the model"
+        text = (f"{message} — the conversation is kept; your next message or setting starts it again "
+                f"with {what} and the same settings")
+        self.chat.add_notice(text, error=True)
+        self.show_error(text)
+
     def _on_failed(self, what: str, message: str) -> None:
-        if what == "engine":  # its process died (killed, out of memory): nothing is loaded now
-            self.model_info = None
-            self.loading = False
-            self.chat.set_ready(False)
-            self.controls.set_enabled(False)
-        if what == "serving" and self.settings is not None:  # the engine switched the users off
-            self.settings = dataclasses.replace(self.settings, users=0)
-            self.controls.set_settings(self.settings)
+        if what == "serving":  # the engine switched the users off (its SettingsApplied says so)
             message = f"serving the simulated users failed, so they are off: {message}"
         if what == "load":
             text = f"could not load the model: {message}"
@@ -437,6 +540,10 @@ class MainWindow(QMainWindow):
             text = f"the reply failed: {message}"
             if self.model_info is not None:
                 text += " — the conversation so far is kept"
+        elif what in ("reset", "quality"):
+            text = f"{'new chat' if what == 'reset' else 'measuring quality'} failed: {message}"
+            if what == "reset":  # the engine still holds the conversation: so does the window
+                self.messages = self._messages_before_reset
         else:
             text = message
         self.chat.add_notice(text, error=True)

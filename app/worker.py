@@ -1,34 +1,32 @@
 """The worker: the GUI's only line to the `Engine`, which an `engine.host.EngineHost` owns.
 
-Two ways to run the host, one interface: commands go in (`submit`, `apply`, `stop`), events come
-out as Qt signals carrying plain data (the engine's frozen event dataclasses, lists of them,
-strings).
+Two ways to run the host, one interface: commands go in (`submit`, `request`, `stop`, `query`),
+events come out as Qt signals carrying plain data (engine/events.py, engine/protocol.py).
 - `process=True` (the app): the host runs in a process of its own and this QThread relays its
-  pipe to the signals. The engine's Python never waits for the GIL while the GUI draws (in one
-  process the app decoded at about half of `membound bench`'s speed on a 2-core CPU), and closing
-  the window never waits on a long step: the process is ended if it does not stop in time.
+  pipe to the signals. The GUI process never imports torch; the engine's Python never waits for
+  the GIL while the GUI draws; closing the window never waits on a long step (the process is ended
+  if it does not stop in time); a process that dies (killed, crashed, out of memory) is told apart
+  from one that quit, and reported with `engine_died` within a second.
 - `process=False` (most tests, `--engine-thread`): the host runs on this QThread itself, and the
-  test can reach the engine (`worker.engine`)."""
+  test can reach the engine (`worker.engine`): torch is then in this process."""
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.connection
 import os
 import pickle
 import queue
+import signal
 import threading
 import weakref
 from dataclasses import replace
 
 from PySide6.QtCore import QThread, Signal
 
-from engine.host import Cancelled, EngineHost
-from engine.protocol import Apply, Chat, Load, MeasureQuality, ModelInfo, Quit, Reset, Stop, default_dtype, one_line
-from engine.settings import Settings
-
-__all__ = ["EngineWorker", "Chat", "Load", "MeasureQuality", "ModelInfo", "Reset", "default_dtype", "one_line",
-           "running_workers"]
+from engine.protocol import Apply, Load, Query, Quit, Stop, engine_process_main
 
 PROCESS_EXIT_WAIT_S = 5.0  # after Quit, how long the engine process may take before it is ended
+DEATH_POLL_S = 0.5  # the relay also wakes this often to see whether the process is still there
 
 _workers: "weakref.WeakSet[EngineWorker]" = weakref.WeakSet()
 
@@ -45,66 +43,79 @@ def running_workers() -> list["EngineWorker"]:
     return running
 
 
+def describe_exit(exitcode: int | None) -> str:
+    """How an engine process ended, in words."""
+    if exitcode is None:
+        return "stopped answering"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        if -exitcode == signal.SIGKILL:
+            return f"was killed ({name}; the system may have run out of memory)"
+        return f"was killed ({name})"
+    return f"crashed (exit code {exitcode})"
+
+
 class EngineWorker(QThread):
     progress = Signal(float, str)  # fraction, message (model loading, device measurement)
-    model_loaded = Signal(object)  # ModelInfo
+    model_loaded = Signal(object)  # engine.protocol.ModelInfo
     events = Signal(object)  # list of engine events, in order
     reply_started = Signal(float)  # time.monotonic() when the prompt was handed to the engine
     busy_changed = Signal(str, bool)  # ("load" | "reply", running): sent at the start and the end
-    failed = Signal(str, str)  # (what failed: "load" | "reply" | "settings" | "quality" | "engine", message)
-    kv_snapshot = Signal(object)  # engine.paged.KVCacheSnapshot: the KV cache's blocks, plain data
-    quality = Signal(object)  # {label: engine.perplexity.Quality} for the weight settings
+    failed = Signal(str, str)  # (what failed: "load" | "reply" | "reset" | "quality" | "serving" | "engine", line)
+    kv_snapshot = Signal(object)  # engine.kv.blocks.KVCacheSnapshot: the KV cache's blocks, plain data
+    quality = Signal(object)  # {label: engine.events.Quality} for the weight settings
+    state = Signal(object)  # engine.settings.Settings the engine runs (the answer to query()), or None
+    engine_died = Signal(str)  # process mode: the engine process ended without being told to (one line)
 
     def __init__(self, parent=None, process: bool = False):
         super().__init__(parent)
         self.setObjectName("EngineWorker")
         self.process_mode = process
         self._quitting = False
-        self._device = "cpu"  # of the loaded model: settings are checked against it at once
         # thread mode
         self._commands: queue.Queue = queue.Queue()
-        self._host = EngineHost(self._emit)
+        self._host = None
+        if not process:
+            from engine.host import EngineHost  # torch comes with it: thread mode only
+            self._host = EngineHost(self._emit)
         # process mode
         self._process = None
         self._conn = None
         self._unsent: list = []  # commands given before the process was up
         self._send_lock = threading.Lock()
-        self.model_loaded.connect(self._remember_device)
         _workers.add(self)
 
     def _emit(self, kind: str, *args) -> None:
+        if kind == "exited":
+            return
         getattr(self, kind).emit(*args)
-
-    def _remember_device(self, info: ModelInfo) -> None:
-        self._device = info.device
 
     # ---- GUI thread -------------------------------------------------------------------------
     def submit(self, command) -> None:
+        """Queue a command (Load, Chat, Reset, MeasureQuality). In process mode a Load after the
+        process has died starts a new one."""
         if self.process_mode:
             if isinstance(command, Load) and self._process is not None and not self._quitting \
                     and not self._process.is_alive():
-                self.wait(5000)  # its relay ends right after reporting the death
-                self._end_process()  # it died: a new load starts a new one
-                self._process = None
-                self.start()
-            if not isinstance(command, Load) or isinstance(command.model, str):
-                self._send(command)
-                return
-            # A model already in memory crosses as plain pickled bytes: the pipe's own pickler would
-            # share its tensors through file descriptors, which needs a helper thread that never ends.
-            self._send(replace(command, model=pickle.dumps(command.model)))
+                self.restart_process()
+            if isinstance(command, Load) and not isinstance(command.model, str):
+                # A model already in memory crosses as plain pickled bytes: the pipe's own pickler would
+                # share its tensors through file descriptors, which needs a helper thread that never ends.
+                command = replace(command, model=pickle.dumps(command.model))
+            self._send(command)
         else:
             self._commands.put(command)
 
-    def apply(self, settings: Settings) -> None:
-        """Raises ValueError (one-line message) for settings the device cannot run; a failure
-        only the engine can find (a quantisation the shapes do not allow) comes back as
-        failed("settings", ...)."""
+    def request(self, command: Apply) -> None:
+        """A settings change; the engine answers its request id with SettingsApplied or SettingsRefused
+        (an `events` signal). Never raises."""
         if self.process_mode:
-            settings.validate(self._device)
-            self._send(Apply(settings))
+            self._send(command)
         else:
-            self._host.apply(settings)
+            self._host.request(command)
 
     def stop(self) -> None:
         if self.process_mode:
@@ -112,14 +123,34 @@ class EngineWorker(QThread):
         else:
             self._host.stop()
 
+    def query(self) -> None:
+        """Ask what the engine runs: answered by the `state` signal."""
+        if self.process_mode:
+            self._send(Query())
+        else:
+            self._host.query()
+
     @property
     def engine(self):
         """The engine itself when it runs on this thread (None in process mode)."""
-        return self._host.engine
+        return self._host.engine if self._host is not None else None
+
+    @property
+    def pid(self) -> int | None:
+        process = self._process
+        return process.pid if process is not None else None
 
     def process_alive(self) -> bool:
         process = self._process
         return process is not None and process.is_alive()
+
+    def restart_process(self) -> None:
+        """After the engine process died: end the relay and start a fresh process (empty: the
+        caller loads a model into it)."""
+        self.wait(5000)  # its relay ends right after reporting the death
+        self._end_process()
+        self._process = None
+        self.start()
 
     def shutdown(self, timeout_s: float = 30.0) -> bool:
         """Stop the reply or load in progress and end the thread (and the engine process);
@@ -167,17 +198,16 @@ class EngineWorker(QThread):
         if self.process_mode:
             self._relay()
             return
+        from engine.host import Cancelled
         try:
             self._host.run(self._commands)
         except Cancelled:
             pass
 
     def _relay(self) -> None:
-        from engine.host import serve
-
         context = multiprocessing.get_context("spawn")  # never fork a process that runs Qt
         ours, theirs = context.Pipe(duplex=True)
-        process = context.Process(target=serve, args=(theirs,), name="membound-engine", daemon=True)
+        process = context.Process(target=engine_process_main, args=(theirs,), name="membound-engine", daemon=True)
         # The child inherits this environment; MEMBOUND_ENGINE_OMP_WAIT_POLICY sets the engine's
         # OpenMP waiting alone (the app's own process does no torch work), for measuring both.
         policy = os.environ.get("MEMBOUND_ENGINE_OMP_WAIT_POLICY")
@@ -193,24 +223,42 @@ class EngineWorker(QThread):
         self._process = process
         with self._send_lock:
             self._conn = ours
-            for message in self._unsent:
-                ours.send(message)
-            self._unsent = []
-        while True:
             try:
-                kind, args = ours.recv()
-            except (EOFError, OSError):
-                with self._send_lock:
-                    self._conn = None
-                if not self._quitting:
-                    process.join(1.0)
-                    self.failed.emit("engine", f"the engine process ended unexpectedly (exit code "
-                                               f"{process.exitcode}); load a model to start it again")
-                    self.busy_changed.emit("reply", False)
-                return
-            if kind == "exited":
-                with self._send_lock:
-                    self._conn = None
-                ours.close()
-                return
-            self._emit(kind, *args)
+                for message in self._unsent:
+                    ours.send(message)
+            except (OSError, ValueError):  # it died already: _pump reports it
+                pass
+            self._unsent = []
+        reason = self._pump(ours, process)
+        with self._send_lock:
+            self._conn = None
+        ours.close()
+        if reason is not None and not self._quitting:
+            process.join(1.0)
+            if reason == "":
+                reason = f"the engine process {describe_exit(process.exitcode)}"
+            self.engine_died.emit(reason)
+
+    def _pump(self, conn, process) -> str | None:
+        """Relay messages until the process says it exited (None: it quit as told; else why not)
+        or dies ("": its exit code tells)."""
+        while True:
+            ready = multiprocessing.connection.wait([conn, process.sentinel], timeout=DEATH_POLL_S)
+            if conn in ready:
+                try:
+                    kind, args = conn.recv()
+                except (EOFError, OSError):
+                    return ""
+                if kind == "exited":
+                    reason = args[0] if args else "quit"
+                    return None if reason == "quit" else reason
+                self._emit(kind, *args)
+            elif process.sentinel in ready or not process.is_alive():
+                while conn.poll():  # what it sent before it died still counts
+                    try:
+                        kind, args = conn.recv()
+                    except (EOFError, OSError):
+                        break
+                    if kind != "exited":
+                        self._emit(kind, *args)
+                return ""

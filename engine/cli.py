@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from engine.protocol import default_dtype
+
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, PermissionError, MemoryError)
 
 
@@ -37,10 +39,6 @@ def add_attention_args(p: argparse.ArgumentParser) -> None:
                    help="flash: fused, scores never in memory (default); naive: score matrix materialised")
     p.add_argument("--kv-layout", choices=["contiguous", "paged", "off"], default="contiguous",
                    help="KV cache: a max-length buffer (default), blocks from a pool, or none (recompute)")
-
-
-def resolve_dtype(args) -> str:
-    return args.dtype or ("bf16" if args.device == "cuda" else "fp32")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,7 +135,7 @@ def run_chat(args) -> int:
 
     sampling = SamplingParams(temperature=0.0 if args.greedy else args.temperature, top_p=args.top_p,
                               top_k=args.top_k, seed=args.seed, greedy=args.greedy)
-    dtype = resolve_dtype(args)
+    dtype = args.dtype or default_dtype(args.device)
     settings = Settings(dtype=dtype, kv_layout=args.kv_layout, attention=args.attention,
                         kv_cache=False if args.no_kv_cache else None, max_new_tokens=args.max_tokens,
                         sampling=sampling)

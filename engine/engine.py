@@ -1,10 +1,11 @@
-"""`Engine`: owns the model, its KV cache and the conversation; streams events.
+"""`Engine`: owns the model, its KV cache and the batch server; streams plain-data events.
 
-`chat(text)` and `generate(ids)` are generators of plain-data events (TokenEvent,
-StepMetrics, DoneEvent, SettingsApplied; BatchStats while simulated users are served).
-`apply(settings)` and `stop()` may be called from another thread; they take effect at the next
-step boundary. With `settings.users > 0` the reply runs as one request of a batch beside the
-simulated users (engine/serving/server.py), and `serve_step()` serves them between replies."""
+`generate(ids)` (and `chat(text)`, which renders the conversation first) yields TokenEvent,
+StepMetrics, DoneEvent, SettingsApplied/SettingsRefused, and BatchStats while simulated users are
+served. `apply(settings)` and `stop()` may be called from another thread; a change takes effect
+at the next step boundary (or at `take_settings()` between replies). With `settings.users > 0` a
+reply runs as one request of the batch beside the simulated users (engine/serving/server.py), and
+`serve_step()` serves them between replies."""
 from __future__ import annotations
 
 import itertools
@@ -15,12 +16,15 @@ from typing import Iterator
 
 import torch
 
+from engine.conversation import Conversation
 from engine.events import (
     BatchStats,  # noqa: F401  (an event of chat() and generate() too)
     DoneEvent,
     SettingsApplied,
+    SettingsRefused,
     TokenEvent,
 )
+from engine.graphs import GraphDecoder
 from engine.io.loader import LoadedWeights, load_model
 from engine.kv.cache import DEFAULT_BLOCK_SIZE, ContiguousKVCache, PagedKVCache
 from engine.metrics import StepMetrics, step_cost
@@ -31,14 +35,23 @@ from engine.model.transformer import Transformer
 from engine.protocol import Capabilities
 from engine.serving.scheduler import Request, RequestState, common_prefix
 from engine.serving.server import BatchServer, kv_budget_bytes, per_user_tokens, pool_size, user_workload
-from engine.settings import EngineError, PromptError, QuantError, Settings, check_weights, weights_label
+from engine.settings import (
+    EngineError,
+    PromptError,
+    QuantError,
+    Settings,
+    check_weights,
+    describe_change,
+    weights_label,
+)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class Engine:
     def __init__(self, model: "str | LoadedWeights" = "default", device: str = "cpu", dtype: str = "fp32",
-                 max_context: int | None = 4096, progress=None, hardware=None, settings: Settings | None = None):
+                 max_context: int | None = 4096, progress=None, hardware=None, settings: Settings | None = None,
+                 messages=()):
         from engine.hardware.detect import detect_device
 
         self.device = device
@@ -47,8 +60,6 @@ class Engine:
             # them in decode, and steps ran 10-30x slower at random until they were flushed to zero
             torch.set_flush_denormal(True)
         self.settings = (settings or Settings(dtype=dtype)).validate(device)
-        if settings is None:
-            self.settings = replace(self.settings, dtype=dtype)
         self.hardware = hardware or detect_device(device, progress=(lambda m: progress(0.0, m)) if progress else None)
         if isinstance(model, LoadedWeights):  # already in memory (tests, the app's model cache)
             self.loaded = model
@@ -56,43 +67,67 @@ class Engine:
             self.loaded = load_model(model, DTYPES[self.settings.dtype], device, progress, max_context)
         self.cfg: ModelConfig = self.loaded.cfg
         self.tokenizer = self.loaded.tokenizer
+        self.conversation = Conversation(self.tokenizer, messages)
         self._models: dict[str, Transformer] = {self.settings.dtype: Transformer(self.cfg, self.loaded.weights)}
         self.cache: ContiguousKVCache | PagedKVCache | None = None
         self.cached_ids: list[int] = []  # token ids whose K/V are in self.cache
-        self.messages: list[dict[str, str]] = []
-        self._pending: Settings | None = None
+        self._pending: Settings | None = None  # asked for, not yet running
+        self._pending_ids: list[int] = []  # the front end's requests `_pending` answers
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.step_count = 0
-        self._generator = None
-        self._graph_steps: dict = {}
-        self._graph_failed = False
+        self.graphs = GraphDecoder(device)
+        self.kernel_notes: dict[str, str] = {}  # "field=value" -> a kernel fallback (Capabilities.notes)
         self.progress = progress  # also reports quantisation, from its background thread
         self._quantised = QuantisedModels()
-        if self.settings.weights_key is not None:  # quantised from the start: make the copy now
-            self._request_weights(self.settings)
-            self._quantised.wait(self.settings.weights_key)
         # batched serving (engine/serving/server.py): made when users > 0, dropped when they are gone
         self._server: BatchServer | None = None
         self._reply_active = False  # a reply is streaming: serve_step() leaves the batch to it
         self._person_ids = itertools.count(1)  # the person's requests; users' ids start far above
         self._next_user_id = 1_000_000
         self.kv_pool_budget_bytes: int | None = None  # the batch KV pool's budget (None: from the device)
-        self.user_workload = None  # engine.load.Workload the simulated users send (None: bundled prompts)
+        self.user_workload = None  # engine.serving.users.Workload the users send (None: bundled prompts)
         self.on_request = None  # optional callback(event "submitted" | "finished", Request): accounting
-        if self.settings.users and self.settings.users > self.max_users:
-            raise EngineError(self._too_many_users(self.settings))
+        refusal = self.refusal(self.settings)
+        if refusal:
+            raise EngineError(refusal)
+        if self.settings.weights_key is not None:  # quantised from the start: make the copy now
+            self._request_weights(self.settings)
+            self._quantised.wait(self.settings.weights_key)
 
     # ---- control (thread-safe) ---------------------------------------------------------
-    def apply(self, settings: Settings) -> None:
-        """Quantised weights not made yet are made in a background thread; the switch happens
-        at the first step boundary after they are ready (a reply keeps streaming meanwhile)."""
+    def apply(self, settings: Settings, request_id: int = 0) -> None:
+        """Ask for `settings` from the next step on. Raises EngineError (one line) for settings
+        this model or device cannot run; a refusal changes nothing. Quantised weights not made yet
+        are made in a background thread and the switch waits for them (a reply keeps streaming)."""
         settings.validate(self.device)
-        if settings.users and settings.users > self.max_users_for(settings.dtype):
-            raise EngineError(self._too_many_users(settings))
+        refusal = self.refusal(settings)
+        if refusal:
+            raise EngineError(refusal)
         self._request_weights(settings)
         with self._lock:
             self._pending = settings
+            if request_id:
+                self._pending_ids.append(request_id)
+
+    @property
+    def requested_settings(self) -> Settings:
+        """What the engine will run once pending changes are taken: the base a change is laid over."""
+        pending = self._pending
+        return pending if pending is not None else self.settings
+
+    @property
+    def has_pending(self) -> bool:
+        return self._pending is not None
+
+    def refusal(self, settings: Settings) -> str:
+        return self.capabilities().refusal(settings)
+
+    def capabilities(self) -> Capabilities:
+        """What this model on this device can take; the front end disables the rest, with why."""
+        dtypes = [d for d in DTYPES if d != "fp16" or self.device != "cpu"]
+        return Capabilities.for_model(self.cfg, self.device, {d: self.max_users_for(d) for d in dtypes},
+                                      self.kernel_notes)
 
     def _request_weights(self, settings: Settings) -> None:
         if settings.weights_key is None:
@@ -116,6 +151,37 @@ class Engine:
         """End the reply in progress (its request leaves the batch; simulated users keep going)."""
         self._stop.set()
 
+    def take_settings(self, wait: bool = False) -> list:
+        """Switch to the pending settings now (call between steps, on the engine's thread): returns
+        [SettingsApplied] (also for a change that turned out to change nothing, so every request
+        is answered), [SettingsRefused, ...] when its weights could not be made, or [] when there is
+        nothing pending or its weights are still being made (unless `wait`)."""
+        with self._lock:
+            new, ids = self._pending, self._pending_ids
+            if new is None:
+                return []
+            key = new.weights_key
+            if key is not None and self._quantised.get(key) is None and not wait \
+                    and self.weights_building is not None:
+                return []  # not ready: keep streaming as is
+            self._pending, self._pending_ids = None, []
+        old = self.settings
+        try:
+            if key is not None and self._quantised.get(key) is None:
+                self._quantised.wait(key)
+            if new.dtype != old.dtype:
+                self._switch_dtype(new.dtype)
+        except (QuantError, MemoryError, RuntimeError) as error:
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            return [SettingsRefused(request_id, reason, old) for request_id in ids or [0]]
+        self.settings = new
+        if self._server is not None:
+            self._sync_server()
+        changes = describe_change(old, new)
+        if not changes and not ids:
+            return []
+        return [SettingsApplied(new, changes, self.step_count, time.monotonic(), tuple(ids))]
+
     # ---- simulated users ---------------------------------------------------------------------
     @property
     def max_users(self) -> int:
@@ -128,20 +194,10 @@ class Engine:
                              self._pool_budget())
         return users
 
-    def capabilities(self) -> Capabilities:
-        """What this model on this device can take (the front end disables the rest, with why)."""
-        dtypes = [d for d in DTYPES if d != "fp16" or self.device != "cpu"]
-        return Capabilities.for_model(self.cfg, self.device, {d: self.max_users_for(d) for d in dtypes})
-
     def _pool_budget(self) -> int:
         if self.kv_pool_budget_bytes is None:  # measured once: the pool itself then takes free memory
             self.kv_pool_budget_bytes = kv_budget_bytes(self.device, self.hardware.memory_total_bytes)
         return self.kv_pool_budget_bytes
-
-    def _too_many_users(self, settings: Settings) -> str:
-        most = self.max_users_for(settings.dtype)
-        return (f"{settings.users} simulated users need more KV cache than this device's memory allows "
-                f"({most} at most with {settings.dtype})")
 
     def _user_workload(self):
         if self.user_workload is None:
@@ -151,32 +207,20 @@ class Engine:
     @property
     def serving(self) -> bool:
         """There is background work for serve_step(): users to serve, or their last requests."""
-        pending = self._pending
-        return self._server is not None or self.settings.users > 0 or (pending is not None and pending.users > 0)
+        return self._server is not None or self.settings.users > 0
 
     def serve_step(self) -> list:
-        """One batched step for the simulated users between the person's replies: pending settings
-        first ([SettingsApplied]), then [StepMetrics, BatchStats] for a step that ran, a lone
-        BatchStats (tokens 0) at most 4 times a second while every user is thinking, or [] when
-        there is nothing to do (no users; a reply in progress). One step: never blocks long. Cheap
-        with no users: a couple of attribute reads. Call it from the thread that runs chat()."""
+        """Between the person's replies: pending settings first (take_settings), then one batched
+        step for the simulated users: [StepMetrics, BatchStats] for a step that ran, a lone
+        BatchStats (tokens 0) at most 4 times a second while every user is thinking, or nothing
+        (no users; a reply in progress). Never blocks long; cheap with no users. Call it from the
+        thread that runs generate()."""
         if self._reply_active:
             return []
-        if self._server is None and not self.settings.users:
-            pending = self._pending  # one reference read; taken under the lock below
-            if pending is None or not pending.users:
-                return []  # without users, a change waits to be announced by the next reply, as before
-        events: list = []
-        changed = self._take_pending()
-        if changed is not None:
-            events.append(changed)
-        if self._server is None:
-            if not self.settings.users:
-                return events
-            self._ensure_server()
-        elif changed is not None:
-            self._sync_server()
-        server = self._server
+        events = self.take_settings()
+        if not self.serving:
+            return events
+        server = self._ensure_server()
         metrics, stats = self._server_step()
         if metrics is not None:
             self.step_count += 1
@@ -219,6 +263,7 @@ class Engine:
         s = self.settings
         return s.label if s.users else replace(s, kv_layout="paged").label + " · batched"
 
+    # ---- models ------------------------------------------------------------------------------
     @property
     def model(self) -> Transformer:
         key = self.settings.weights_key
@@ -238,225 +283,6 @@ class Engine:
     @property
     def max_context(self) -> int:
         return self.cfg.max_seq_len
-
-    def reset(self) -> None:
-        """A new conversation: forget the messages and the cached context."""
-        self.messages = []
-        self.cached_ids = []
-        if self.cache is not None:
-            self.cache.truncate(0)
-        if self._server is not None:
-            self._server.runner.scheduler.drop_retained()
-
-    # ---- chat ----------------------------------------------------------------------------
-    def chat(self, user_text: str) -> Iterator:
-        """One turn: the whole conversation is rendered with the model's template; the part
-        already in the KV cache is not prefilled again."""
-        if not user_text or not user_text.strip():
-            raise PromptError("empty prompt: type something to send")
-        messages = self.messages + [{"role": "user", "content": user_text}]
-        ids = self.tokenizer.encode_chat(messages, add_generation_prompt=True)
-        self._check_prompt_length(len(ids))
-        self.messages = messages
-        done = None
-        for event in self.generate(ids):
-            if isinstance(event, DoneEvent):
-                done = event
-            yield event
-        self.messages = self.messages + [{"role": "assistant", "content": done.text if done else ""}]
-
-    def _check_prompt_length(self, n: int) -> None:
-        if n + 1 > self.max_context:
-            raise PromptError(f"prompt is {n} tokens, but the context window is {self.max_context} "
-                              "(start a new chat or shorten the prompt)")
-
-    # ---- generation ----------------------------------------------------------------------
-    def generate(self, prompt_ids: list[int], max_new_tokens: int | None = None,
-                 ignore_eos: bool = False) -> Iterator:
-        """Stream a reply to `prompt_ids`, reusing whatever prefix of them is already cached."""
-        if not prompt_ids:
-            raise PromptError("empty prompt: nothing to generate from")
-        self._check_prompt_length(len(prompt_ids))
-        self._stop.clear()
-        applied = self._take_pending()  # a change made between replies is announced too
-        if applied is not None:
-            yield applied
-        budget = max_new_tokens or self.settings.max_new_tokens
-        gen = self._make_generator()
-        ids = list(prompt_ids)
-        n_prompt = len(ids)
-        stream = self._stream_decoder()
-        text_parts: list[str] = []
-        t_start = time.perf_counter()
-        ttft = 0.0
-        decode_s = 0.0
-        reason = "max_tokens"
-        n_new = 0
-        n_cached = 0
-        batched = self.settings.users > 0
-        while not batched:
-            if n_new >= budget:
-                reason = "max_tokens"
-                break
-            if self._stop.is_set():
-                reason = "stopped"
-                break
-            if len(ids) >= self.max_context:
-                reason = "context_full"
-                break
-            changed = self._take_pending()
-            if changed is not None:
-                yield changed
-                gen = self._make_generator() if changed.settings.sampling.seed is not None and \
-                    "seed" in " ".join(changed.changes) else gen
-                if self.settings.users > 0:  # users joined mid-reply: the rest of it runs in the batch
-                    batched = True
-                    break
-            token, metrics = self._step(ids, produced=n_new, gen=gen)
-            self.step_count += 1
-            if n_new == 0:
-                ttft = time.perf_counter() - t_start
-                n_cached = metrics.context_len  # the first step ran the prompt after its cached prefix
-            else:
-                decode_s += metrics.step_s
-            yield metrics
-            n_new += 1
-            if token in self.tokenizer.eos_ids and not ignore_eos:
-                reason = "eos"
-                ids.append(token)
-                break
-            ids.append(token)
-            piece = stream.feed(token)
-            text_parts.append(piece)
-            yield TokenEvent(token, piece, n_new - 1)
-        if batched:
-            first = n_new == 0
-            reason, n_new, ttft, decode_s, reused = yield from self._generate_batched(
-                ids, n_new, budget, gen, stream, text_parts, t_start, ttft, decode_s, ignore_eos)
-            n_cached = reused if first else n_cached
-        tail = stream.flush()  # a character still held back (split UTF-8) comes out now
-        if tail:
-            text_parts.append(tail)
-            yield TokenEvent(-1, tail, n_new)
-        yield DoneEvent(reason, "".join(text_parts), n_prompt, n_new, ttft, decode_s, n_cached)
-
-    def _generate_batched(self, ids: list[int], n_new: int, budget: int, gen, stream, text_parts: list[str],
-                          t_start: float, ttft: float, decode_s: float, ignore_eos: bool):
-        """The (rest of the) reply as one request in the batch beside the simulated users: the
-        context so far is its prompt (prefilled into the paged pool), events as on the plain path
-        plus a BatchStats per step. Returns (reason, n_new, ttft, decode_s, prompt tokens whose K/V
-        it took over from the last turn) for the DoneEvent."""
-        want, room = budget - n_new, self.max_context - len(ids)
-        if want <= 0 or room <= 0:
-            return ("max_tokens" if want <= 0 else "context_full"), n_new, ttft, decode_s, 0
-        server = self._ensure_server()
-        self._sync_server()
-        eos = frozenset() if ignore_eos else frozenset(self.tokenizer.eos_ids)
-        # retain_kv: the conversation's K/V stay in the pool after the reply, and the next turn
-        # prefills only what is new (engine/serving/scheduler.py), as the plain path's cache does
-        req = Request(next(self._person_ids), list(ids), min(want, room), eos, retain_kv=True)
-        server.submit_person(req, self.settings.sampling, gen)
-        self._reply_active = True
-        seen = len(req.output_ids)
-        try:
-            while not req.is_finished:
-                if self._stop.is_set():
-                    server.cancel(req.request_id)
-                    break
-                changed = self._take_pending()
-                if changed is not None:
-                    yield changed
-                    if changed.settings.sampling.seed is not None and "seed" in " ".join(changed.changes):
-                        gen = self._make_generator()
-                    server.set_person_sampling(self.settings.sampling, gen)
-                    self._sync_server()
-                first_out = n_new > 0
-                metrics, stats = self._server_step()
-                step_end = time.perf_counter()
-                if metrics is None:  # nothing could run (cannot last: the running requests finish)
-                    time.sleep(0.001)
-                    continue
-                self.step_count += 1
-                if first_out:
-                    decode_s += metrics.step_s  # every step from the first token on, pre-empted ones too
-                yield metrics
-                yield stats
-                for token in req.output_ids[seen:]:
-                    if n_new == 0:
-                        ttft = step_end - t_start
-                    n_new += 1
-                    ids.append(token)
-                    if token in eos:
-                        break
-                    piece = stream.feed(token)
-                    text_parts.append(piece)
-                    yield TokenEvent(token, piece, n_new - 1)
-                seen = len(req.output_ids)
-        finally:
-            self._reply_active = False
-            server.release_person()  # cancels the request if the reply was abandoned mid-way
-        if req.state is RequestState.CANCELLED:
-            reason = "stopped"
-        elif req.finish_reason == "eos":
-            reason = "eos"
-        else:
-            reason = "max_tokens" if n_new >= budget else "context_full"
-        return reason, n_new, ttft, decode_s, req.num_reused_tokens  # (0 if it was pre-empted: recomputed)
-
-    def _stream_decoder(self):
-        return self.tokenizer.stream(skip_special_tokens=True)
-
-    def _make_generator(self):
-        seed = self.settings.sampling.seed
-        if seed is None:
-            return None
-        return torch.Generator(device=self.device).manual_seed(seed)
-
-    def _take_pending(self, initial: bool = False) -> SettingsApplied | None:
-        with self._lock:
-            new, self._pending = self._pending, None
-        if new is None or new == self.settings:
-            return None
-        key = new.weights_key
-        if key is not None and self._quantised.get(key) is None:
-            if not initial and self.weights_building is not None:  # not ready: keep streaming as is
-                with self._lock:
-                    self._pending = self._pending or new
-                return None
-            try:
-                self._quantised.wait(key)
-            except QuantError as e:
-                raise EngineError(str(e)) from None
-        old = self.settings
-        changes = []
-        if new.dtype != old.dtype:
-            self._switch_dtype(new.dtype)
-            changes.append(new.dtype)
-        if new.weights_key != old.weights_key and (new.weights, new.group_size) != (old.weights, old.group_size):
-            changes.append(weights_label(new.weights, new.group_size))
-        if new.kv_layout != old.kv_layout:  # a new layout starts empty: the next step re-prefills
-            if new.kv_layout == "off" or (old.kv_layout == "off" and new.kv_layout == "contiguous"):
-                changes.append(f"kv cache {'on' if new.kv_cache else 'off'}")
-            else:
-                changes.append(f"kv {new.kv_layout}")
-            if new.users:
-                changes[-1] += " (for the chat alone: batching stays paged)"
-        if new.users != old.users:
-            changes.append(f"{new.users} simulated users" if new.users else "simulated users off")
-            if new.users and not old.users and new.kv_layout != "paged":
-                changes.append("kv paged for batching")
-        if new.policy != old.policy:
-            changes.append(f"{new.policy} batching")
-        if new.attention != old.attention:
-            changes.append(f"{new.attention} attention")
-        if new.max_new_tokens != old.max_new_tokens:
-            changes.append(f"max tokens {new.max_new_tokens}")
-        if new.sampling != old.sampling:
-            s = new.sampling
-            changes.append("greedy" if s.is_greedy else f"T={s.temperature:g} top-p={s.top_p:g}"
-                           + (f" top-k={s.top_k}" if s.top_k else "") + (f" seed={s.seed}" if s.seed is not None else ""))
-        self.settings = new
-        return SettingsApplied(new, tuple(changes), self.step_count, time.monotonic())
 
     def _fp_model(self, name: str) -> Transformer:
         """The model in dtype `name` with its own floating-point weights, made once (may run
@@ -494,7 +320,152 @@ class Engine:
             return KVCacheSnapshot(layout=layout, block_size=DEFAULT_BLOCK_SIZE, bytes_per_token=bytes_per_token)
         return self.cache.snapshot()
 
-    # ---- one step ------------------------------------------------------------------------
+    # ---- the conversation ----------------------------------------------------------------------
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        return self.conversation.messages
+
+    @messages.setter
+    def messages(self, messages) -> None:
+        self.conversation = Conversation(self.tokenizer, messages)
+
+    def reset(self) -> None:
+        """A new conversation: forget the messages and the cached context."""
+        self.conversation.clear()
+        self.cached_ids = []
+        if self.cache is not None:
+            self.cache.truncate(0)
+        if self._server is not None:
+            self._server.runner.scheduler.drop_retained()
+
+    def chat(self, user_text: str) -> Iterator:
+        """One turn of the conversation; it is kept once the reply has run (finished or stopped)."""
+        ids = self.conversation.prompt_ids(user_text)
+        self._check_prompt_length(len(ids))
+        done = None
+        for event in self.generate(ids):
+            if isinstance(event, DoneEvent):
+                done = event
+            yield event
+        self.conversation.add_turn(user_text, done.text if done else "")
+
+    def _check_prompt_length(self, n: int) -> None:
+        if n + 1 > self.max_context:
+            raise PromptError(f"prompt is {n} tokens, but the context window is {self.max_context} "
+                              "(start a new chat or shorten the prompt)")
+
+    # ---- generation: one reply loop, each step plain (batch 1) or in the batch -----------------
+    def generate(self, prompt_ids: list[int], max_new_tokens: int | None = None,
+                 ignore_eos: bool = False) -> Iterator:
+        """Stream a reply to `prompt_ids`, reusing whatever prefix of them is already cached."""
+        if not prompt_ids:
+            raise PromptError("empty prompt: nothing to generate from")
+        self._check_prompt_length(len(prompt_ids))
+        self._stop.clear()
+        yield from self.take_settings(wait=True)  # a change made between replies runs from the first step
+        eos = frozenset() if ignore_eos else frozenset(self.tokenizer.eos_ids)
+        reply = _Reply(list(prompt_ids), max_new_tokens or self.settings.max_new_tokens,
+                       self.tokenizer.stream(skip_special_tokens=True), eos)
+        gen = self._make_generator()
+        person: Request | None = None  # the reply's request, once it runs in the batch
+        self._reply_active = True
+        try:
+            while True:
+                for event in self.take_settings():
+                    yield event
+                    if isinstance(event, SettingsApplied) and event.settings.sampling.seed is not None \
+                            and any("seed" in change for change in event.changes):
+                        gen = self._make_generator()
+                    if person is not None and isinstance(event, SettingsApplied):
+                        self._server.set_person_sampling(self.settings.sampling, gen)
+                if person is None:
+                    reply.reason = reply.reason or reply.end_reason(self._stop.is_set(), self.max_context)
+                    if reply.reason:
+                        break
+                    if self.settings.users > 0:  # users are on (or joined mid-reply): the rest runs batched
+                        person = self._submit_person(reply, gen)
+                if person is None:
+                    yield from self._plain_step(reply, gen)
+                elif self._stop.is_set():
+                    self._server.cancel(person.request_id)
+                    break
+                elif person.is_finished:
+                    break
+                else:
+                    yield from self._batched_step(reply, person)
+        finally:
+            self._reply_active = False
+            if person is not None and self._server is not None:
+                self._server.release_person()  # cancels the request if the reply was abandoned mid-way
+        if person is not None:
+            if person.state is RequestState.CANCELLED:
+                reply.reason = "stopped"
+            elif person.finish_reason == "eos":
+                reply.reason = "eos"
+            else:
+                reply.reason = "max_tokens" if reply.n_new >= reply.budget else "context_full"
+            if reply.batched_from_start:  # its prefix came from the last turn's retained blocks
+                reply.n_cached = person.num_reused_tokens  # (0 if it was pre-empted: recomputed)
+        tail = reply.stream.flush()  # a character still held back (split UTF-8) comes out now
+        if tail:
+            reply.parts.append(tail)
+            yield TokenEvent(-1, tail, reply.n_new)
+        yield DoneEvent(reply.reason, "".join(reply.parts), reply.n_prompt, reply.n_new, reply.ttft_s,
+                        reply.decode_s, reply.n_cached)
+
+    def _plain_step(self, reply: "_Reply", gen) -> Iterator:
+        token, metrics = self._step(reply.ids, produced=reply.n_new, gen=gen)
+        t_end = time.perf_counter()
+        self.step_count += 1
+        if reply.n_new == 0:
+            reply.n_cached = metrics.context_len  # the first step ran the prompt after its cached prefix
+        else:
+            reply.decode_s += metrics.step_s
+        yield metrics
+        event = reply.add_token(token, t_end)
+        if event is not None:
+            yield event
+
+    def _submit_person(self, reply: "_Reply", gen) -> Request:
+        """The (rest of the) reply as one request in the batch: the context so far is its prompt,
+        prefilled into the paged pool (or taken over from the last turn's retained blocks)."""
+        server = self._ensure_server()
+        self._sync_server()
+        want, room = reply.budget - reply.n_new, self.max_context - len(reply.ids)
+        # retain_kv: the conversation's K/V stay in the pool after the reply, and the next turn
+        # prefills only what is new (engine/serving/scheduler.py), as the plain path's cache does
+        request = Request(next(self._person_ids), list(reply.ids), min(want, room), reply.eos, retain_kv=True)
+        server.submit_person(request, self.settings.sampling, gen)
+        reply.batched_from_start = reply.n_new == 0
+        reply.seen = len(request.output_ids)
+        return request
+
+    def _batched_step(self, reply: "_Reply", person: Request) -> Iterator:
+        had_first_token = reply.n_new > 0
+        metrics, stats = self._server_step()
+        t_end = time.perf_counter()
+        if metrics is None:  # nothing could run (cannot last: the running requests finish)
+            time.sleep(0.001)
+            return
+        self.step_count += 1
+        if had_first_token:
+            reply.decode_s += metrics.step_s  # every step from the first token on, pre-empted ones too
+        yield metrics
+        yield stats
+        for token in person.output_ids[reply.seen:]:
+            event = reply.add_token(token, t_end)
+            if event is None:
+                break
+            yield event
+        reply.seen = len(person.output_ids)
+
+    def _make_generator(self):
+        seed = self.settings.sampling.seed
+        if seed is None:
+            return None
+        return torch.Generator(device=self.device).manual_seed(seed)
+
+    # ---- one plain step ------------------------------------------------------------------------
     @torch.inference_mode()
     def _step(self, ids: list[int], produced: int, gen) -> tuple[int, StepMetrics]:
         model = self.model
@@ -514,18 +485,21 @@ class Engine:
             feed = ids
         phase = "prefill" if produced == 0 else "decode"
         tokens = torch.tensor([feed], dtype=torch.long, device=self.device)
-        graph_kv_len = self._graph_bucket(start) if layout == "contiguous" and len(feed) == 1 else None
+        graph_kv_len = None
+        if use_cache and layout == "contiguous" and len(feed) == 1:
+            graph_kv_len = self.graphs.bucket(self.settings.cuda_graphs, start, self.cache.max_len)
         timer = _Timer(self.device)
         timer.start()
         if graph_kv_len is not None:
-            logits = self._decode_graph(model, tokens, start, graph_kv_len)
+            replays = self.graphs.replays
+            logits = self.graphs.decode(model, self.cache, tokens, start, graph_kv_len, attention)
+            if self.graphs.replays == replays:  # fell back to eager this step: it read only the context
+                graph_kv_len = None
         else:
             logits = model(tokens, start_pos=start, cache=self.cache if use_cache else None, attention=attention)
         token = sample(logits[:, -1], self.settings.sampling, gen)
         token_id = int(token.item())
         step_s = timer.stop()
-        if graph_kv_len is not None and self._graph_failed:  # fell back to eager this step
-            graph_kv_len = None
         if use_cache:
             self.cached_ids = list(ids)
         cost = step_cost(self.cfg, batch_size=1, new_tokens=len(feed), context_len=start,
@@ -541,37 +515,47 @@ class Engine:
         return token_id, metrics
 
 
-    # ---- CUDA graphs ----------------------------------------------------------------------
-    GRAPH_BUCKET = 1024  # attention in a captured step reads a multiple of this many positions
+class _Reply:
+    """One reply's accounting, whichever path runs its steps: the ids so far, the text, and the
+    figures its DoneEvent reports."""
 
-    def _graph_bucket(self, start: int) -> int | None:
-        if not (self.device.startswith("cuda") and self.settings.cuda_graphs and not self._graph_failed):
+    def __init__(self, ids: list[int], budget: int, stream, eos: frozenset):
+        self.ids = ids
+        self.n_prompt = len(ids)
+        self.budget = budget
+        self.stream = stream
+        self.eos = eos
+        self.parts: list[str] = []
+        self.n_new = 0
+        self.t_start = time.perf_counter()
+        self.ttft_s = 0.0
+        self.decode_s = 0.0
+        self.n_cached = 0
+        self.reason = ""
+        self.batched_from_start = False
+        self.seen = 0  # the batch request's output ids already streamed
+
+    def end_reason(self, stopped: bool, max_context: int) -> str:
+        if self.n_new >= self.budget:
+            return "max_tokens"
+        if stopped:
+            return "stopped"
+        if len(self.ids) >= max_context:
+            return "context_full"
+        return ""
+
+    def add_token(self, token: int, t_s: float) -> TokenEvent | None:
+        """Count a sampled token; its TokenEvent, or None for the end-of-sequence token."""
+        if self.n_new == 0:
+            self.ttft_s = t_s - self.t_start
+        self.n_new += 1
+        self.ids.append(token)
+        if token in self.eos:
+            self.reason = "eos"
             return None
-        bucket = -(-(start + 1) // self.GRAPH_BUCKET) * self.GRAPH_BUCKET
-        return min(bucket, self.cache.max_len)
-
-    def _decode_graph(self, model: Transformer, tokens, start: int, kv_len: int):
-        """The decode step through torch.compile(mode="reduce-overhead"): one graph replay per
-        token instead of hundreds of kernel launches. Any failure falls back to eager for good."""
-        key = (id(model), id(self.cache))
-        try:
-            if key not in self._graph_steps:
-                import torch._dynamo
-                torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-                # the cache is written in place by the graph: its address must stay fixed
-                torch._dynamo.mark_static_address(self.cache.k)
-                torch._dynamo.mark_static_address(self.cache.v)
-                self._graph_steps = {key: torch.compile(model.forward_decode_static, mode="reduce-overhead",
-                                                        fullgraph=True, dynamic=False)}
-            pos = torch.tensor([start], dtype=torch.long, device=self.device)
-            logits = self._graph_steps[key](tokens, pos, self.cache, kv_len, self.settings.attention).clone()
-            self.cache.length = start + 1
-            return logits
-        except Exception as e:  # a compiler problem must not end the conversation
-            import warnings
-            warnings.warn(f"CUDA graph decode unavailable, running eager: {type(e).__name__}: {e}")
-            self._graph_failed = True
-            return model(tokens, start_pos=start, cache=self.cache, attention=self.settings.attention)
+        piece = self.stream.feed(token)
+        self.parts.append(piece)
+        return TokenEvent(token, piece, self.n_new - 1)
 
 
 def _elem_bytes(dtype: torch.dtype) -> int:

@@ -31,7 +31,7 @@ class SettingsApplied:
 class SettingsRefused:
     request_id: int
     reason: str  # one line
-    settings: Settings  # what the engine runs (unchanged by the refused request)
+    settings: Settings | None  # what the engine runs (unchanged by the refused request); None: no model
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """The engine behind a command loop, for a front end that must never wait on it (the desktop app).
 
-Commands go in as plain dataclasses (`Load`, `Chat`, `Reset`, `MeasureQuality`, `Quit`); events come
-out through `emit(kind, *args)` with plain-data arguments. `Apply` and `Stop` do not queue: they
-reach the engine at once and take effect at its next step boundary, mid-reply too.
+Commands go in as plain dataclasses (engine/protocol.py: `Load`, `Chat`, `Reset`, `MeasureQuality`,
+`Quit`); events come out through `emit(kind, *args)` with plain-data arguments. `Apply`, `Stop` and
+`Query` do not queue: they reach the engine at once; a change takes effect at its next step
+boundary, mid-reply too, or at once between replies. No exception ends the loop: a failed command
+is reported as one line and the engine keeps serving what it can.
 
 The host runs either on a thread of the caller's process (`EngineHost.run`) or in a process of its
 own (`serve`, the other end of a `multiprocessing` pipe). The app uses the process: on a CPU the
@@ -12,12 +14,14 @@ the GUI thread's Python (drawing plots) holds it often enough to cost half the a
 Emitted kinds (the app's worker turns each into a Qt signal of the same name):
     progress(fraction, message)      model loading, device measurement
     model_loaded(ModelInfo)
-    events(list)                     engine events in order (StepMetrics, TokenEvent, ...)
+    events(list)                     engine events in order (StepMetrics, TokenEvent, SettingsApplied, ...)
     reply_started(t_monotonic)       when the prompt reached the engine
     busy_changed(what, running)      what: "load" | "reply"
-    failed(what, message)            what: "load" | "reply" | "settings" | "quality"; one line
+    failed(what, message)            what: "load" | "reply" | "reset" | "quality" | "serving" | "engine"
     kv_snapshot(KVCacheSnapshot)
     quality({label: Quality})
+    state(Settings | None)           the answer to Query: what the engine runs now
+    exited(reason)                   the last message of `serve`: "quit", or why the loop ended
 """
 from __future__ import annotations
 
@@ -29,10 +33,24 @@ from dataclasses import replace
 from typing import Callable
 
 from engine.engine import Engine
-from engine.events import DoneEvent
+from engine.events import DoneEvent, SettingsApplied, SettingsRefused
+from engine.faults import inject
 from engine.metrics import StepMetrics
-from engine.protocol import Apply, Chat, Load, MeasureQuality, ModelInfo, Quit, Reset, Stop, default_dtype, one_line
-from engine.settings import Settings
+from engine.protocol import (
+    Apply,
+    Chat,
+    Load,
+    MeasureQuality,
+    ModelInfo,
+    Query,
+    Quit,
+    Reset,
+    Stop,
+    default_dtype,
+    one_line,
+    with_changes,
+)
+from engine.settings import EngineError, Settings
 
 # Events leave in batches at most this often (and at once when the engine is slower), so a tiny
 # model decoding thousands of tokens a second does not flood the front end's event loop. Each batch
@@ -41,8 +59,7 @@ from engine.settings import Settings
 # (`python -m app.gui_bench`, docs/benchmarks.md). Ten text updates a second still read as a stream.
 BATCH_INTERVAL_S = 1 / 10
 KV_SNAPSHOT_INTERVAL_S = 0.15  # the KV panel needs a few pictures a second, not one per token
-IDLE_WAIT_S = 0.02  # serving with nothing to run (every simulated user thinking): look again this often
-
+IDLE_WAIT_S = 0.02  # background work with nothing to run (users thinking, weights being made): look again
 
 _WAKE = object()  # a queued no-op: wakes the loop to look at the engine's settings again
 
@@ -53,30 +70,53 @@ class Cancelled(BaseException):
 
 class EngineHost:
     """Owns one `Engine` at a time. `run(commands)` executes queued commands until `Quit`;
-    `apply`, `stop` and `quit` may be called from any thread."""
+    `request`, `stop`, `query` and `quit` may be called from any thread."""
 
     def __init__(self, emit: Callable[..., None]):
         self.emit = emit
         self.engine: Engine | None = None
         self.quitting = False
         self._commands: "queue.Queue | None" = None  # run()'s queue
-        self._background: list = []  # events of background serving steps not yet emitted
+        self._background: list = []  # events of background steps not yet emitted
         self._background_emit_s = self._background_snapshot_s = 0.0
 
     # ---- any thread ------------------------------------------------------------------------
+    def request(self, command: Apply) -> None:
+        """A settings change; never raises: a refusal is answered with SettingsRefused (one line),
+        and the engine's settings stay as they were."""
+        engine = self.engine
+        try:
+            inject("apply")
+            if engine is None:
+                raise EngineError("no model is loaded yet")
+            new = command.settings if command.settings is not None else \
+                with_changes(engine.requested_settings, command.changes)
+            engine.apply(new, command.request_id)
+        except Exception as error:
+            self.emit("events", [SettingsRefused(command.request_id, _refusal_line(error),
+                                                 engine.settings if engine is not None else None)])
+            return
+        commands = self._commands
+        if commands is not None:
+            commands.put(_WAKE)  # between replies the loop takes the change at once
+
     def apply(self, settings: Settings) -> None:
-        """Raises ValueError (one-line message) for settings the device cannot run."""
+        """Raises ValueError (one-line message) for settings the engine cannot run (scripts, tests)."""
         engine = self.engine
         if engine is not None:
             engine.apply(settings)
             commands = self._commands
-            if settings.users and commands is not None:
-                commands.put(_WAKE)  # the loop may be waiting for a command: serving starts now
+            if commands is not None:
+                commands.put(_WAKE)
 
     def stop(self) -> None:
         engine = self.engine
         if engine is not None:
             engine.stop()
+
+    def query(self) -> None:
+        engine = self.engine
+        self.emit("state", engine.settings if engine is not None else None)
 
     def quit(self) -> None:
         self.quitting = True
@@ -84,21 +124,21 @@ class EngineHost:
 
     # ---- the host's own thread -------------------------------------------------------------
     def run(self, commands: "queue.Queue") -> None:
-        """Execute commands until Quit. Between commands, while simulated users are on, run the
-        engine's background serving one step at a time (a command is looked for between steps)."""
+        """Execute commands until Quit. Between commands, take pending settings at once and, while
+        simulated users are on, serve them one step at a time (a command is looked for between
+        steps)."""
         self._commands = commands
         while True:
             engine = self.engine
-            if engine is not None and engine.serving and not self.quitting:
+            if engine is not None and not self.quitting and (engine.serving or engine.has_pending):
                 try:
                     command = commands.get_nowait()
                 except queue.Empty:
-                    if not self._serve_step(engine):
-                        try:  # nothing to run (every user thinking): wait a little for a command
-                            command = commands.get(timeout=IDLE_WAIT_S)
-                        except queue.Empty:
-                            continue
-                    else:
+                    if self._background_step(engine):
+                        continue
+                    try:  # nothing to run (users thinking, weights being made): wait a little
+                        command = commands.get(timeout=IDLE_WAIT_S)
+                    except queue.Empty:
                         continue
             else:
                 self._flush_background()
@@ -113,16 +153,18 @@ class EngineHost:
             except Cancelled:
                 return
 
-    def _serve_step(self, engine: Engine) -> bool:
-        """One background step; its events leave in batches like a reply's. False: nothing ran."""
+    def _background_step(self, engine: Engine) -> bool:
+        """Pending settings, then one serving step; events leave in batches like a reply's.
+        False: nothing ran."""
         try:
+            inject("serve_step")
             events = engine.serve_step()
         except Exception as error:  # report once, switch the users off, keep the model
             self._flush_background()
             self.emit("failed", "serving", one_line(error))
             try:
                 engine.apply(replace(engine.settings, users=0))
-                engine.serve_step()
+                self.emit("events", engine.serve_step())
             except Exception:
                 pass
             return False
@@ -130,9 +172,10 @@ class EngineHost:
             return False
         self._background.extend(events)
         now = time.monotonic()
-        if now - self._background_emit_s >= BATCH_INTERVAL_S:
+        if now - self._background_emit_s >= BATCH_INTERVAL_S or not engine.serving \
+                or any(isinstance(event, (SettingsApplied, SettingsRefused)) for event in events):
             self._flush_background()
-        if now - self._background_snapshot_s >= KV_SNAPSHOT_INTERVAL_S:
+        if now - self._background_snapshot_s >= KV_SNAPSHOT_INTERVAL_S or not engine.serving:
             self._emit_kv_snapshot(engine)
             self._background_snapshot_s = now
         return True
@@ -144,22 +187,29 @@ class EngineHost:
         self._background_emit_s = time.monotonic()
 
     def execute(self, command) -> None:
-        if isinstance(command, Load):
-            self._load(command)
-        elif isinstance(command, Chat):
-            self._chat(command.text)
-        elif isinstance(command, MeasureQuality):
-            self._measure_quality(command)
-        elif isinstance(command, Reset):
-            if self.engine is not None:
-                self.engine.reset()
-                self._emit_kv_snapshot(self.engine)
-
-    def _apply_reporting(self, settings: Settings) -> None:
+        """One command; an exception is reported as one line (`failed`) and the loop goes on."""
+        what = {Load: "load", Chat: "reply", MeasureQuality: "quality", Reset: "reset"}.get(type(command), "engine")
         try:
-            self.apply(settings)
-        except ValueError as error:
-            self.emit("failed", "settings", one_line(error))
+            if isinstance(command, Load):
+                self._load(command)
+            elif isinstance(command, Chat):
+                self._chat(command.text)
+            elif isinstance(command, MeasureQuality):
+                self._measure_quality(command)
+            elif isinstance(command, Reset):
+                self._reset()
+            elif isinstance(command, Apply):
+                self.request(command)
+            elif isinstance(command, Stop):
+                self.stop()
+            elif isinstance(command, Query):
+                self.query()
+            else:
+                raise EngineError(f"unknown command {type(command).__name__}")
+        except Cancelled:
+            raise
+        except Exception as error:
+            self.emit("failed", what, one_line(error))
 
     def _progress(self, fraction: float, message: str) -> None:
         if self.quitting:
@@ -169,6 +219,7 @@ class EngineHost:
     def _load(self, command: Load) -> None:
         self.emit("busy_changed", "load", True)
         try:
+            inject("load")
             hardware = command.hardware
             device = command.device
             if device == "auto":
@@ -182,7 +233,7 @@ class EngineHost:
                 command = replace(command, model=pickle.loads(command.model))
             self._progress(0.0, f"loading {command.model if isinstance(command.model, str) else 'model'}…")
             engine = Engine(command.model, device=device, dtype=settings.dtype, max_context=command.max_context,
-                            progress=self._progress, hardware=hardware, settings=settings)
+                            progress=self._progress, hardware=hardware, settings=settings, messages=command.messages)
             old, self.engine = self.engine, engine
             if old is not None:
                 old.stop()
@@ -199,12 +250,20 @@ class EngineHost:
         finally:
             self.emit("busy_changed", "load", False)
 
+    def _reset(self) -> None:
+        inject("reset")
+        engine = self.engine
+        if engine is not None:
+            engine.reset()
+            self._emit_kv_snapshot(engine)
+
     def _measure_quality(self, command: MeasureQuality) -> None:
         engine = self.engine
         if engine is None:
             return
         from engine.model.quality import weight_quality
         try:
+            inject("quality")
             self.emit("quality", weight_quality(engine, n_tokens=command.n_tokens))
         except Exception as error:  # quality is extra information: report, keep running
             self.emit("failed", "quality", one_line(error))
@@ -221,26 +280,28 @@ class EngineHost:
         if engine is None:
             self.emit("failed", "reply", "no model is loaded yet")
             return
-        kept_messages = list(engine.messages)
         self.emit("busy_changed", "reply", True)
         self.emit("reply_started", time.monotonic())
         batch: list = []
         last_emit = last_snapshot = time.monotonic()
         try:
+            inject("chat")
             for event in engine.chat(text):
                 batch.append(event)
                 # Metrics come just before their step's token: hold them so the two travel together.
                 if isinstance(event, StepMetrics):
+                    inject("step")
                     continue
                 now = time.monotonic()
-                if isinstance(event, DoneEvent) or now - last_emit >= BATCH_INTERVAL_S:
+                # a settings answer leaves at once: the window shows the change only when it arrives
+                if isinstance(event, (DoneEvent, SettingsApplied, SettingsRefused)) \
+                        or now - last_emit >= BATCH_INTERVAL_S:
                     self.emit("events", batch)
                     batch, last_emit = [], now
                 if isinstance(event, DoneEvent) or now - last_snapshot >= KV_SNAPSHOT_INTERVAL_S:
                     self._emit_kv_snapshot(engine)  # the generator is paused: between steps
                     last_snapshot = now
-        except Exception as error:  # a failed turn is not part of the conversation
-            engine.messages = kept_messages
+        except Exception as error:  # a failed turn is not part of the conversation (Engine.chat)
             if batch:
                 self.emit("events", batch)
                 batch = []
@@ -251,16 +312,25 @@ class EngineHost:
             self.emit("busy_changed", "reply", False)
 
 
+def _refusal_line(error: BaseException) -> str:
+    return one_line(error) if isinstance(error, ValueError) else f"the engine could not take it: {one_line(error)}"
+
+
 def serve(conn) -> None:
     """A process's whole life as the engine host: commands arrive on `conn` (a multiprocessing
-    Connection), emitted events leave on it as (kind, args) tuples, and a final ("exited", ())
-    says the host is done. Apply/Stop/Quit are handled by a listener thread the moment they
-    arrive, so they reach the engine mid-step as they would on a thread."""
+    Connection), emitted events leave on it as (kind, args) tuples, and a final ("exited", (reason,))
+    says the host is done ("quit" when told to). Apply/Stop/Query/Quit are handled by a listener
+    thread the moment they arrive, so they reach the engine mid-step as they would on a thread."""
     send_lock = threading.Lock()
+    host: EngineHost | None = None
 
     def emit(kind: str, *args) -> None:
         with send_lock:
-            conn.send((kind, args))
+            try:
+                conn.send((kind, args))
+            except (OSError, ValueError):  # the front end is gone: stop what runs and end quietly
+                if host is not None:
+                    host.quit()
 
     host = EngineHost(emit)
     commands: queue.Queue = queue.Queue()
@@ -271,23 +341,67 @@ def serve(conn) -> None:
                 message = conn.recv()
             except (EOFError, OSError):  # the front end is gone: end as if told to
                 message = Quit()
-            if isinstance(message, Apply):
-                host._apply_reporting(message.settings)
-            elif isinstance(message, Stop):
-                host.stop()
-            elif isinstance(message, Quit):
-                host.quit()
-                commands.put(message)
-                return
-            else:
-                commands.put(message)
+            except Exception as error:  # an unreadable message: say so, keep listening
+                _report(emit, f"a command could not be read: {one_line(error)}")
+                continue
+            try:
+                inject("listener")
+                if isinstance(message, Apply):
+                    host.request(message)
+                elif isinstance(message, Stop):
+                    host.stop()
+                elif isinstance(message, Query):
+                    host.query()
+                elif isinstance(message, Quit):
+                    host.quit()
+                    commands.put(message)
+                    return
+                else:
+                    commands.put(message)
+            except Exception as error:  # the listener must outlive any one message, and say what was lost
+                _report_lost(emit, host, message, error)
 
     threading.Thread(target=listen, name="membound-host-listener", daemon=True).start()
+    reason = "quit"
     try:
         host.run(commands)
+    except BaseException as error:
+        reason = f"the engine's loop ended: {one_line(error)}"
+        raise
     finally:
         try:
-            emit("exited", )
+            emit("exited", reason)
         except (OSError, ValueError):
             pass
         conn.close()
+
+
+def _report_lost(emit, host: EngineHost, message, error: BaseException) -> None:
+    """A message the listener could not hand on: answer it as failed, so no front end waits for it."""
+    line = one_line(error)
+    if isinstance(message, Apply):
+        _report(emit, None, SettingsRefused(message.request_id, _refusal_line(error),
+                                            host.engine.settings if host.engine else None))
+        return
+    what = {Load: "load", Chat: "reply", Reset: "reset", MeasureQuality: "quality"}.get(type(message))
+    try:
+        if what is not None:
+            emit("failed", what, f"the engine could not take the command: {line}")
+            if what in ("load", "reply"):
+                emit("busy_changed", what, False)
+        elif isinstance(message, Query):
+            emit("state", host.engine.settings if host.engine else None)
+        else:
+            emit("failed", "engine", f"the engine could not handle {type(message).__name__}: {line}")
+    except (OSError, ValueError):
+        pass
+
+
+def _report(emit, message: str | None, event=None) -> None:
+    try:
+        if event is not None:
+            emit("events", [event])
+        if message is not None:
+            emit("failed", "engine", message)
+    except (OSError, ValueError):
+        pass

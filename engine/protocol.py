@@ -4,12 +4,15 @@ engine/events.py, step figures in engine/metrics.py; all of it is plain data tha
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.hardware.spec import DeviceSpec
 from engine.model.config import ModelConfig
 from engine.settings import GROUP_SIZES, EngineError, Settings, group_size_refusal
+
+ENGINE_ENTRY_POINT = ("engine.host", "serve")  # what the engine process runs: serve(conn)
 
 
 @dataclass(frozen=True)
@@ -119,9 +122,13 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class Query:
+    """Ask what the engine runs now (answered with `state(Settings)`, at once, mid-reply too)."""
+
+
+@dataclass(frozen=True)
 class Quit:
     pass
-
 
 
 def one_line(error: BaseException) -> str:
@@ -138,3 +145,26 @@ def default_dtype(device_kind: str) -> str:
     return "bf16" if device_kind == "cuda" else "fp32"
 
 
+def engine_process_main(conn) -> None:
+    """The engine process's entry point. It lives in this torch-free module and finds the host by
+    name, so a front end can start the engine without importing it (torch comes in the child)."""
+    module, function = ENGINE_ENTRY_POINT
+    getattr(importlib.import_module(module), function)(conn)
+
+
+def settings_delta(old: Settings, new: Settings) -> tuple[tuple[str, Any], ...]:
+    """The (dotted field, value) pairs that turn `old` into `new` (an Apply's `changes`)."""
+    return _delta(old, new, "")
+
+
+def _delta(old: Any, new: Any, prefix: str) -> tuple[tuple[str, Any], ...]:
+    changes: list[tuple[str, Any]] = []
+    for f in dataclasses.fields(new):
+        before, after = getattr(old, f.name), getattr(new, f.name)
+        if before == after:
+            continue
+        if dataclasses.is_dataclass(after) and dataclasses.is_dataclass(before):
+            changes.extend(_delta(before, after, f"{prefix}{f.name}."))
+        else:
+            changes.append((f"{prefix}{f.name}", after))
+    return tuple(changes)

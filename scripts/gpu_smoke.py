@@ -34,7 +34,7 @@ def graphs_match_eager() -> None:
         tokens = [e.token_id for e in events if isinstance(e, TokenEvent)]
         steps = [e for e in events if isinstance(e, StepMetrics) and e.phase == "decode"]
         mbu = [s.mbu for s in steps[10:]]
-        print(f"cuda_graphs={graphs}: graph_failed={eng._graph_failed} decode tok/s "
+        print(f"cuda_graphs={graphs}: graphs={eng.graphs.unavailable or 'used'} decode tok/s "
               f"{len(steps) / sum(s.step_s for s in steps):.1f}, MBU median {sorted(mbu)[len(mbu) // 2]:.2%}")
         assert all(math.isfinite(s.achieved_gbs) and s.mbu < 1.05 for s in steps), "MBU above peak: a wrong figure"
         runs[graphs] = tokens

@@ -10,7 +10,7 @@ import statistics
 from dataclasses import replace
 
 import engine.engine as engine_module
-from engine.bench.run import bench_prompt_ids
+from engine.bench.prompts import bench_prompt_ids
 from engine.engine import Engine
 from engine.events import DoneEvent
 from engine.settings import Settings

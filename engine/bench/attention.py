@@ -102,11 +102,11 @@ def summarise_point(attention: str, kv_layout: str, context: int, prefill_attent
 
 
 def run_sweep(args, progress) -> int:
-    from engine.bench.run import bench_prompt_ids
-    from engine.cli import resolve_dtype
+    from engine.bench.prompts import bench_prompt_ids
     from engine.engine import DTYPES, Engine
     from engine.hardware.spec import describe
     from engine.io.loader import load_model
+    from engine.protocol import default_dtype
     from engine.settings import SamplingParams, Settings
 
     sweep = args.sweep
@@ -119,7 +119,7 @@ def run_sweep(args, progress) -> int:
         contexts = GPU_ATTENTION_CONTEXTS if on_gpu else CPU_ATTENTION_CONTEXTS
     if min(contexts) < 1 or args.decode_tokens < 2:
         raise ValueError("the sweep needs contexts >= 1 and --decode-tokens >= 2")
-    dtype = resolve_dtype(args)
+    dtype = args.dtype or default_dtype(args.device)
     # eager steps on a GPU (no CUDA graphs) in both sweeps: flash decode is then the Triton kernel
     # (a captured graph runs SDPA instead) and a paged step (always eager) compares like with like
     base = Settings(dtype=dtype, weights=getattr(args, "weights", "fp"), max_new_tokens=args.decode_tokens + 1,

@@ -200,13 +200,13 @@ def mixed_workload(tokenizer, decode_tokens: int) -> Workload:
 def run_batch_bench(args, progress) -> int:
     import torch
 
-    from engine.bench.run import bench_prompt_ids
-    from engine.cli import resolve_dtype
+    from engine.bench.prompts import bench_prompt_ids
     from engine.engine import Engine
     from engine.hardware.spec import describe
+    from engine.protocol import default_dtype
     from engine.settings import Settings
 
-    dtype = resolve_dtype(args)
+    dtype = args.dtype or default_dtype(args.device)
     if args.prompt_tokens < 1 or args.decode_tokens < 2:
         raise ValueError("bench needs --prompt-tokens >= 1 and --decode-tokens >= 2")
     sizes = _batch_sizes(args.batch_sizes)  # a bad option fails before the model loads

@@ -11,16 +11,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from engine.bench.prompts import bench_prompt_ids
 from engine.bench.tables import rows_of, side_by_side
-
-# A fixed, self-written text: the bench prompt is its first N tokens (repeated if need be).
-BENCH_TEXT = (
-    "A decoder writes one token at a time. For every token it must read each weight of the model once, "
-    "so the speed of a single conversation is set by how fast memory can deliver those bytes, not by "
-    "how fast the chip can multiply. Batching shares one read of the weights among many sequences; "
-    "quantisation makes each weight smaller; the key-value cache avoids recomputing the past but must "
-    "itself be read at every step. "
-)
 
 
 @dataclass
@@ -37,13 +29,6 @@ class BenchResult:
     mfu: float
     predicted_ceiling_tokens_per_s: float
     decode_bytes_per_token: float
-
-
-def bench_prompt_ids(tokenizer, n_tokens: int) -> list[int]:
-    ids: list[int] = []
-    while len(ids) < n_tokens:
-        ids += tokenizer.encode(BENCH_TEXT)
-    return ids[:n_tokens]
 
 
 def run_ours(engine, prompt_ids: list[int], decode_tokens: int) -> tuple[BenchResult, list]:
@@ -217,14 +202,14 @@ def format_sweep(results: list[BenchResult], quality: dict) -> str:
 
 
 def run_bench(args, progress) -> int:
-    from engine.cli import resolve_dtype
     from engine.engine import Engine
     from engine.hardware.spec import describe
+    from engine.protocol import default_dtype
     from engine.settings import SamplingParams, Settings
 
     if args.prompt_tokens < 1 or args.decode_tokens < 2:
         raise ValueError("bench needs --prompt-tokens >= 1 and --decode-tokens >= 2")
-    dtype = resolve_dtype(args)
+    dtype = args.dtype or default_dtype(args.device)
     weights, group_size = getattr(args, "weights", "fp"), getattr(args, "group_size", 32)
     sweep = getattr(args, "sweep", None)
     if args.compare and (sweep or weights != "fp"):

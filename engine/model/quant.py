@@ -259,13 +259,15 @@ def quantize_model(model: Transformer, weights: str, group_size: int = 32,
 class QuantisedModels:
     """Quantised copies of a model, made once per key (dtype, weights, group) and kept.
     A copy is made in a background thread so a streaming reply keeps going meanwhile; one at a
-    time: asking for another while one is being made is a QuantError."""
+    time, the others asked for meanwhile queued in order (a speaker pressing F4 twice gets INT4
+    once INT8 is made, not a refusal)."""
 
     def __init__(self):
         self._ready: dict[tuple, Transformer] = {}
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._done = threading.Condition(self._lock)
         self._building: tuple | None = None
+        self._queue: list[tuple] = []  # (key, source, progress) waiting for the one being made
         self._fraction = 0.0
         self._errors: dict[tuple, BaseException] = {}
 
@@ -281,17 +283,20 @@ class QuantisedModels:
 
     def start(self, key: tuple, source: Callable[[], Transformer],
               progress: Callable[[float, str], None] | None = None) -> None:
-        """Begin making `key` unless it is ready or already being made."""
-        dtype, weights, group_size = key
+        """Begin making `key` (or queue it behind the one being made) unless it is ready or asked for."""
         with self._lock:
-            if key in self._ready or self._building == key:
+            if key in self._ready or self._building == key or any(k == key for k, _, _ in self._queue):
                 return
-            if self._building is not None:
-                _, busy_weights, busy_group = self._building
-                raise QuantError(f"{weights_label(busy_weights, busy_group)} weights are still being made "
-                                 f"({100 * self._fraction:.0f}%): switch again when they are ready")
-            self._building, self._fraction = key, 0.0
             self._errors.pop(key, None)
+            if self._building is not None:
+                self._queue.append((key, source, progress))
+                return
+            self._begin(key, source, progress)
+
+    def _begin(self, key: tuple, source, progress) -> None:
+        """Start the thread that makes `key` (the lock is held)."""
+        _, weights, group_size = key
+        self._building, self._fraction = key, 0.0
 
         def report(fraction: float, message: str) -> None:
             self._fraction = fraction
@@ -309,18 +314,20 @@ class QuantisedModels:
             finally:
                 with self._lock:
                     self._building = None
+                    if self._queue:
+                        self._begin(*self._queue.pop(0))
+                    self._done.notify_all()
 
         # not a daemon: a process that exits mid-build waits for it (seconds) rather than
         # tearing torch down under a running thread
-        self._thread = threading.Thread(target=build, name=f"quantise {weights}")
-        self._thread.start()
+        threading.Thread(target=build, name=f"quantise {weights}").start()
 
     def wait(self, key: tuple) -> Transformer:
-        """The copy for `key`, waiting for it if it is being made."""
-        thread = self._thread
-        if thread is not None and self.building is not None and self.building[0] == key:
-            thread.join()
+        """The copy for `key`, waiting for it if it is being made or queued."""
         with self._lock:
+            while key not in self._ready and key not in self._errors and (
+                    self._building == key or any(k == key for k, _, _ in self._queue)):
+                self._done.wait()
             if key in self._ready:
                 return self._ready[key]
             error = self._errors.pop(key, None)

@@ -27,3 +27,8 @@ def activate(window, qtbot) -> None:
     window.show()
     window.activateWindow()
     qtbot.waitUntil(window.isActiveWindow, timeout=5_000)  # (qtbot.waitActive is a context manager)
+
+
+def confirmed(window, qtbot, timeout_ms: int = 30_000) -> None:
+    """Wait until the engine has answered every settings request the window made."""
+    qtbot.waitUntil(lambda: not window.settings_pending, timeout=timeout_ms)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from app_test_helpers import fake_cpu
 
-from app.controls import CONTROLS, describe_changes, get_field, has_field, with_field
+from app.controls import CONTROLS, get_field, has_field, with_field
 from app.live_data import LiveData
 from app.plots.step_plot import x_window
 from app.plots.style import nice_ceiling
@@ -17,7 +17,7 @@ from app.ringbuffer import RingBuffer
 from app.theme import DARK, LIGHT, SettingColours
 from engine.hardware import ceilings
 from engine.model.config import ModelConfig
-from engine.settings import SamplingParams, Settings
+from engine.settings import SamplingParams, Settings, describe_change
 
 
 def test_ring_buffer_keeps_the_newest_rows_in_order():
@@ -73,9 +73,9 @@ def test_settings_paths_and_change_labels():
     assert get_field(s, "sampling.top_p") == 0.95 and has_field(s, "kv_cache") and not has_field(s, "nope")
     t = with_field(with_field(s, "sampling.temperature", 0.2), "kv_cache", False)
     assert t.sampling.temperature == 0.2 and t.kv_cache is False and s.kv_cache is True
-    assert describe_changes(s, t) == ["kv cache off", "temperature 0.2"]
-    assert describe_changes(s, with_field(s, "dtype", "bf16")) == ["bf16"]
-    assert describe_changes(s, s) == []
+    assert describe_change(s, t) == ("kv cache off", "T=0.2 top-p=0.95")
+    assert describe_change(s, with_field(s, "dtype", "bf16")) == ("bf16",)
+    assert describe_change(s, s) == ()
     fields = [c.field for c in CONTROLS]
     assert {"dtype", "kv_cache", "max_new_tokens", "sampling.temperature", "sampling.top_p"} <= set(fields)
 

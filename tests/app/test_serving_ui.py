@@ -3,8 +3,10 @@ steps keep arriving between the person's replies (the serving panel and the roof
 the person's reply still streams while users are served, and closing while serving leaks nothing."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
-from app_test_helpers import activate, send_and_wait
+from app_test_helpers import activate, confirmed, send_and_wait
 from PySide6.QtCore import Qt
 
 from engine.events import BatchStats
@@ -22,7 +24,8 @@ def test_the_users_slider_is_bounded_by_memory_and_steps_by_doubling(make_window
     assert slider.value() == 0 and slider.isEnabled()
     for expected in (1, 2, 4):
         qtbot.keyClick(window, Qt.Key.Key_Up, Qt.KeyboardModifier.AltModifier)
-        assert window.settings.users == expected
+        confirmed(window, qtbot)
+        assert window.settings.users == expected == users_slider(window).value()
     assert window.controls.slider_values["users"].text() == "4"
     # annotated where the engine applied it: users 1 and 2 may never have run a step
     qtbot.waitUntil(lambda: any("4 simulated users" in note.text for note in window.data.annotations),
@@ -36,6 +39,7 @@ def test_users_are_served_between_replies_and_the_panel_draws_them(make_window, 
     window.show_seed_table(True)
     slider = users_slider(window)
     slider.setValue(4)  # keyboard or a drag's end: one change
+    confirmed(window, qtbot)
     assert window.settings.users == 4
     qtbot.waitUntil(lambda: window.data.serving.total >= 30, timeout=30_000)
     assert not window.replying  # nobody typed: these are the simulated users alone
@@ -85,16 +89,25 @@ def test_the_policy_switch_reaches_the_engine_and_is_annotated(make_window, qtbo
     activate(window, qtbot)
     users_slider(window).setValue(2)
     qtbot.keyClick(window, Qt.Key.Key_F12)
+    confirmed(window, qtbot)
     assert window.settings.policy == "static"
     qtbot.waitUntil(lambda: window.data.serving_policy == "static", timeout=30_000)
     assert any("static batching" in note.text for note in window.data.annotations)
 
 
-def test_kv_off_is_refused_while_users_are_served(make_window, qtbot):
+def test_kv_off_is_disabled_while_users_are_served_and_refused_if_asked(make_window, qtbot):
     window = make_window(max_new_tokens=8)
     users_slider(window).setValue(2)
-    window.controls.toggle("kv_cache")
-    assert window.settings.kv_cache is True and "KV cache" in window.last_error
+    confirmed(window, qtbot)
+    toggle = window.controls.widgets["kv_cache"]
+    assert not toggle.isEnabled() and "KV cache" in toggle.toolTip()
+    off = [b for b in window.controls.widgets["kv_layout"].buttons() if b.value == "off"][0]
+    assert not off.isEnabled() and "KV cache" in off.toolTip()
+    window.controls.toggle("kv_cache")  # the key does nothing while the switch is disabled
+    assert not window.settings_pending
+    window.apply_settings(dataclasses.replace(window.settings, kv_layout="off"))  # asked anyway: refused
+    confirmed(window, qtbot)
+    assert window.settings.kv_cache is True and "KV cache" in window.last_error and toggle.isChecked()
 
 
 def test_closing_while_serving_leaves_nothing_running(make_window, qtbot):

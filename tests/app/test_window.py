@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 import pytest
-from app_test_helpers import activate, send_and_wait
+from app_test_helpers import activate, confirmed, send_and_wait
 from PySide6.QtCore import Qt
 
 from engine.engine import Engine
@@ -65,6 +65,7 @@ def test_kv_cache_toggled_mid_reply_reaches_the_engine_and_is_annotated(make_win
     window.send("a long reply please")
     qtbot.waitUntil(lambda: window.data.steps.total > 5, timeout=10_000)
     qtbot.keyClick(window, Qt.Key.Key_F2)  # the stage shortcut for the KV cache switch
+    confirmed(window, qtbot)
     assert window.settings.kv_cache is False
     qtbot.waitUntil(lambda: any("kv cache off" in n.text for n in window.data.annotations), timeout=10_000)
     note = next(n for n in window.data.annotations if "kv cache off" in n.text)
@@ -87,7 +88,9 @@ def test_a_setting_changed_between_replies_is_annotated_at_once(make_window, qtb
     window = make_window(max_new_tokens=8)
     before = len(window.data.annotations)
     window.controls.cycle("dtype")  # fp32 -> bf16 (fp16 is refused on a CPU and skipped)
-    assert window.settings.dtype == "bf16"
+    assert window.settings.dtype == "fp32" and window.settings_pending  # shown once the engine confirms
+    confirmed(window, qtbot)
+    assert window.settings.dtype == "bf16" and window.controls.widgets["dtype"].checkedButton().value == "bf16"
     assert len(window.data.annotations) == before + 1 and window.data.annotations[-1].text == "bf16"
     fp16 = next(b for b in window.controls.widgets["dtype"].buttons() if b.value == "fp16")
     assert not fp16.isEnabled() and "fp16" in fp16.toolTip()

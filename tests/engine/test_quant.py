@@ -204,13 +204,14 @@ def test_the_reply_keeps_streaming_while_weights_are_made_and_switches_when_read
     assert eng.weights_building[0] == "int8"
     for _ in range(4):  # two more steps with fp weights: nothing waits for the quantiser
         seen.append(next(stream))
-    with pytest.raises(EngineError, match="int8 weights are still being made .*switch again when they are ready"):
-        eng.apply(Settings(dtype="fp32", max_new_tokens=12, sampling=GREEDY, weights="int4"))
+    # a second switch while int8 is being made: int4 is queued behind it, and is what runs
+    eng.apply(Settings(dtype="fp32", max_new_tokens=12, sampling=GREEDY, weights="int4"), request_id=9)
     release.set()
-    eng._quantised.wait(("fp32", "int8", 32))
+    eng._quantised.wait(("fp32", "int4", 32))
     seen += list(stream)
     applied = [e for e in seen if isinstance(e, SettingsApplied)]
-    assert len(applied) == 1 and applied[0].changes == ("int8",) and applied[0].step >= 3
+    assert len(applied) == 1 and applied[0].changes == ("int4 g32",) and applied[0].step >= 3
+    assert applied[0].request_ids == (9,) and eng._quantised.get(("fp32", "int8", 32)) is not None
     assert eng.weights_building is None and eng.model is eng.model_for(eng.settings)
 
 
@@ -226,7 +227,7 @@ def test_engine_started_with_int4_and_bad_group_is_refused():
         eng.apply(Settings(weights="nf4"))
 
 
-def test_quantised_models_one_build_at_a_time_and_failures_reported():
+def test_quantised_models_one_build_at_a_time_others_queued_and_failures_reported():
     models = QuantisedModels()
     gate = threading.Event()
     model = Transformer(CFG, tiny_loaded().weights)
@@ -237,9 +238,11 @@ def test_quantised_models_one_build_at_a_time_and_failures_reported():
 
     models.start(("fp32", "int8", 32), slow)
     models.start(("fp32", "int8", 32), slow)  # the same copy again: nothing new
-    with pytest.raises(QuantError, match="still being made"):
-        models.start(("fp32", "int4", 32), slow)
+    models.start(("fp32", "int4", 32), slow)  # another: queued behind the first
+    models.start(("fp32", "int4", 32), slow)
+    assert models.building[0] == ("fp32", "int8", 32) and len(models._queue) == 1
     gate.set()
+    assert isinstance(models.wait(("fp32", "int4", 32)).layers[0].wqkv, Int4Linear)
     assert isinstance(models.wait(("fp32", "int8", 32)).head, Int8Linear)
 
     def broken():

@@ -187,17 +187,18 @@ def test_the_label_and_the_change_say_batching_runs_on_the_paged_pool():
                                "static batching")
 
 
-def test_serve_step_without_users_does_nothing_and_keeps_pending_changes_for_the_reply():
+def test_serve_step_without_users_runs_nothing_but_takes_a_pending_change_at_once():
     eng = make_engine()
     assert not eng.serving
     for _ in range(1000):
         assert eng.serve_step() == []
     assert eng._server is None
-    eng.apply(replace(GREEDY, attention="naive"))  # no users: announced by the next reply, as before
-    assert eng.serve_step() == [] and not eng.serving
+    eng.apply(replace(GREEDY, attention="naive"), request_id=7)  # between replies: confirmed at once
+    [applied] = eng.serve_step()
+    assert isinstance(applied, SettingsApplied) and applied.changes == ("naive attention",)
+    assert applied.request_ids == (7,) and eng.settings.attention == "naive" and not eng.serving
     events = list(eng.generate(PROMPT, max_new_tokens=2))
-    assert isinstance(events[0], SettingsApplied) and events[0].changes == ("naive attention",)
-    assert not any(isinstance(e, BatchStats) for e in events)
+    assert not any(isinstance(e, (SettingsApplied, BatchStats)) for e in events)
 
 
 def test_users_off_lets_their_requests_finish_then_serving_stops_and_frees_the_pool():
