@@ -23,7 +23,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.plots import LiveData
+from app.live_data import LiveData
 from engine.attach.client import AttachError, ChatDone, Scraper, normalise_url, server_model, stream_chat
 from engine.attach.peak import GpuPeak, resolve_peak
 from engine.attach.series import ScrapeRecord
@@ -50,7 +50,7 @@ def add_record(data: LiveData, record: ScrapeRecord, label: str, peak: GpuPeak |
         x=data.steps.total, t_s=record.t_s, start_s=record.t_s - interval_s, prefill=0.0, mixed=0.0,
         label=data.label_code(label), tokens_per_s=record.generation_tokens_per_s,
         ceiling_tps=record.ceiling_tokens_per_s, roof_tps=math.nan, gbs=record.gbs, flops=flops_per_s,
-        mfu_pct=100 * record.mfu, ai=ai, step_ms=1e3 * interval_s, context_len=0,
+        mfu_pct=100 * record.mfu, ai=ai, step_ms=1e3 * interval_s,
         peak_flops=peak.flops if peak is not None and peak.flops else math.nan,
         peak_bps=peak.bandwidth_bps if peak is not None else math.nan)
     data.version += 1
@@ -62,7 +62,7 @@ def add_record(data: LiveData, record: ScrapeRecord, label: str, peak: GpuPeak |
             waiting=record.waiting if math.isfinite(record.waiting) else 0.0,
             aggregate_tps=record.generation_tokens_per_s, per_request_tps=per_request,
             ttft_p50_s=record.ttft_p50_s, ttft_p95_s=record.ttft_p95_s, itl_p50_s=record.itl_p50_s,
-            itl_p95_s=record.itl_p95_s, preempted=preempted_total, finished=math.nan, cancelled=math.nan)
+            itl_p95_s=record.itl_p95_s, preempted=preempted_total)
         data.serving_policy = "continuous"
         data.serving_version += 1
 

@@ -162,8 +162,8 @@ def test_window_attached_plots_the_server_and_survives_its_restart(qtbot, tiny_m
         window.plots.refresh(force=True)
         window.plots._readout_version = -1
         window.plots.update_readouts()
-        assert "no byte or FLOP counters" in window.plots.titles["memory"].text()
-        assert "server's counters" in window.plots.titles["tokens"].text()
+        assert "no byte or FLOP counters" in window.plots.views["memory"].title_label.text()
+        assert "server's counters" in window.plots.views["tokens"].title_label.text()
         assert "llama.cpp at" in window.attach.status_label.text()
 
         llama_server.stop()

@@ -107,8 +107,8 @@ def test_attached_window_plots_the_servers_bytes_against_the_datasheet_peak(qtbo
     window.plots.refresh(force=True)
     window.plots._readout_version = -1
     window.plots.update_readouts()
-    assert re.search(r"GB/s per GPU \(server's estimate\) · MBU [12]%", window.plots.titles["memory"].text())
-    assert "server's estimate" in window.plots.titles["roofline"].text()
+    assert re.search(r"GB/s per GPU \(server's estimate\) · MBU [12]%", window.plots.views["memory"].title_label.text())
+    assert "server's estimate" in window.plots.views["roofline"].title_label.text()
     assert window.serving_panel.refresh(force=True)
     assert "KV cache 40% used" in window.attach.status_label.text()
 

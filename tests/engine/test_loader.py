@@ -71,7 +71,6 @@ def test_gguf_written_by_gguf_writer_loads_with_unpermuted_qk(tmp_path):
     writer.add_head_count_kv(2)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
-    tokens = [bytes([b]).decode("latin-1") for b in range(256)] + [f"<x{i}>" for i in range(44)]
     from tokenizers.pre_tokenizers import ByteLevel
     alphabet = sorted(ByteLevel.alphabet())
     writer.add_tokenizer_model("gpt2")

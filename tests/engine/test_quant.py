@@ -91,12 +91,10 @@ def test_int4_pack_unpack_exact(n, half_k, seed):
 def test_int4_group32_reproduces_the_default_models_q4_1_blocks():
     """Q4_1 stores, per 32 weights, fp16 d and m and 4-bit codes: w = code * d + m. Quantising the
     dequantised tensor back must give the same d, m and codes."""
-    gguf = pytest.importorskip("gguf")
+    import gguf
+
     from engine.io.default_model import find_default_model
-    try:
-        path = find_default_model()
-    except Exception as e:
-        pytest.skip(f"default model not installed: {e}")
+    path = find_default_model()
     reader = gguf.GGUFReader(str(path))
     tensor = next(t for t in reader.tensors if t.name == "blk.0.attn_q.weight")
     assert tensor.tensor_type.name == "Q4_1"
@@ -295,10 +293,7 @@ def test_weight_sweep_reports_each_setting_side_by_side():
 
 
 def test_default_model_quality_int8_within_1_percent_int4_within_10():
-    try:
-        eng = Engine("default", device="cpu", hardware=fake_cpu(), max_context=1024)
-    except Exception as e:  # the GGUF package or the model is not installed here
-        pytest.skip(f"default model unavailable: {e}")
+    eng = Engine("default", device="cpu", hardware=fake_cpu(), max_context=1024)  # `make test` installs it
     quality = weight_quality(eng, n_tokens=256)  # what the app's quality table calls
     assert list(quality) == ["fp32", "int8", "int4 g32"]
     fp, int8, int4 = quality.values()
