@@ -9,7 +9,7 @@ import torch
 
 from engine.bench.hf_compare import build_hf_model
 from engine.io.gguf_file import ModelFileError
-from engine.io.loader import load_model, synthetic_weights, unpermute_qk
+from engine.io.loader import fuse_layers, load_model, synthetic_weights, unpermute_qk
 from engine.model.config import ConfigError, ModelConfig
 from engine.model.transformer import Transformer
 
@@ -106,6 +106,8 @@ def test_gguf_written_by_gguf_writer_loads_with_unpermuted_qk(tmp_path):
 
     loaded = load_model(path)
     assert loaded.cfg.tied_embeddings and loaded.cfg.n_kv_heads == 2 and loaded.cfg.dim == 64
+    fuse_layers(w, cfg)  # the loader hands q/k/v and gate/up over fused
+    assert set(loaded.weights) == set(w)
     for key in w:
         torch.testing.assert_close(loaded.weights[key], w[key], rtol=0, atol=0)
 
