@@ -12,29 +12,16 @@ from engine.io.gguf_file import ModelFileError
 from engine.io.loader import fuse_layers, load_model, synthetic_weights, unpermute_qk
 from engine.model.config import ConfigError, ModelConfig
 from engine.model.transformer import Transformer
+from model_files import tiny_tokenizer_json
 
 CFG = ModelConfig(name="tiny", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=300,
                   tied_embeddings=False, max_seq_len=128)
 
 
-def tiny_tokenizer_json(path, vocab_size):
-    """A byte-level BPE tokenizer.json with no merges, written with the tokenizers library."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from tokenizers.pre_tokenizers import ByteLevel
-
-    alphabet = ByteLevel.alphabet()
-    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
-    tok.save(str(path))
-
-
 def save_hf_folder(tmp_path, cfg, weights, dtype=torch.float32):
     model = build_hf_model(cfg, weights, dtype)
     model.save_pretrained(tmp_path, safe_serialization=True)
-    tiny_tokenizer_json(tmp_path / "tokenizer.json", cfg.vocab_size)
+    tiny_tokenizer_json(tmp_path / "tokenizer.json")
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
     return model
 
@@ -168,3 +155,49 @@ def test_named_shapes_and_synthetic_weights():
     assert loaded.cfg.max_seq_len == 256 and "random" in loaded.label
     with pytest.raises(ModelFileError, match="out of memory"):
         load_model("synthetic:llama3-70b")  # 280 GB in fp32: never fits here
+
+
+def _mapped_file(address: int) -> str:
+    """The file a process address is mapped from ("" for anonymous memory), from /proc/self/maps."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split()
+            low, high = (int(x, 16) for x in fields[0].split("-"))
+            if low <= address < high:
+                return fields[5] if len(fields) > 5 else ""
+    return ""
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_sharded_hf_folder_is_memory_mapped_not_copied(tmp_path, dtype):
+    from model_files import assert_logits_match, rounded, save_hf_folder as save_tiny, tiny_hf
+
+    hf = tiny_hf("qwen2", seed=3)
+    save_tiny(hf, tmp_path, dtype=dtype, max_shard_size="40KB")
+    shards = sorted(p.name for p in tmp_path.glob("*.safetensors"))
+    assert len(shards) > 2 and (tmp_path / "model.safetensors.index.json").exists()
+    loaded = load_model(tmp_path, dtype=dtype)
+    name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    assert loaded.file_format == name and f"{name} → {name}" in loaded.label
+    # tensors kept in the file's dtype are views of the shards' mappings: no copy in memory
+    for key in ("embed", "layers.0.wo", "layers.1.w_down", "layers.0.attn_norm", "norm"):
+        assert _mapped_file(loaded.weights[key].data_ptr()).endswith(tuple(shards)), key
+    # q/k/v and gate/up are fused once at load; the model takes those very tensors
+    model = Transformer(loaded.cfg, loaded.weights)
+    assert model.layers[0].wqkv.weight.data_ptr() == loaded.weights["layers.0.wqkv"].data_ptr()
+    assert model.layers[1].w_down.weight.data_ptr() == loaded.weights["layers.1.w_down"].data_ptr()
+    if dtype == torch.float32:
+        assert_logits_match(loaded, hf)
+    else:  # the half-precision file read into fp32 runs as transformers does on the same rounded weights
+        assert_logits_match(load_model(tmp_path, dtype=torch.float32), rounded(hf, dtype))
+
+
+def test_half_downloaded_sharded_folder_names_the_missing_shard(tmp_path):
+    from model_files import save_hf_folder as save_tiny, tiny_hf
+
+    save_tiny(tiny_hf("llama"), tmp_path, max_shard_size="40KB")
+    last = sorted(tmp_path.glob("*.safetensors"))[-1]
+    last.unlink()
+    with pytest.raises(ModelFileError, match=f"weight shards missing \\(first: {last.name}\\)") as e:
+        load_model(tmp_path)
+    assert "\n" not in str(e.value)
