@@ -131,6 +131,14 @@ class ModelConfig:
         return self.n_layers * self.layer_vector_params + self.dim
 
     @property
+    def vector_elems_per_step(self) -> int:
+        """Non-matmul weight elements one forward step reads: `vector_params`, with Qwen3's q and k
+        norm weights counted as the model holds them, one row per head (one multiply for q and k)."""
+        if not self.qk_norm:
+            return self.vector_params
+        return self.vector_params + self.n_layers * (self.n_heads + self.n_kv_heads - 2) * self.head_dim
+
+    @property
     def n_params(self) -> int:
         embed = self.vocab_size * self.dim
         head = 0 if self.tied_embeddings else self.vocab_size * self.dim
