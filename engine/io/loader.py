@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import mmap
-import struct
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -13,7 +12,8 @@ from typing import Any, Callable
 
 import torch
 
-from engine.io.gguf_file import ModelFileError, open_gguf, read_metadata
+from engine.io.gguf_file import ModelFileError, gguf_file_type, open_gguf, read_metadata
+from engine.io.hf_folder import safetensors_files, safetensors_header
 from engine.model.config import ConfigError, ModelConfig
 
 Progress = Callable[[float, str], None]
@@ -100,17 +100,6 @@ def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     rows = w.shape[0]
     head_dim = rows // n_heads
     return w.reshape(n_heads, head_dim // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
-
-
-def gguf_file_type(meta: dict, tensor_types: Counter) -> str:
-    """What the file holds, as llama.cpp names it ("Q4_K_M"): general.file_type when written,
-    else the tensor type holding the most elements."""
-    from gguf import LlamaFileType
-
-    try:
-        return LlamaFileType(int(meta["general.file_type"])).name.removeprefix("MOSTLY_").removeprefix("ALL_")
-    except (KeyError, ValueError, TypeError):
-        return tensor_types.most_common(1)[0][0] if tensor_types else "F32"
 
 
 def load_gguf(path: Path, dtype, device, progress: Progress, max_context: int | None) -> LoadedWeights:
@@ -247,23 +236,6 @@ _HF_NAMES = {
 }
 
 
-def safetensors_header(path: Path) -> tuple[dict, int]:
-    """(header, byte offset of the data) of a .safetensors file: u64 length, then JSON."""
-    try:
-        with open(path, "rb") as f:
-            (header_len,) = struct.unpack("<Q", f.read(8))
-            if header_len > 100_000_000:
-                raise ValueError("header too long")
-            header = json.loads(f.read(header_len))
-    except (struct.error, ValueError, UnicodeDecodeError):  # JSONDecodeError is a ValueError
-        raise ModelFileError(f"{path.name} is not a valid safetensors file") from None
-    except OSError as e:
-        raise ModelFileError(f"cannot read {path.name}: {e.strerror or e}") from None
-    if not isinstance(header, dict):
-        raise ModelFileError(f"{path.name} is not a valid safetensors file")
-    return header, 8 + header_len
-
-
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     """Tensors of one .safetensors file as views of a copy-on-write memory map: nothing is read
     until used, and a tensor kept in the file's dtype is never copied."""
@@ -285,27 +257,6 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         t = torch.frombuffer(buf, dtype=dtype, count=count, offset=base + begin) if count else torch.empty(0, dtype=dtype)
         out[name] = t.reshape(info["shape"])
     return out
-
-
-def safetensors_files(path: Path) -> list[Path]:
-    """The folder's weight files: those its model.safetensors.index.json names (every shard must
-    be there: a half-finished download says which is missing), else every *.safetensors."""
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError):
-            raise ModelFileError(f"{index.name} in {path.name} is not a valid index") from None
-        files = [path / f for f in sorted(set(weight_map.values()))]
-        missing = [f.name for f in files if not f.exists()]
-        if missing:
-            raise ModelFileError(f"{path.name}: {len(missing)} of {len(files)} weight shards missing "
-                                 f"(first: {missing[0]}): an unfinished download?")
-        return files
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ModelFileError(f"{path} has no *.safetensors files")
-    return files
 
 
 def load_hf_dir(path: Path, dtype, device, progress: Progress, max_context: int | None) -> LoadedWeights:

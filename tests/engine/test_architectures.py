@@ -4,10 +4,10 @@ tolerance over prefill and decode steps, greedy tokens equal. Anything else is r
 import json
 
 import pytest
+from model_files import assert_logits_match, hf_greedy, our_greedy, save_hf_folder, tiny_hf, write_gguf
 
 from engine.io.loader import load_model
 from engine.model.config import ConfigError, ModelConfig
-from model_files import assert_logits_match, hf_greedy, our_greedy, save_hf_folder, tiny_hf, write_gguf
 
 CASES = {  # family, config overrides
     "llama": ("llama", dict(rope_theta=500000.0)),

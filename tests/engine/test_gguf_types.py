@@ -4,10 +4,10 @@ scales), loaded through membound's loader, compared bit-exactly with gguf's own 
 import numpy as np
 import pytest
 import torch
+from model_files import tiny_hf, write_gguf
 
 from engine.io.gguf_file import open_gguf
 from engine.io.loader import load_model, unpermute_qk
-from model_files import tiny_hf, write_gguf
 
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 # byte offsets of the fp16 scales in each K-quant block (ggml's block layouts)

@@ -1,18 +1,16 @@
 """Loaders: HF safetensors folders, GGUF files (round trip through gguf's writer), synthetic
 shapes, and the one-line errors for bad files."""
 import json
-import struct
 
-import numpy as np
 import pytest
 import torch
+from model_files import tiny_tokenizer_json
 
 from engine.bench.hf_compare import build_hf_model
 from engine.io.gguf_file import ModelFileError
 from engine.io.loader import fuse_layers, load_model, synthetic_weights, unpermute_qk
 from engine.model.config import ConfigError, ModelConfig
 from engine.model.transformer import Transformer
-from model_files import tiny_tokenizer_json
 
 CFG = ModelConfig(name="tiny", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=300,
                   tied_embeddings=False, max_seq_len=128)
@@ -170,7 +168,8 @@ def _mapped_file(address: int) -> str:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_sharded_hf_folder_is_memory_mapped_not_copied(tmp_path, dtype):
-    from model_files import assert_logits_match, rounded, save_hf_folder as save_tiny, tiny_hf
+    from model_files import assert_logits_match, rounded, tiny_hf
+    from model_files import save_hf_folder as save_tiny
 
     hf = tiny_hf("qwen2", seed=3)
     save_tiny(hf, tmp_path, dtype=dtype, max_shard_size="40KB")
@@ -193,7 +192,8 @@ def test_sharded_hf_folder_is_memory_mapped_not_copied(tmp_path, dtype):
 
 
 def test_half_downloaded_sharded_folder_names_the_missing_shard(tmp_path):
-    from model_files import save_hf_folder as save_tiny, tiny_hf
+    from model_files import save_hf_folder as save_tiny
+    from model_files import tiny_hf
 
     save_tiny(tiny_hf("llama"), tmp_path, max_shard_size="40KB")
     last = sorted(tmp_path.glob("*.safetensors"))[-1]

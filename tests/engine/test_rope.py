@@ -5,20 +5,12 @@ from dataclasses import replace
 
 import pytest
 import torch
+from model_files import assert_logits_match, hf_greedy, our_greedy, save_hf_folder, tiny_hf, tiny_llama, write_gguf
 
 from engine.io.loader import load_model
 from engine.model.config import ConfigError, ModelConfig, RopeScaling
 from engine.model.rope import inv_frequencies
 from engine.model.transformer import Transformer
-from model_files import (
-    assert_logits_match,
-    hf_greedy,
-    our_greedy,
-    save_hf_folder,
-    tiny_hf,
-    tiny_llama,
-    write_gguf,
-)
 
 
 def test_rope_base_from_a_transformers_5_config_gives_transformers_greedy_text(tmp_path):
