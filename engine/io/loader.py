@@ -114,7 +114,9 @@ def load_gguf(path: Path, dtype, device, progress: Progress, max_context: int | 
     names = {t.name for t in reader.tensors}
     meta["_tied_embeddings"] = "output.weight" not in names
     meta["_qkv_bias"] = "blk.0.attn_q.bias" in names
-    cfg = ModelConfig.from_gguf_metadata(meta, name=path.stem)
+    # an Ollama blob is named by its hash: the name written in the file says more
+    shown = str(meta.get("general.name") or path.name) if path.name.startswith("sha256-") else path.name
+    cfg = ModelConfig.from_gguf_metadata(meta, name=shown.removesuffix(".gguf"))
     if max_context:
         cfg = cfg.with_max_seq_len(min(cfg.max_seq_len, max_context))
     check_fits(cfg, dtype, device, path.name)
@@ -148,7 +150,7 @@ def load_gguf(path: Path, dtype, device, progress: Progress, max_context: int | 
     _check_complete(weights, cfg, path.name)
     file_format = gguf_file_type(meta, kinds)
     progress(1.0, "loaded")
-    return LoadedWeights(cfg, weights, tokenizer, "gguf", _label(path.name, cfg, file_format, dtype),
+    return LoadedWeights(cfg, weights, tokenizer, "gguf", _label(shown, cfg, file_format, dtype),
                          file_format, {"path": str(path)})
 
 

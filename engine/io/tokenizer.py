@@ -75,6 +75,18 @@ def pre_tokenizer_for(pre: str):
     raise TokenizerError(f"unsupported GGUF pre-tokenizer {pre!r} (tokenizer.ggml.pre)")
 
 
+def gguf_tokenizer_refusal(meta: dict[str, Any]) -> str:
+    """Why a GGUF file's tokenizer cannot be built here ("" when it can): read from its metadata
+    alone, so a model list can say so before anything loads."""
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        return f"unsupported GGUF tokenizer model {kind!r}; only byte-level BPE ('gpt2') is supported"
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    if pre not in GPT2_PRE | DIGITS_THEN_GPT2_PRE | LLAMA3_PRE | QWEN2_PRE:
+        return f"unsupported GGUF pre-tokenizer {pre!r} (tokenizer.ggml.pre)"
+    return ""
+
+
 def special_token_text(value: Any) -> str | None:
     """tokenizer_config.json writes a special token as a string or as {"content": ...}."""
     if isinstance(value, dict):
@@ -103,9 +115,9 @@ class Tokenizer:
 
     @classmethod
     def from_gguf_metadata(cls, meta: dict[str, Any]) -> "Tokenizer":
-        kind = meta.get("tokenizer.ggml.model")
-        if kind != "gpt2":
-            raise TokenizerError(f"unsupported GGUF tokenizer model {kind!r}; only byte-level BPE ('gpt2') is supported")
+        refusal = gguf_tokenizer_refusal(meta)
+        if refusal:
+            raise TokenizerError(refusal)
         tokens: list[str] = meta["tokenizer.ggml.tokens"]
         token_types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
         merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
