@@ -104,9 +104,26 @@ def llama3_rope_factors(head_dim: int, theta: float, rope: dict) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
-def write_gguf(model, path: Path, qtype=None, raw_blocks=None, file_type=None) -> Path:
+def sentencepiece_vocab(size: int) -> tuple[list[str], list[float], list[int]]:
+    """A SentencePiece-style vocabulary of `size` pieces as llama.cpp stores Llama 2's: <unk>, <s>,
+    </s>, the 256 <0xNN> byte pieces, then "▁"-spaced pieces with falling scores."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [2, 3, 3] + [6] * 256
+    words = ["▁", *"abcdefghijklmnopqrstuvwxyz", "▁t", "he", "▁the", "▁a", "in", "er", "▁w", "or", "▁h", "ll",
+             "llo", "▁hello", "orld", "▁world", "▁m", "em", "▁mem", "ory", "▁memory", "▁wa", "▁wall", "é", "ca",
+             "▁ca", "▁café", "▁▁", "▁▁▁", "ing", "▁d", "ec", "ode", "▁decode", "ead", "▁r", "▁read", "[INST]"]
+    tokens += words
+    types += [1] * (len(words) - 1) + [3]
+    tokens += [f"[PAD{i}]" for i in range(size - len(tokens))]
+    types += [5] * (size - len(types))
+    scores = [0.0] * 259 + [-float(i) for i in range(size - 259)]
+    return tokens, scores, types
+
+
+def write_gguf(model, path: Path, qtype=None, raw_blocks=None, file_type=None, sentencepiece=False) -> Path:
     """`model`'s weights as a GGUF file. qtype: the type of every 2-D weight (default F32), made
-    with gguf.quants.quantize, or, where gguf has no quantiser (K-quants), `raw_blocks(shape)` bytes."""
+    with gguf.quants.quantize, or, where gguf has no quantiser (K-quants), `raw_blocks(shape)` bytes.
+    sentencepiece: a Llama 2 style vocabulary (tokenizer model "llama") instead of byte-level BPE."""
     import gguf
     from gguf import GGMLQuantizationType as Q
 
@@ -145,13 +162,23 @@ def write_gguf(model, path: Path, qtype=None, raw_blocks=None, file_type=None) -
             writer.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
         if rope.get("beta_slow") is not None:
             writer.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
-    n_pad = c.vocab_size - 256 - len(SPECIALS)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(byte_alphabet() + SPECIALS + [f"[PAD{i}]" for i in range(n_pad)])
-    writer.add_token_types([1] * 256 + [3] * len(SPECIALS) + [5] * n_pad)
-    writer.add_token_merges([])
-    writer.add_eos_token_id(256 + SPECIALS.index("<|im_end|>"))
+    if sentencepiece:
+        tokens, scores, types = sentencepiece_vocab(c.vocab_size)
+        writer.add_tokenizer_model("llama")
+        writer.add_token_list(tokens)
+        writer.add_token_scores(scores)
+        writer.add_token_types(types)
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+        writer.add_unk_token_id(0)
+    else:
+        n_pad = c.vocab_size - 256 - len(SPECIALS)
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre("default")
+        writer.add_token_list(byte_alphabet() + SPECIALS + [f"[PAD{i}]" for i in range(n_pad)])
+        writer.add_token_types([1] * 256 + [3] * len(SPECIALS) + [5] * n_pad)
+        writer.add_token_merges([])
+        writer.add_eos_token_id(256 + SPECIALS.index("<|im_end|>"))
 
     def add(name: str, t: torch.Tensor) -> None:
         a = t.detach().float().numpy()

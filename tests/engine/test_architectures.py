@@ -65,3 +65,14 @@ def test_mistral_sliding_window_bounds_the_context():
           "sliding_window": 4096}
     assert ModelConfig.from_hf_config(hf).max_seq_len == 4096  # beyond the window it would attend differently
     assert ModelConfig.from_hf_config({**hf, "sliding_window": None}).max_seq_len == 32768
+
+
+def test_llama2_style_gguf_with_a_sentencepiece_vocabulary(tmp_path):
+    """Llama 1/2 and Mistral GGUF files carry SentencePiece vocabularies: the file loads, its
+    logits are transformers', and a prompt starts with BOS as llama.cpp's does."""
+    hf = tiny_hf("mistral", seed=11, vocab_size=400)
+    loaded = load_model(write_gguf(hf, tmp_path / "m.gguf", sentencepiece=True))
+    assert loaded.cfg.family == "Llama"  # llama.cpp's converter writes Mistral as llama-arch
+    assert_logits_match(loaded, hf)
+    prompt = loaded.tokenizer.encode("hello world")
+    assert prompt[0] == 1 and our_greedy(loaded, prompt, 12) == hf_greedy(hf, prompt, 12)
