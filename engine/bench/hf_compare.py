@@ -41,7 +41,8 @@ def hf_rope_parameters(cfg: ModelConfig) -> dict:
 
 def hf_config(cfg: ModelConfig):
     if cfg.rope_freq_factors:
-        raise RuntimeError("transformers has no form for GGUF rope_freqs factors")
+        raise ValueError("--compare hf: transformers has no form for a GGUF file's rope_freqs factors "
+                         "(Llama 3.1+): compare the model's HF folder instead")
     config_class = getattr(_transformers(), _HF_CLASSES[cfg.arch][0])
     kwargs = dict(
         vocab_size=cfg.vocab_size, hidden_size=cfg.dim, intermediate_size=cfg.ffn_dim,

@@ -113,18 +113,16 @@ def discover(extra_folders=(), home: Path | None = None, env: dict | None = None
     """Every model in the usual places and in the user's folders (saved ones and `extra_folders`),
     each file or folder once. Never raises for what it finds on disk."""
     found: list[FoundModel] = []
-    for source, folder in default_locations(home, env):
-        if not folder.is_dir():
+    places = default_locations(home, env) + [("folder", Path(f).expanduser())
+                                             for f in [*user_folders(env, home), *extra_folders]]
+    for source, folder in places:
+        if not _is_dir(folder):
             continue
-        if source == "hf cache":
-            found += scan_hf_cache(folder)
-        elif source == "ollama":
-            found += scan_ollama(folder)
-        else:
-            found += scan_folder(folder, source)
-    for folder in [*user_folders(env, home), *map(Path, extra_folders)]:
-        if folder.expanduser().is_dir():
-            found += scan_folder(folder.expanduser(), "folder")
+        scan = {"hf cache": scan_hf_cache, "ollama": scan_ollama}.get(source)
+        try:
+            found += scan(folder) if scan else scan_folder(folder, source)
+        except OSError as e:  # a folder we may not read (another user's Ollama store): a row saying so
+            found.append(FoundModel(str(folder), str(folder), source, "", reason=f"cannot read: {e.strerror or e}"))
     seen, unique = set(), []
     for model in found:
         key = _real(model.path)
@@ -132,6 +130,13 @@ def discover(extra_folders=(), home: Path | None = None, env: dict | None = None
             seen.add(key)
             unique.append(model)
     return unique
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:  # inside a folder we may not enter
+        return False
 
 
 def _real(path: str) -> str:
@@ -200,7 +205,7 @@ def scan_folder(folder: Path, source: str, depth: int = MAX_DEPTH) -> list[Found
             rows.append(row)
     if depth > 0:
         for entry in entries:
-            if entry.is_dir() and not entry.name.startswith("."):
+            if not entry.name.startswith(".") and _is_dir(entry):
                 rows += scan_folder(entry, source, depth - 1)
     return rows
 

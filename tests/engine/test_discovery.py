@@ -217,3 +217,29 @@ def test_discovery_imports_no_torch(machine):
     assert out.returncode == 0, out.stderr
     n_rows, torch_loaded = json.loads(out.stdout.strip().splitlines()[-1])
     assert n_rows >= 10 and torch_loaded is False
+
+
+def test_a_folder_that_cannot_be_read_is_a_row_not_a_crash(tmp_path, monkeypatch):
+    """Another user's store (/usr/share/ollama is 0750 on Linux): an unreadable folder, or one inside
+    a folder we may not enter, is a row with the reason, or nothing, never an exception."""
+    from engine.io import discovery
+
+    locked, behind = tmp_path / "locked", tmp_path / "private" / "models"
+    locked.mkdir()
+    behind.mkdir(parents=True)
+    real_scan, real_is_dir = discovery.scan_folder, Path.is_dir
+
+    def scan_folder(folder, source, depth=discovery.MAX_DEPTH):
+        if folder == locked:
+            raise PermissionError(13, "Permission denied")
+        return real_scan(folder, source, depth)
+
+    def is_dir(path):
+        if path == behind:
+            raise PermissionError(13, "Permission denied")
+        return real_is_dir(path)
+
+    monkeypatch.setattr(discovery, "scan_folder", scan_folder)
+    monkeypatch.setattr(Path, "is_dir", is_dir)
+    rows = discover([locked, behind], home=tmp_path / "home", env={"OLLAMA_MODELS": str(tmp_path / "none")})
+    assert [(r.name, r.reason) for r in rows] == [(str(locked), "cannot read: Permission denied")]

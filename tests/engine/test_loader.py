@@ -201,3 +201,31 @@ def test_half_downloaded_sharded_folder_names_the_missing_shard(tmp_path):
     with pytest.raises(ModelFileError, match=f"weight shards missing \\(first: {last.name}\\)") as e:
         load_model(tmp_path)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("fmt", ["hf", "gguf"])
+def test_progress_comes_per_tensor_and_raising_from_it_cancels_the_load(tmp_path, fmt):
+    """The loader reports each tensor; a front end cancels a load by raising from the callback
+    (the engine host does so when told to quit), and the load stops there."""
+    from model_files import save_hf_folder as save_tiny, tiny_hf, write_gguf
+
+    hf = tiny_hf("qwen3")
+    path = save_tiny(hf, tmp_path / "hf") if fmt == "hf" else write_gguf(hf, tmp_path / "m.gguf")
+    messages = []
+    load_model(path, progress=lambda fraction, message: messages.append((fraction, message)))
+    n_tensors = len(hf.state_dict())
+    assert len(messages) >= n_tensors and messages[-1][0] == 1.0
+    assert [f for f, _ in messages] == sorted(f for f, _ in messages)
+
+    class Cancel(Exception):
+        pass
+
+    def cancel_at_third(fraction, message):
+        if len(seen) == 3:
+            raise Cancel()
+        seen.append(message)
+
+    seen = []
+    with pytest.raises(Cancel):
+        load_model(path, progress=cancel_at_third)
+    assert len(seen) == 3
