@@ -1,6 +1,7 @@
-"""Model loaders: GGUF (dequantised through `gguf`), HF safetensors folders, and synthetic
-random weights of a named shape. Each returns a `LoadedWeights`: config, tensors in the
-engine's naming (embed, norm, head, layers.{i}.wq …), tokenizer, and a label of the source."""
+"""Model loaders: GGUF (dequantised through `gguf`), HF safetensors folders (memory-mapped), and
+synthetic random weights of a named shape. Each returns a `LoadedWeights`: config, tensors in the
+engine's naming (embed, norm, head, layers.{i}.wqkv, .w_gate_up, .bqkv …: fused once here), tokenizer,
+and the model line ("name (family, file type → precision, rope)")."""
 from __future__ import annotations
 
 import json
@@ -29,7 +30,7 @@ class LoadedWeights:
     weights: dict[str, torch.Tensor]
     tokenizer: Any
     source: str  # "gguf", "hf" or "synthetic"
-    label: str  # what the user sees, e.g. "SmolLM2-135M-Instruct.Q4_1.gguf (Q4_1 → fp32)"
+    label: str  # what the user sees, e.g. "SmolLM2-135M-Instruct.Q4_1.gguf (Llama, Q4_1 → fp32, rope 100000)"
     file_format: str = ""  # storage format of the file, e.g. "Q4_1"
     extra: dict = field(default_factory=dict)
 

@@ -10,19 +10,11 @@ from pathlib import Path
 
 import gguf
 import pytest
+from model_files import save_hf_folder, tiny_hf, write_gguf
 
 from engine.hardware.ceilings import Chip
-from engine.io.discovery import (
-    add_user_folder,
-    discover,
-    fit_on,
-    row_cells,
-    scan_hf_cache,
-    scan_ollama,
-    user_folders,
-)
+from engine.io.discovery import add_user_folder, discover, fit_on, row_cells, scan_hf_cache, scan_ollama, user_folders
 from engine.io.loader import load_model
-from model_files import save_hf_folder, tiny_hf, write_gguf
 
 COMMIT = "a" * 40
 
