@@ -29,6 +29,7 @@ def open_gguf(path: str | Path):
         magic = f.read(4)
     if magic != b"GGUF":
         raise ModelFileError(f"{path.name} is not a GGUF file (bad magic {magic!r})")
+    check_complete(read_gguf_header(path), path.name)  # in a blink, where the reader takes seconds to fail
     try:
         return gguf.GGUFReader(str(path), "r")
     except Exception as e:  # the reader raises many kinds on truncated or corrupt files
@@ -148,6 +149,16 @@ def _parse_header(buf, size: int) -> GgufHeader:
     alignment = int(meta.get("general.alignment", 32)) or 32
     data_start = -(-pos // alignment) * alignment
     return GgufHeader(meta, tuple(tensors), data_start, size)
+
+
+def check_complete(header: GgufHeader, name: str) -> None:
+    """ModelFileError when the tensors run past the end of the file (a download cut short)."""
+    try:
+        end = max((header.data_start + t.offset + tensor_nbytes(t) for t in header.tensors), default=0)
+    except (KeyError, ValueError):
+        return  # a tensor type gguf does not know: the loader names it
+    if end > header.file_bytes:
+        raise ModelFileError(f"{name} is truncated ({header.file_bytes:,} of {end:,} bytes): an unfinished download?")
 
 
 def tensor_nbytes(info: GgufTensorInfo) -> int:
