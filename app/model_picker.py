@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.hardware.ceilings import device_chip
+from engine.hardware.ceilings import device_chip, fit_on
 from engine.io import discovery
 from engine.model.config import NAMED_SHAPES
 
@@ -176,7 +176,8 @@ class ModelPicker(QDialog):
         self.table.setRowCount(len(found))
         muted = QColor(self.palette().color(self.palette().ColorRole.PlaceholderText))
         for row, model in enumerate(found):
-            cells = dict(zip(discovery.COLUMNS, discovery.row_cells(model, discovery.fit_on(model, chip, dtype))))
+            fit = fit_on(model.cfg, model.n_params, chip, dtype)
+            cells = dict(zip(discovery.COLUMNS, discovery.row_cells(model, fit)))
             cells["from"] = model.source
             tip = model.path if model.supported else f"cannot run: {model.reason}\n{model.path}"
             for col, name in enumerate(COLUMNS):

@@ -200,10 +200,10 @@ def run_chat(args) -> int:
 
 def run_models(args) -> int:
     """The models on disk, one row each, with their fit and ceiling on this device."""
-    from engine.hardware.ceilings import device_chip
+    from engine.hardware.ceilings import device_chip, fit_on
     from engine.hardware.detect import detect_device
     from engine.hardware.spec import describe
-    from engine.io.discovery import COLUMNS, add_user_folder, discover, fit_on, row_cells
+    from engine.io.discovery import COLUMNS, add_user_folder, discover, row_cells
 
     if args.add_folder:
         from pathlib import Path
@@ -223,7 +223,7 @@ def run_models(args) -> int:
     header = [c for c in COLUMNS if c != "supported"] + ["runs", "path"]
     lines = [header]
     for model in found:
-        cells = dict(zip(COLUMNS, row_cells(model, fit_on(model, chip, dtype))))
+        cells = dict(zip(COLUMNS, row_cells(model, fit_on(model.cfg, model.n_params, chip, dtype))))
         lines.append([cells[c] for c in COLUMNS if c != "supported"] + ["yes" if model.supported else "no", model.path])
     widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
     for n, line in enumerate(lines):

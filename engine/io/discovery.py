@@ -11,9 +11,15 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.hardware.ceilings import BYTES_PER_WEIGHT, Chip, decode_ceiling, model_size
-from engine.io.gguf_file import ModelFileError, gguf_file_type, read_gguf_header, tensor_nbytes
-from engine.io.hf_folder import safetensors_files, weights_summary
+from engine.io.file_headers import (
+    ModelFileError,
+    gguf_file_type,
+    read_gguf_header,
+    safetensors_files,
+    tensor_nbytes,
+    type_name,
+    weights_summary,
+)
 from engine.model.config import FAMILY_NAMES, GGUF_ARCHITECTURES, ConfigError, ModelConfig, read_hf_config
 
 MAX_DEPTH = 4  # how deep a model folder is searched (LM Studio: publisher/model/file.gguf)
@@ -39,31 +45,6 @@ class FoundModel:
     @property
     def supported(self) -> bool:
         return not self.reason
-
-
-@dataclass(frozen=True)
-class Fit:
-    """A model on one device at one precision: does it fit, and the seed formula's ceiling."""
-    dtype: str
-    stored_bytes: float  # the weights held in memory at `dtype`
-    memory_bytes: int | None  # what the device has (None: unknown)
-    fits: bool | None  # None: unknown (no config, or no memory figure)
-    ceiling_tokens_per_s: float | None  # batch-1 decode: bandwidth / bytes per token (None: unknown)
-
-
-def fit_on(model: FoundModel, chip: Chip | None, dtype: str) -> Fit:
-    """membound runs a file's weights at `dtype` (a Q4_K_M file too): that is what must fit and
-    what every decode step reads."""
-    memory = chip.memory_bytes if chip is not None else None
-    if model.cfg is None:
-        return Fit(dtype, model.n_params * BYTES_PER_WEIGHT[dtype], memory, None, None)
-    size = model_size(model.cfg)
-    if chip is None:
-        return Fit(dtype, size.stored_params * BYTES_PER_WEIGHT[dtype], None, None, None)
-    ceiling = decode_ceiling(size, chip, dtype)
-    fits = ceiling.fits if memory is not None else None
-    tokens_per_s = ceiling.tokens_per_s if chip.bandwidth_gbs > 0 else None
-    return Fit(dtype, ceiling.stored_bytes, memory, fits, tokens_per_s)
 
 
 # ---- where to look -----------------------------------------------------------------------------
@@ -288,10 +269,10 @@ def scan_gguf(path: Path, source: str, name: str) -> FoundModel | None:
             for d in t.shape:
                 n *= d
             n_params += n
-            types[_type_name(t.type_id)] += n
+            types[type_name(t.type_id)] += n
             end = max(end, header.data_start + t.offset + tensor_nbytes(t))
     except (KeyError, ValueError):
-        return _with_reason(base, f"tensor type {t.type_id} is unknown to the gguf package",
+        return _with_reason(base, f"tensor type {t.type_id} is not one ggml names (a newer file?)",
                             architecture=family, file_bytes=size)
     row = FoundModel(name, str(path), source, "gguf", family, n_params, size, gguf_file_type(meta, types))
     if end > size:
@@ -358,11 +339,6 @@ def _with_reason(row: FoundModel, reason: str, **changes) -> FoundModel:
     return _with(row, reason=reason, **changes)
 
 
-def _type_name(type_id: int) -> str:
-    from gguf import GGMLQuantizationType
-    return GGMLQuantizationType(type_id).name
-
-
 def _size(path: Path) -> int:
     try:
         return path.stat().st_size
@@ -391,8 +367,9 @@ def _short(text: str) -> str:
 COLUMNS = ("model", "architecture", "parameters", "file", "type", "supported", "fits", "ceiling")
 
 
-def row_cells(model: FoundModel, fit: Fit) -> tuple[str, ...]:
-    """The row as text: what the list in the terminal and in the Open Model dialog show."""
+def row_cells(model: FoundModel, fit) -> tuple[str, ...]:
+    """The row as text, with its `fit` (engine/hardware/ceilings.py: Fit) on a device: what the
+    list in the terminal and in the Open Model dialog show."""
     params = _params(model.n_params) if model.n_params else "?"
     supported = "yes" if model.supported else f"no: {model.reason}"
     if fit.fits is None:

@@ -13,8 +13,8 @@ from typing import Any, Callable
 
 import torch
 
-from engine.io.gguf_file import ModelFileError, gguf_file_type, open_gguf, read_metadata
-from engine.io.hf_folder import safetensors_files, safetensors_header
+from engine.io.file_headers import ModelFileError, gguf_file_type, safetensors_files, safetensors_header
+from engine.io.gguf_file import open_gguf, read_metadata
 from engine.model.config import ConfigError, ModelConfig
 
 Progress = Callable[[float, str], None]

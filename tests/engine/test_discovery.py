@@ -13,8 +13,8 @@ import pytest
 import torch
 from model_files import save_hf_folder, tiny_hf, write_gguf
 
-from engine.hardware.ceilings import Chip
-from engine.io.discovery import add_user_folder, discover, fit_on, row_cells, scan_hf_cache, scan_ollama, user_folders
+from engine.hardware.ceilings import Chip, fit_on
+from engine.io.discovery import add_user_folder, discover, row_cells, scan_hf_cache, scan_ollama, user_folders
 from engine.io.loader import load_model
 
 
@@ -185,18 +185,20 @@ def test_fit_and_the_seed_formula_ceiling(machine):
     cfg = llama.cfg
     read_params = cfg.n_layers * cfg.layer_linear_params + cfg.vocab_size * cfg.dim  # every matmul, the head too
     roomy = Chip("test GPU", bandwidth_gbs=1000.0, memory_bytes=10**9, source="spec")
-    fit = fit_on(llama, roomy, "bf16")  # a Q8_0 file runs at bf16: 2 bytes a weight
+    fit = fit_on(llama.cfg, llama.n_params, roomy, "bf16")  # a Q8_0 file runs at bf16: 2 bytes a weight
     assert fit.fits and fit.stored_bytes == cfg.n_params * 2
     assert fit.ceiling_tokens_per_s == pytest.approx(1000e9 / (read_params * 2))
     cramped = Chip("tiny GPU", bandwidth_gbs=1000.0, memory_bytes=cfg.n_params, source="spec")
-    assert fit_on(llama, cramped, "bf16").fits is False and fit_on(llama, cramped, "bf16").ceiling_tokens_per_s is None
+    squeezed = fit_on(llama.cfg, llama.n_params, cramped, "bf16")
+    assert squeezed.fits is False and squeezed.ceiling_tokens_per_s is None
     cells = row_cells(llama, fit)
     assert cells[0] == llama.name and cells[1] == "Llama" and cells[4] == "Q8_0" and cells[5] == "yes"
     assert cells[6].startswith("yes") and cells[7].startswith("≤ ") and cells[7].endswith("tok/s")
-    assert row_cells(llama, fit_on(llama, cramped, "bf16"))[6].startswith("no: ")
+    assert row_cells(llama, squeezed)[6].startswith("no: ")
     broken = rows["org/gpt2"]
-    assert fit_on(broken, roomy, "bf16").ceiling_tokens_per_s is None
-    assert row_cells(broken, fit_on(broken, roomy, "bf16"))[5].startswith("no: unsupported architecture")
+    unknown = fit_on(broken.cfg, broken.n_params, roomy, "bf16")
+    assert unknown.ceiling_tokens_per_s is None and unknown.fits is None
+    assert row_cells(broken, unknown)[5].startswith("no: unsupported architecture")
 
 
 def test_a_missing_or_unreadable_cache_is_no_crash(tmp_path):

@@ -238,3 +238,16 @@ def test_progress_comes_per_tensor_and_raising_from_it_cancels_the_load(tmp_path
     with pytest.raises(Cancel):
         load_model(path, progress=cancel_at_third)
     assert len(seen) == 3
+
+
+def test_the_ggml_tables_agree_with_the_gguf_package():
+    """engine/io/file_headers.py keeps ggml's type and file-type tables as data (the app reads
+    headers without importing gguf): every entry is gguf's."""
+    import gguf
+
+    from engine.io.file_headers import FILE_TYPES, GGML_TYPES
+    for type_id, (name, block, block_bytes) in GGML_TYPES.items():
+        qtype = gguf.GGMLQuantizationType(type_id)
+        assert (qtype.name, *gguf.GGML_QUANT_SIZES[qtype]) == (name, block, block_bytes)
+    for file_type, name in FILE_TYPES.items():
+        assert gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_") == name
