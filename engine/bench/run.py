@@ -3,8 +3,6 @@ ignore EOS), reported against the device's peak; `--compare hf` runs transformer
 on the same weights, prompt, dtype and device in the same run."""
 from __future__ import annotations
 
-import json
-import platform
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -12,6 +10,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from engine.bench.prompts import bench_prompt_ids
+from engine.bench.record import JsonReport, PathWatch, device_clocks
 from engine.bench.tables import rows_of, side_by_side
 
 
@@ -53,6 +52,24 @@ def run_ours(engine, prompt_ids: list[int], decode_tokens: int) -> tuple[BenchRe
     # it includes everything the loop does per token (sampling, detokenising), not only the steps
     return summarise("membound", prefill, decode, done.ttft_s, engine.hardware.peak_bandwidth_gbs,
                      decode_wall_s=t_done - t_first_token), steps
+
+
+def timed_run(engine, prompt_ids: list[int], decode_tokens: int) -> tuple[BenchResult, list, dict]:
+    """run_ours, with the path every step took (engine/bench/record.py) and the seconds it ran."""
+    watch = PathWatch(engine.graphs)
+    t0 = time.perf_counter()
+    result, steps = run_ours(engine, prompt_ids, decode_tokens)
+    paths = watch.report(steps, engine.model)
+    paths["run_s"] = time.perf_counter() - t0
+    return result, steps, paths
+
+
+def warm_up(engine, prompt_ids: list[int], decode_tokens: int) -> float:
+    """The timed workload once, untimed: the prefill's shape, every CUDA-graph bucket and capture
+    call, kernel tunings and compiles all happen here, not in a timed step. Returns its seconds."""
+    t0 = time.perf_counter()
+    run_ours(engine, prompt_ids, decode_tokens)
+    return time.perf_counter() - t0
 
 
 def summarise(name, prefill, decode, ttft_s, peak_gbs, decode_wall_s: float | None = None) -> BenchResult:
@@ -152,36 +169,42 @@ def _value(r: BenchResult, label: str) -> float:
 
 # ---- --sweep weights ------------------------------------------------------------------------
 def run_weight_sweep(engine, variants: dict, prompt_ids: list[int], decode_tokens: int, repeats: int,
-                     eval_tokens: int, progress) -> tuple[dict, dict, dict]:
-    """Every weight setting on one engine, in one process: (results, steps, quality) by label.
-    Repeats are interleaved across settings, so background load falls on each alike; the best
-    run of each is kept. Quality: perplexity and top-1 agreement with the fp model."""
+                     eval_tokens: int, progress, report: JsonReport | None = None) -> tuple[dict, dict, dict, dict]:
+    """Every weight setting on one engine, in one process: (results, steps, quality, paths) by
+    label. Each setting is warmed up with the whole workload first; repeats are interleaved across
+    settings, so background load falls on each alike; the best run of each is kept. Quality:
+    perplexity and top-1 agreement with the fp model."""
     from dataclasses import replace
 
     from engine.model.quality import weight_quality
 
+    warmup_s = {}
     for i, (label, s) in enumerate(variants.items()):  # make each copy, warm it up (kernels, graphs)
         progress(i / len(variants), f"preparing {label}")
         engine.apply(s)
         engine.model_for(s)  # quantised copies are made in the background: wait for this one
-        run_ours(engine, prompt_ids[: min(16, len(prompt_ids))], 4)
-    results, steps = {}, {}
+        warmup_s[label] = warm_up(engine, prompt_ids, decode_tokens)
+    if report is not None:
+        report.update(warmup_s=warmup_s)
+    results, steps, paths = {}, {}, {}
     for r in range(repeats):
         for i, (label, s) in enumerate(variants.items()):
             progress((r * len(variants) + i) / (repeats * len(variants)),
                      f"decoding {decode_tokens} tokens with {label} (run {r + 1}/{repeats})")
             engine.apply(s)  # every copy is made by now: applies at the first step
-            result, run_steps = run_ours(engine, prompt_ids, decode_tokens)
+            result, run_steps, run_paths = timed_run(engine, prompt_ids, decode_tokens)
             if any(m.settings_label != s.label for m in run_steps):
                 raise RuntimeError(f"the sweep asked for {label}, but a step ran other settings")
             if label not in results or result.decode_tokens_per_s > results[label].decode_tokens_per_s:
-                results[label], steps[label] = replace(result, name=label), run_steps
+                results[label], steps[label], paths[label] = replace(result, name=label), run_steps, run_paths
+        if report is not None:  # what is measured so far, in case the run is cut short
+            report.update(results=[asdict(res) for res in results.values()], paths=paths, repeats_done=r + 1)
     quality = {}
     if eval_tokens > 0:
         progress(0.0, "measuring perplexity and top-1 agreement")
         quality = weight_quality(engine, variants, eval_tokens)
     progress(1.0, "done")
-    return results, steps, quality
+    return results, steps, quality, paths
 
 
 def format_sweep(results: list[BenchResult], quality: dict) -> str:
@@ -227,24 +250,34 @@ def run_bench(args, progress) -> int:
                         sampling=SamplingParams(greedy=True, temperature=0.0), weights=weights,
                         group_size=group_size)
     need = args.prompt_tokens + args.decode_tokens + 1
+    t0 = time.perf_counter()
     engine = Engine(args.model, device=args.device, dtype=dtype, max_context=max(args.max_context, need),
                     progress=progress, settings=settings)
+    load_s = time.perf_counter() - t0
     if need > engine.max_context:
         raise ValueError(f"workload needs {need} positions; the model's context is {engine.max_context}")
     print(f"model: {engine.loaded.label}", file=sys.stderr)
     print(f"device: {describe(engine.hardware)}", file=sys.stderr)
+    report = JsonReport(args.json, model=engine.loaded.label, device=engine.hardware.to_dict(), dtype=dtype,
+                        workload={"prompt_tokens": args.prompt_tokens, "decode_tokens": args.decode_tokens,
+                                  "repeats": args.repeats, "settings": settings.label},
+                        seconds={"load": load_s})
     prompt_ids = bench_prompt_ids(engine.tokenizer, args.prompt_tokens)
     if sweep == "weights":
-        return _print_weight_sweep(engine, settings, prompt_ids, args, progress)
+        return _print_weight_sweep(engine, settings, prompt_ids, args, progress, report)
     progress(0.0, "warming up")
-    run_ours(engine, prompt_ids[: min(16, len(prompt_ids))], 4)
-    best = None
-    steps = None
+    warmup_s = warm_up(engine, prompt_ids, args.decode_tokens)
+    report.update(seconds={"load": load_s, "warmup": warmup_s})
+    clocks_before = device_clocks(engine.hardware)
+    best = steps = paths = None
+    timed_s = 0.0
     for r in range(args.repeats):
         progress(r / args.repeats, f"decoding {args.decode_tokens} tokens (run {r + 1}/{args.repeats})")
-        result, run_steps = run_ours(engine, prompt_ids, args.decode_tokens)
+        result, run_steps, run_paths = timed_run(engine, prompt_ids, args.decode_tokens)
+        timed_s += run_paths["run_s"]
         if best is None or result.decode_tokens_per_s > best.decode_tokens_per_s:
-            best, steps = result, run_steps
+            best, steps, paths = result, run_steps, run_paths
+    clocks = {"before_timed": clocks_before, "after_timed": device_clocks(engine.hardware)}
     progress(1.0, "done")
     results = [best]
     if args.compare == "hf":
@@ -252,26 +285,31 @@ def run_bench(args, progress) -> int:
     print(f"\nworkload: batch 1, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens} tokens, "
           f"greedy, {settings.label.replace(' · kv', ', KV cache')}")
     print(format_table(results))
-    if args.json:
-        payload = {
-            "command": "membound " + " ".join(sys.argv[1:]),
-            "model": engine.loaded.label, "device": engine.hardware.to_dict(), "dtype": dtype,
-            "machine": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "results": [asdict(r) for r in results],
-            "steps": [s.to_dict() for s in steps],
-        }
-        with open(args.json, "w") as f:
-            json.dump(payload, f, indent=1)
-        print(f"wrote {args.json}", file=sys.stderr)
+    print(path_line(paths))
+    report.finish(results=[asdict(r) for r in results], paths=paths, clocks=clocks,
+                  seconds={"load": load_s, "warmup": warmup_s, "timed": timed_s},
+                  steps=[s.to_dict() for s in steps])
     return 0
 
 
-def _print_weight_sweep(engine, settings, prompt_ids: list[int], args, progress) -> int:
+def path_line(paths: dict) -> str:
+    """One line on what the figures above ran: graphs or eager, the attention kernel."""
+    decode = paths["ops"].get("decode step", {})
+    attention = paths["ops"].get("attention decode", {})
+    return (f"path: CUDA graphs {paths['cuda_graphs']}; decode steps "
+            + ", ".join(f"{n} {impl}" for impl, n in decode.items())
+            + "; decode attention " + (", ".join(attention) or "none")
+            + "; matmul " + ", ".join(f"{k} {v}" for k, v in paths.get("matmul", {}).items()))
+
+
+def _print_weight_sweep(engine, settings, prompt_ids: list[int], args, progress, report: JsonReport) -> int:
     from engine.model.quality import evaluation_ids, text_description, weight_variants
 
     variants = weight_variants(settings, args.group_size)
-    results, steps, quality = run_weight_sweep(engine, variants, prompt_ids, args.decode_tokens, args.repeats,
-                                               args.eval_tokens, progress)
+    clocks_before = device_clocks(engine.hardware)
+    results, steps, quality, paths = run_weight_sweep(engine, variants, prompt_ids, args.decode_tokens,
+                                                      args.repeats, args.eval_tokens, progress, report)
+    clocks = {"before_timed": clocks_before, "after_timed": device_clocks(engine.hardware)}
     ordered = [results[label] for label in variants]
     print(f"\nworkload: batch 1, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens} tokens, greedy, "
           f"{settings.dtype} activations, KV cache {'off' if args.no_kv_cache else 'on'}; int8 per output channel, "
@@ -281,16 +319,9 @@ def _print_weight_sweep(engine, settings, prompt_ids: list[int], args, progress)
         n = next(iter(quality.values())).n_tokens
         print(f"quality text: {text_description(evaluation_ids(engine.tokenizer, args.eval_tokens))}, "
               f"{n} tokens predicted")
-    if args.json:
-        payload = {
-            "command": "membound " + " ".join(sys.argv[1:]),
-            "model": engine.loaded.label, "device": engine.hardware.to_dict(), "dtype": settings.dtype,
-            "machine": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "results": [asdict(r) for r in ordered],
-            "quality": {label: asdict(q) for label, q in quality.items()},
-            "steps": {label: [s.to_dict() for s in run_steps] for label, run_steps in steps.items()},
-        }
-        with open(args.json, "w") as f:
-            json.dump(payload, f, indent=1)
-        print(f"wrote {args.json}", file=sys.stderr)
+    for label in variants:
+        print(f"{label} {path_line(paths[label])}")
+    report.finish(results=[asdict(r) for r in ordered], paths=paths, clocks=clocks,
+                  quality={label: asdict(q) for label, q in quality.items()},
+                  steps={label: [s.to_dict() for s in run_steps] for label, run_steps in steps.items()})
     return 0
