@@ -215,6 +215,8 @@ def step_kernel_tests() -> int:
             f"--junitxml={xml}", "-o", "junit_family=xunit2", "tests/kernels"]
     if DRY_RUN:  # the interpreter is slow: a few tests prove the step, the whole suite runs in make test
         args += ["-k", "bad_inputs or default_launch_path"]
+    elif importlib.util.find_spec("xdist"):  # Triton compiles each variant: spread them over the CPUs
+        args += ["-n", "8"]
     code = subprocess.call(args, cwd=ROOT)
     try:
         import xml.etree.ElementTree as ET

@@ -103,7 +103,7 @@ def summarise_point(attention: str, kv_layout: str, context: int, prefill_attent
 def run_sweep(args, progress) -> int:
     from engine.bench.prompts import bench_prompt_ids
     from engine.bench.record import JsonReport, PathWatch, device_clocks
-    from engine.bench.run import path_line
+    from engine.bench.single import path_line
     from engine.engine import DTYPES, Engine
     from engine.hardware.spec import describe
     from engine.io.loader import load_model

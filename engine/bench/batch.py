@@ -253,7 +253,7 @@ def run_batch_bench(args, progress) -> int:
         print(format_mixed_table(results))
         report.finish(results=[asdict(r) for r in results], paths=paths, clocks=clocks, seconds=seconds)
         return 0
-    from engine.bench.run import path_line, timed_run, warm_up
+    from engine.bench.single import path_line, timed_run, warm_up
 
     prompt_ids = bench_prompt_ids(engine.tokenizer, args.prompt_tokens)
     t0 = time.perf_counter()

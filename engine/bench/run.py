@@ -5,87 +5,16 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 
 from engine.bench.prompts import bench_prompt_ids
-from engine.bench.record import JsonReport, PathWatch, device_clocks
+from engine.bench.record import JsonReport, device_clocks
+from engine.bench.single import BenchResult, path_line, run_ours, timed_run, warm_up  # run_ours: app/gui_bench.py
 from engine.bench.tables import rows_of, side_by_side
 
-
-@dataclass
-class BenchResult:
-    name: str
-    prompt_tokens: int
-    decode_tokens: int
-    prefill_tokens_per_s: float
-    decode_tokens_per_s: float
-    ttft_s: float
-    decode_achieved_gbs: float  # cost-model bytes of the decode steps / their time
-    peak_gbs: float
-    mbu: float
-    mfu: float
-    predicted_ceiling_tokens_per_s: float
-    decode_bytes_per_token: float
-
-
-def run_ours(engine, prompt_ids: list[int], decode_tokens: int) -> tuple[BenchResult, list]:
-    from engine.events import DoneEvent, TokenEvent
-    from engine.metrics import StepMetrics
-
-    engine.reset()
-    steps: list[StepMetrics] = []
-    done = None
-    t_first_token = t_done = 0.0
-    for event in engine.generate(prompt_ids, max_new_tokens=decode_tokens + 1, ignore_eos=True):
-        if isinstance(event, StepMetrics):
-            steps.append(event)
-        elif isinstance(event, TokenEvent) and event.index == 0:
-            t_first_token = time.perf_counter()
-        elif isinstance(event, DoneEvent):
-            done, t_done = event, time.perf_counter()
-    prefill = [s for s in steps if s.phase == "prefill"]
-    decode = [s for s in steps if s.phase == "decode"]
-    engine.reset()
-    # decode time is wall-clock from the first token to the last, as for transformers below:
-    # it includes everything the loop does per token (sampling, detokenising), not only the steps
-    return summarise("membound", prefill, decode, done.ttft_s, engine.hardware.peak_bandwidth_gbs,
-                     decode_wall_s=t_done - t_first_token), steps
-
-
-def timed_run(engine, prompt_ids: list[int], decode_tokens: int) -> tuple[BenchResult, list, dict]:
-    """run_ours, with the path every step took (engine/bench/record.py) and the seconds it ran."""
-    watch = PathWatch(engine.graphs)
-    t0 = time.perf_counter()
-    result, steps = run_ours(engine, prompt_ids, decode_tokens)
-    paths = watch.report(steps, engine.model)
-    paths["run_s"] = time.perf_counter() - t0
-    return result, steps, paths
-
-
-def warm_up(engine, prompt_ids: list[int], decode_tokens: int) -> float:
-    """The timed workload once, untimed: the prefill's shape, every CUDA-graph bucket and capture
-    call, kernel tunings and compiles all happen here, not in a timed step. Returns its seconds."""
-    t0 = time.perf_counter()
-    run_ours(engine, prompt_ids, decode_tokens)
-    return time.perf_counter() - t0
-
-
-def summarise(name, prefill, decode, ttft_s, peak_gbs, decode_wall_s: float | None = None) -> BenchResult:
-    p_s = sum(s.step_s for s in prefill)
-    d_s = decode_wall_s if decode_wall_s else sum(s.step_s for s in decode)
-    d_bytes = sum(s.total_bytes for s in decode)
-    d_flops = sum(s.flops for s in decode)
-    n_prompt = sum(s.new_tokens for s in prefill)
-    last = decode[-1]
-    return BenchResult(
-        name=name, prompt_tokens=n_prompt, decode_tokens=len(decode),
-        prefill_tokens_per_s=n_prompt / p_s, decode_tokens_per_s=len(decode) / d_s, ttft_s=ttft_s,
-        decode_achieved_gbs=d_bytes / d_s / 1e9, peak_gbs=peak_gbs, mbu=d_bytes / d_s / (peak_gbs * 1e9),
-        mfu=d_flops / d_s / last.peak_flops,
-        predicted_ceiling_tokens_per_s=len(decode) / sum(s.total_bytes / s.peak_bandwidth_bps for s in decode),
-        decode_bytes_per_token=d_bytes / len(decode))
+__all__ = ["BenchResult", "format_sweep", "format_table", "run_bench", "run_hf", "run_ours", "run_weight_sweep"]
 
 
 def run_hf(engine, prompt_ids: list[int], decode_tokens: int, our_steps, progress) -> BenchResult:
@@ -178,14 +107,18 @@ def run_weight_sweep(engine, variants: dict, prompt_ids: list[int], decode_token
 
     from engine.model.quality import weight_quality
 
-    warmup_s = {}
+    seconds = dict(report.payload.get("seconds", {})) if report is not None else {}
+    seconds.update(quantise_and_warmup=0.0, warmup_by_setting={}, timed=0.0)
     for i, (label, s) in enumerate(variants.items()):  # make each copy, warm it up (kernels, graphs)
         progress(i / len(variants), f"preparing {label}")
+        t0 = time.perf_counter()
         engine.apply(s)
         engine.model_for(s)  # quantised copies are made in the background: wait for this one
-        warmup_s[label] = warm_up(engine, prompt_ids, decode_tokens)
+        seconds["warmup_by_setting"][label] = warm_up(engine, prompt_ids, decode_tokens)
+        seconds["quantise_and_warmup"] += time.perf_counter() - t0
+    seconds["warmup"] = sum(seconds["warmup_by_setting"].values())
     if report is not None:
-        report.update(warmup_s=warmup_s)
+        report.update(seconds=seconds)
     results, steps, paths = {}, {}, {}
     for r in range(repeats):
         for i, (label, s) in enumerate(variants.items()):
@@ -193,16 +126,22 @@ def run_weight_sweep(engine, variants: dict, prompt_ids: list[int], decode_token
                      f"decoding {decode_tokens} tokens with {label} (run {r + 1}/{repeats})")
             engine.apply(s)  # every copy is made by now: applies at the first step
             result, run_steps, run_paths = timed_run(engine, prompt_ids, decode_tokens)
+            seconds["timed"] += run_paths["run_s"]
             if any(m.settings_label != s.label for m in run_steps):
                 raise RuntimeError(f"the sweep asked for {label}, but a step ran other settings")
             if label not in results or result.decode_tokens_per_s > results[label].decode_tokens_per_s:
                 results[label], steps[label], paths[label] = replace(result, name=label), run_steps, run_paths
         if report is not None:  # what is measured so far, in case the run is cut short
-            report.update(results=[asdict(res) for res in results.values()], paths=paths, repeats_done=r + 1)
+            report.update(results=[asdict(res) for res in results.values()], paths=paths, repeats_done=r + 1,
+                          seconds=seconds)
     quality = {}
     if eval_tokens > 0:
         progress(0.0, "measuring perplexity and top-1 agreement")
+        t0 = time.perf_counter()
         quality = weight_quality(engine, variants, eval_tokens)
+        seconds["quality"] = time.perf_counter() - t0
+    if report is not None:
+        report.update(seconds=seconds)
     progress(1.0, "done")
     return results, steps, quality, paths
 
@@ -290,16 +229,6 @@ def run_bench(args, progress) -> int:
                   seconds={"load": load_s, "warmup": warmup_s, "timed": timed_s},
                   steps=[s.to_dict() for s in steps])
     return 0
-
-
-def path_line(paths: dict) -> str:
-    """One line on what the figures above ran: graphs or eager, the attention kernel."""
-    decode = paths["ops"].get("decode step", {})
-    attention = paths["ops"].get("attention decode", {})
-    return (f"path: CUDA graphs {paths['cuda_graphs']}; decode steps "
-            + ", ".join(f"{n} {impl}" for impl, n in decode.items())
-            + "; decode attention " + (", ".join(attention) or "none")
-            + "; matmul " + ", ".join(f"{k} {v}" for k, v in paths.get("matmul", {}).items()))
 
 
 def _print_weight_sweep(engine, settings, prompt_ids: list[int], args, progress, report: JsonReport) -> int:

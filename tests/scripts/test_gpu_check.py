@@ -22,9 +22,9 @@ def gpu_check(out: Path, timeout_s: float, **env) -> tuple[int, str, dict[str, l
     run = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run"], cwd=ROOT, capture_output=True, text=True,
                          timeout=timeout_s, env={**os.environ, "OUT": str(out), "PYTHON": sys.executable, **env})
     rows = {}
-    for line in (out / "summary.txt").read_text().splitlines():
+    for line in (out / "summary.txt").read_text().split("\nfigures")[0].splitlines():
         cols = line.split(None, 5)
-        if cols and cols[0] in STEPS:
+        if cols and cols[0] in STEPS and not line[0].isspace():
             rows[cols[0]] = cols[1:]
     return run.returncode, run.stdout + run.stderr, rows
 
