@@ -9,8 +9,8 @@ from collections import Counter
 _COUNTS: Counter = Counter()  # (op kind, implementation) -> calls
 
 
-def record(op: str, impl: str) -> None:
-    _COUNTS[(op, impl)] += 1
+def record(op: str, impl: str, calls: int = 1) -> None:
+    _COUNTS[(op, impl)] += calls
 
 
 def counts() -> dict[tuple[str, str], int]:

@@ -58,7 +58,7 @@ class GraphDecoder:
             cache.length = start + 1
             self.replays += 1
             record("decode step", "cuda graph" if calls >= CAPTURE_CALLS else "compiled, capturing the cuda graph")
-            record("attention decode", "torch SDPA (in the CUDA graph)")
+            record("attention decode", "torch SDPA (in the CUDA graph)", model.cfg.n_layers)  # per layer, as eager
             return logits
         except Exception as error:
             self.unavailable = f"capture failed: {type(error).__name__}: {str(error).strip().splitlines()[0][:200]}" \

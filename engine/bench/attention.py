@@ -103,7 +103,7 @@ def summarise_point(attention: str, kv_layout: str, context: int, prefill_attent
 def run_sweep(args, progress) -> int:
     from engine.bench.prompts import bench_prompt_ids
     from engine.bench.record import JsonReport, PathWatch, device_clocks
-    from engine.bench.single import path_line
+    from engine.bench.single import path_line, warm_up_decode_tokens
     from engine.engine import DTYPES, Engine
     from engine.hardware.spec import describe
     from engine.io.loader import load_model
@@ -162,7 +162,8 @@ def run_sweep(args, progress) -> int:
         too_big = score_bytes > NAIVE_PREFILL_BUDGET["cuda" if on_gpu else "cpu"]
         prefill_with = {"naive": "flash"} if too_big and "naive" in engines else {}
         t0 = time.perf_counter()  # this context's work once, untimed: its prefill shape, kernel variants
-        measure_interleaved(engines, prompt, decode, 1, prefill_with)
+        measure_interleaved(engines, prompt, {name: min(n, warm_up_decode_tokens(args)) for name, n in decode.items()},
+                            1, prefill_with)
         seconds["warmup"] += time.perf_counter() - t0
         t0, watch = time.perf_counter(), PathWatch()
         steps = measure_interleaved(engines, prompt, decode, args.repeats, prefill_with)

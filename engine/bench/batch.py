@@ -253,13 +253,13 @@ def run_batch_bench(args, progress) -> int:
         print(format_mixed_table(results))
         report.finish(results=[asdict(r) for r in results], paths=paths, clocks=clocks, seconds=seconds)
         return 0
-    from engine.bench.single import path_line, timed_run, warm_up
+    from engine.bench.single import path_line, timed_run, warm_up, warm_up_decode_tokens
 
     prompt_ids = bench_prompt_ids(engine.tokenizer, args.prompt_tokens)
     t0 = time.perf_counter()
     for i, b in enumerate(sizes):  # every batch size once, untimed: its prefill chunks, M buckets and kernels
         progress(i / len(sizes), f"warming up batch {b}")
-        run_batch_point(model, hw, dtype, b, prompt_ids, args.decode_tokens, args.attention)
+        run_batch_point(model, hw, dtype, b, prompt_ids, warm_up_decode_tokens(args), args.attention)
     seconds["warmup"] = time.perf_counter() - t0
     report.update(seconds=seconds)
     clocks_before, watch = device_clocks(hw), PathWatch()

@@ -67,6 +67,12 @@ def warm_up(engine, prompt_ids: list[int], decode_tokens: int) -> float:
     return time.perf_counter() - t0
 
 
+def warm_up_decode_tokens(args) -> int:
+    """Decode steps of a warm-up: all of them on a GPU, where the flash-decoding kernel compiles a
+    variant as the context grows (its split count); a few on a CPU, where nothing compiles."""
+    return args.decode_tokens if args.device == "cuda" else min(args.decode_tokens, 3)
+
+
 def summarise(name, prefill, decode, ttft_s, peak_gbs, decode_wall_s: float | None = None) -> BenchResult:
     p_s = sum(s.step_s for s in prefill)
     d_s = decode_wall_s if decode_wall_s else sum(s.step_s for s in decode)
