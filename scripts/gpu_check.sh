@@ -13,7 +13,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
 DRY_RUN=0
-[[ "${1:-}" == "--dry-run" ]] && DRY_RUN=1
+case "${1:-}" in
+    "") ;;
+    --dry-run) DRY_RUN=1 ;;
+    *) echo "usage: bash scripts/gpu_check.sh [--dry-run]   (results under \$OUT)" >&2; exit 2 ;;
+esac
 OUT=${OUT:-/tmp/membound-gpu}
 PY=${PYTHON:-python3}
 BUDGET_S=${GPU_CHECK_BUDGET_S:-560}
@@ -24,6 +28,7 @@ MIN_STEP_S=${GPU_CHECK_MIN_STEP_S:-10}
 STEPS=(env:30 nvidia-smi:15 nvml-probe:30 kernel-tests:60 smoke:90 bench:150 batch:90 attention:70 weights:0)
 
 mkdir -p "$OUT"
+rm -f "$OUT"/checks.json "$OUT"/kernel-tests.xml "$OUT"/bench-*.json "$OUT"/sweep-*.json "$OUT"/*.tmp  # a rerun's
 SUMMARY=$OUT/summary.txt
 LOG=$OUT/gpu_check.log
 : >"$SUMMARY"
