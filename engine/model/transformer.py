@@ -238,14 +238,29 @@ def attention(q, k, v, gqa: bool) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
 
+def _share_fused(weights: dict[str, torch.Tensor], prefix: str, block: Block) -> None:
+    """Rebind the caller's q/k/v and gate/up entries to views of the block's fused weights, so the
+    originals are freed and the model and the caller's dict hold one copy (an 8B model: 16 GB, not 25)."""
+    cfg = block.cfg
+    for fused, names, rows in ((block.wqkv.weight, ("wq", "wk", "wv"), (cfg.q_dim, cfg.kv_dim, cfg.kv_dim)),
+                               (block.w_gate_up.weight, ("w_gate", "w_up"), (cfg.ffn_dim, cfg.ffn_dim))):
+        for name, part in zip(names, fused.detach().split(rows)):
+            weights[prefix + name] = part
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]):
+        """`weights` is shared, not copied: its q/k/v and gate/up entries become views of the fused
+        matmul weights (same values, one copy in memory)."""
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Parameter(weights["embed"], requires_grad=False)  # (vocab, dim)
-        self.layers = nn.ModuleList(
-            Block(cfg, {k.split(".", 2)[2]: v for k, v in weights.items() if k.startswith(f"layers.{i}.")})
-            for i in range(cfg.n_layers))
+        layers = []
+        for i in range(cfg.n_layers):
+            prefix = f"layers.{i}."
+            layers.append(Block(cfg, {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}))
+            _share_fused(weights, prefix, layers[-1])  # layer by layer: the peak is one layer over the model
+        self.layers = nn.ModuleList(layers)
         self.norm = nn.Parameter(weights["norm"], requires_grad=False)
         self.head = Linear(weights["embed"] if cfg.tied_embeddings else weights["head"])
         if cfg.tied_embeddings:

@@ -282,14 +282,18 @@ def test_weight_sweep_reports_each_setting_side_by_side():
     eng = tiny_engine()
     variants = weight_variants(eng.settings, 32)
     assert list(variants) == ["fp32", "int8", "int4 g32"]
-    results, steps, quality = run_weight_sweep(eng, variants, list(range(1, 17)), decode_tokens=4, repeats=1,
-                                               eval_tokens=64, progress=lambda f, m: None)
+    results, steps, quality, paths = run_weight_sweep(eng, variants, list(range(1, 17)), decode_tokens=4,
+                                                      repeats=1, eval_tokens=64, progress=lambda f, m: None)
     table = format_sweep([results[k] for k in variants], quality)
     for row in ("decode tok/s", "speed-up vs fp32", "MBU", "perplexity", "top-1 agreement"):
         assert row in table
     assert "1.00x" in table and "100.0%" in table
     assert results["int4 g32"].decode_bytes_per_token < results["int8"].decode_bytes_per_token \
         < results["fp32"].decode_bytes_per_token
+    # each setting's record names the path it ran: its matmul modules, eager steps on a CPU
+    assert paths["int8"]["matmul"]["Int8Linear"] == "PyTorch CPU int kernels"
+    assert paths["fp32"]["matmul"] == {"Linear": "PyTorch"} and paths["fp32"]["cuda_graphs"] == "not on a GPU"
+    assert paths["int4 g32"]["ops"]["decode step"] == {"eager": 4}
 
 
 def test_default_model_quality_int8_within_1_percent_int4_within_10():
