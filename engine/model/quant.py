@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from engine.model import cpu_step
 from engine.model.transformer import Linear, Transformer
 from engine.settings import GROUP_SIZES, QuantError, check_weights, weights_label
 from kernels import registry as kernel_registry
@@ -145,6 +146,10 @@ class Int8Linear(nn.Module):
             return _int8_op(x, self.q, self.scales)
         return self.reference(x)
 
+    def cpu_matrix(self) -> tuple | None:
+        """The codes and bf16 scales for the C++ CPU decode step (engine/model/cpu_step.py)."""
+        return cpu_step.matrix(2, self.q, self.scales_bf16) if self.backend == "cpu" else None
+
     @property
     def weight_bytes(self) -> int:
         """What forward reads per step: the int8 codes and one scale per row, as stored."""
@@ -180,6 +185,31 @@ class Int4Linear(nn.Module):
         self.register_buffer("cpu_packed", torch._convert_weight_to_int4pack_for_cpu(codes, 1), persistent=False)
         self.register_buffer("cpu_scale_zeros", torch.stack([scales.t(), zeros.t()], dim=-1).bfloat16().contiguous(),
                              persistent=False)
+
+    def cpu_matrix(self) -> tuple | None:
+        """The codes and fp16 scales and mins in the C++ step's tiles of 16 rows (kernels/cpu_decode.cpp
+        gemv_int4), for the CPU decode step (engine/model/cpu_step.py)."""
+        if self.backend != "cpu" or self.in_features % 4 or self.group_size % 4:
+            return None
+        if getattr(self, "cpu_tiles", None) is None:
+            self._make_cpu_tiles()
+        return cpu_step.matrix(3, self.cpu_tiles, self.cpu_tile_scales, self.cpu_tile_mins, self.group_size,
+                               n=self.out_features, k=self.in_features)
+
+    def _make_cpu_tiles(self) -> None:
+        n, k, g = self.out_features, self.in_features, self.group_size
+        tiles = -(-n // 16)
+        codes = F.pad(unpack_int4(self.packed), (0, 0, 0, 16 * tiles - n))  # (16T, K), zero rows added
+        quads = codes.view(tiles, 16, k // 4, 4).permute(0, 2, 1, 3)  # (T, K/4, 16 rows, 4 inputs)
+        # byte 2i: inputs 4j (low) and 4j + 2 (high); byte 2i + 1: inputs 4j + 1 and 4j + 3
+        packed = quads[..., :2] | (quads[..., 2:] << 4)  # (T, K/4, 16, 2)
+        self.register_buffer("cpu_tiles", packed.contiguous().view(tiles, -1), persistent=False)
+
+        def per_tile(t: torch.Tensor) -> torch.Tensor:  # (N, K/g) -> (T, K/g, 16)
+            return F.pad(t, (0, 0, 0, 16 * tiles - n)).view(tiles, 16, k // g).transpose(1, 2).contiguous()
+
+        self.register_buffer("cpu_tile_scales", per_tile(self.scales), persistent=False)
+        self.register_buffer("cpu_tile_mins", per_tile(self.mins), persistent=False)
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor, group_size: int) -> "Int4Linear":

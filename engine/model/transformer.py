@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
+from engine.model import cpu_step
 from engine.model.attention import attend
 from engine.model.config import ModelConfig
 from engine.model.rope import rope_tables
@@ -62,6 +63,11 @@ class Linear(nn.Module):
     @property
     def weight_bytes(self) -> int:
         return self.weight.numel() * self.weight.element_size()
+
+    def cpu_matrix(self) -> tuple | None:
+        """This weight for the C++ CPU decode step (engine/model/cpu_step.py); None: it cannot."""
+        fmt = {torch.float32: 0, torch.bfloat16: 1}.get(self.weight.dtype)
+        return None if fmt is None else cpu_step.matrix(fmt, self.weight.detach())
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -283,6 +289,10 @@ class Transformer(nn.Module):
         B, T = tokens.shape
         if start_pos + T > self.cfg.max_seq_len:
             raise ValueError(f"context of {start_pos + T} tokens exceeds the model's {self.cfg.max_seq_len}")
+        if T == 1 and cache is not None and tokens.device.type == "cpu":  # batch-1 decode: one C++ call
+            logits = cpu_step.decode_step(self, tokens, start_pos, cache, attention)
+            if logits is not None:
+                return logits
         x = F.embedding(tokens, self.embed)
         cos = self.rope_cos[start_pos:start_pos + T]
         sin = self.rope_sin[start_pos:start_pos + T]

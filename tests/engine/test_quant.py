@@ -15,6 +15,7 @@ from engine.events import SettingsApplied, TokenEvent
 from engine.io.byte_tokenizer import ByteTokenizer
 from engine.io.loader import LoadedWeights, synthetic_weights
 from engine.metrics import StepMetrics
+from engine.model import cpu_step
 from engine.model.config import ModelConfig
 from engine.model.quality import evaluate, evaluation_ids, evaluation_text, score, weight_quality
 from engine.model.quant import (
@@ -290,10 +291,10 @@ def test_weight_sweep_reports_each_setting_side_by_side():
     assert "1.00x" in table and "100.0%" in table
     assert results["int4 g32"].decode_bytes_per_token < results["int8"].decode_bytes_per_token \
         < results["fp32"].decode_bytes_per_token
-    # each setting's record names the path it ran: its matmul modules, eager steps on a CPU
+    # each setting's record names the path it ran: its matmul modules, C++ decode steps on a CPU
     assert paths["int8"]["matmul"]["Int8Linear"] == "PyTorch CPU int kernels"
     assert paths["fp32"]["matmul"] == {"Linear": "PyTorch"} and paths["fp32"]["cuda_graphs"] == "not on a GPU"
-    assert paths["int4 g32"]["ops"]["decode step"] == {"eager": 4}
+    assert paths["int4 g32"]["ops"]["decode step"] == {cpu_step.STEP_LABEL: 4}
 
 
 def test_default_model_quality_int8_within_1_percent_int4_within_10():
