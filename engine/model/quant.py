@@ -36,6 +36,15 @@ INT4_CPU_ZERO_CODE = 8  # PyTorch's CPU int4 kernel dequantises (code - 8) * sca
 # threads (2-core AMD EPYC): int8 packed 3.10 ms vs dequantise + GEMM 1.40 ms at 128 rows
 # (even at 32); int4 packed 2.70 vs 3.17 ms at 128 rows, 5.47 vs 4.54 ms at 256.
 CPU_PACKED_MAX_ROWS = {"int8": 32, "int4": 192}
+# Bytes per weight that a dequantising path writes and reads beyond the stored ones (the cost model
+# counts them: engine/metrics.py takes what `bytes_read` says). CPU int8: the bf16 copy written and
+# read by the GEMM (2 + 2). CPU int4: the nibbles split (0.5 + 0.5 read, 0.5 + 0.5 written), stacked
+# (1 + 1), made bf16 (1 + 2), scaled (2 + 2), read by the GEMM (2). Reference (any device, the dtype's
+# 2 bytes; fp32 costs more, counted as 2): int8 q.float() (1 + 4), * scale (4 + 4), .to (4 + 2),
+# matmul (2); int4 unpacked (0.5 + 1 + 1 + 1), .float() (1 + 4), * scale + min (4 + 4 + 4), .to
+# (4 + 2), matmul (2). Prefill-sized steps only: a decode step takes none of these paths.
+DEQUANTISED_COPY_BYTES = {("int8", "cpu"): 4, ("int4", "cpu"): 13, ("int8", "reference"): 21,
+                          ("int4", "reference"): 32.5}
 
 
 # ---- quantisers (tensor → stored tensors) ---------------------------------------------------
@@ -138,7 +147,7 @@ class Int8Linear(nn.Module):
         if self.backend == "cpu":
             x2 = x.reshape(-1, self.in_features).bfloat16()
             if x2.shape[0] > CPU_PACKED_MAX_ROWS["int8"]:
-                y = F.linear(x2, self.q.to(torch.bfloat16) * self.scales_bf16[:, None])
+                y = F.linear(x2, self.q * self.scales_bf16[:, None])  # one kernel: int8 * bf16 -> bf16
             else:
                 y = torch._weight_int8pack_mm(x2, self.q, self.scales_bf16)
             return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
@@ -155,6 +164,14 @@ class Int8Linear(nn.Module):
         """What forward reads per step: the int8 codes and one scale per row, as stored."""
         scales = self.scales_bf16 if self.backend == "cpu" else self.scales
         return self.q.numel() + scales.numel() * scales.element_size()
+
+    def bytes_read(self, rows: int) -> int:
+        """Bytes a forward over `rows` rows moves for its weight: as stored, plus the dequantised
+        copy a path writes and reads back (bytes per weight: DEQUANTISED_COPY_BYTES)."""
+        path = "cpu" if self.backend == "cpu" and rows > CPU_PACKED_MAX_ROWS["int8"] else \
+            "reference" if self.backend == "reference" or (self.backend == "triton" and not kernel_registry.enabled("int8")) \
+            else None
+        return self.weight_bytes + (DEQUANTISED_COPY_BYTES["int8", path] * self.q.numel() if path else 0)
 
 
 class Int4Linear(nn.Module):
@@ -235,6 +252,15 @@ class Int4Linear(nn.Module):
         n, k, g = self.out_features, self.in_features, self.group_size
         codes = torch.stack([self.packed & 0xF, self.packed >> 4], dim=-1).view(n, k // g, g).to(torch.bfloat16)
         return torch.addcmul(self.mins.bfloat16()[..., None], codes, self.scales.bfloat16()[..., None]).view(n, k)
+
+    def bytes_read(self, rows: int) -> int:
+        """Bytes a forward over `rows` rows moves for its weight: as stored, plus the dequantised
+        copy a path writes and reads back (bytes per weight: DEQUANTISED_COPY_BYTES)."""
+        path = "cpu" if self.backend == "cpu" and rows > CPU_PACKED_MAX_ROWS["int4"] else \
+            "reference" if self.backend == "reference" or (self.backend == "triton" and not kernel_registry.enabled("int4")) \
+            else None
+        weights = self.out_features * self.in_features
+        return self.weight_bytes + (DEQUANTISED_COPY_BYTES["int4", path] * weights if path else 0)
 
     @property
     def weight_bytes(self) -> int:

@@ -321,3 +321,25 @@ def test_engine_and_kernels_import_without_triton():
                          cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr
     assert "triton is not installed" in out.stdout
+
+
+def test_a_path_that_dequantises_counts_the_copy_it_writes_and_reads():
+    """Prefill-sized steps on a CPU dequantise (past CPU_PACKED_MAX_ROWS): the cost model's weight
+    bytes then carry the copy too, by the bytes per weight quant.py lists; decode steps do not."""
+    from engine.model.quant import CPU_PACKED_MAX_ROWS, DEQUANTISED_COPY_BYTES
+    w = torch.randn(96, 64)
+    int8, int4 = Int8Linear.from_weight(w), Int4Linear.from_weight(w, 32)
+    for layer, kind in ((int8, "int8"), (int4, "int4")):
+        rows = CPU_PACKED_MAX_ROWS[kind]
+        assert layer.bytes_read(1) == layer.bytes_read(rows) == layer.weight_bytes
+        assert layer.bytes_read(rows + 1) == layer.weight_bytes + DEQUANTISED_COPY_BYTES[kind, "cpu"] * w.numel()
+    model = quantize_model(Transformer(CFG, tiny_loaded().weights), "int8")
+    layers = [m for m in model.modules() if isinstance(m, Int8Linear) and m is not model.head]
+    head = model.head.weight_bytes
+    assert model.linear_weight_bytes(1) == head + sum(m.weight_bytes for m in layers)
+    # 64 rows through the layers (dequantised), one through the head (packed)
+    assert model.linear_weight_bytes(64) == head + sum(m.weight_bytes + 4 * m.q.numel() for m in layers)
+    assert model.linear_weight_bytes(64, head_rows=0) == model.linear_weight_bytes(64) - head
+    eng = tiny_engine(weights="int8")
+    steps = [e for e in eng.generate(list(range(1, 60)), max_new_tokens=2) if isinstance(e, StepMetrics)]
+    assert steps[0].phase == "prefill" and steps[0].weight_bytes > steps[1].weight_bytes  # 59 rows: the copy
