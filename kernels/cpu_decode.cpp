@@ -15,6 +15,8 @@
 #include <omp.h>
 #include <stdint.h>
 #include <string.h>
+
+#include <vector>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -232,59 +234,67 @@ static void gemv_int8(const struct Mat *m, const float *x, float *y, int64_t r0,
 }
 
 // INT4 in tiles of 16 rows (the C++ format, made by engine/model/quant.py `Int4Linear.cpu_matrix`):
-// tile t holds, for each quad of inputs k = 4j .. 4j + 3, 32 bytes: byte 2i = code(i, 4j) | code(i, 4j + 2)
-// << 4 and byte 2i + 1 = code(i, 4j + 1) | code(i, 4j + 3) << 4 for its rows i = 0..15; scales and mins
-// are (tiles, groups, 16) fp16. The 16 rows of a tile are the 16 lanes of a vector: each step multiplies
-// 16 rows by one broadcast pair of inputs, and no sum across lanes is needed.
+// tile t holds, for each octet of inputs k = 8j .. 8j + 7, 64 bytes: one little-endian 32-bit word per
+// row i = 0..15 whose nibble at bit 4a + 16b is the code of input 8j + 2a + b; scales and mins are
+// (tiles, groups, 16) fp16. The 16 rows of a tile are the 16 lanes of a vector, and each 16-bit half
+// of a lane one input of a pair: one shift and one logic op turn a word into a bf16 pair, multiplied
+// by a broadcast pair of inputs; no sum across lanes is needed.
 // xb: x rounded to bf16; xsum: the sum of xb over each group (the mins' share)
 static void gemv_int4(const struct Mat *m, const uint16_t *xb, const float *xsum, float *y, int64_t r0, int64_t r1) {
   const uint8_t *codes = (const uint8_t *)m->w;
   const uint16_t *scale = (const uint16_t *)m->scale, *mins = (const uint16_t *)m->min;
-  const int64_t k = m->k, groups = k / m->group, quads = m->group / 4, tile_bytes = 16 * k / 2;
+  const int64_t k = m->k, groups = k / m->group, octets = m->group / 8, tile_bytes = 16 * k / 2;
   for (int64_t t = r0 / 16; t * 16 < r1; t++) {
     const uint8_t *p = codes + t * tile_bytes;
     const uint16_t *st = scale + t * groups * 16, *mt = mins + t * groups * 16;
     // the rows of this tile to store: those in [r0, r1) (a range may start or end inside a tile)
     const int64_t first = r0 > t * 16 ? r0 - t * 16 : 0, end = r1 - t * 16 < 16 ? r1 - t * 16 : 16;
 #if defined(__AVX512BF16__)
-    // bf16 values of the codes 0..15, looked up by code (vpermw): exact, no offset to correct
-    const __m512i table = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x4170, 0x4160, 0x4150,
-                                           0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40E0, 0x40C0, 0x40A0,
-                                           0x4080, 0x4040, 0x4000, 0x3F80, 0x0000);
-    const __m512i low4 = _mm512_set1_epi16(15);
+    // code c becomes the bf16 number 128 + c by setting the exponent bits (c | 0x4300): one logic op,
+    // exact; the 128 * sum(x) it adds to each group's sum comes off with the mins' term below
+    const __m512i low4 = _mm512_set1_epi32(0x000F000F), exponent = _mm512_set1_epi32(0x43004300);
+    const __m512 offset = _mm512_set1_ps(128.0f);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
-      __m512 s0 = _mm512_setzero_ps(), s1 = s0;  // two chains: the products of a quad do not wait on each other
+      __m512 s0 = _mm512_setzero_ps(), s1 = s0;  // two chains: the products of an octet do not wait on each other
       const uint32_t *xp = (const uint32_t *)(xb + g * m->group);  // input pairs (k, k + 1)
-      for (int64_t j = 0; j < quads; j++, p += 32) {
-        if ((j & 1) == 0) _mm_prefetch((const char *)p + AHEAD_TILE_BYTES, _MM_HINT_T0);  // one line per 2 quads
-        __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));
-        __m512i lo = _mm512_permutexvar_epi16(_mm512_and_si512(v, low4), table);  // inputs 4j, 4j + 1
-        __m512i hi = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), table);    // inputs 4j + 2, 4j + 3
-        s0 = _mm512_dpbf16_ps(s0, (__m512bh)lo, (__m512bh)_mm512_set1_epi32((int)xp[2 * j]));
-        s1 = _mm512_dpbf16_ps(s1, (__m512bh)hi, (__m512bh)_mm512_set1_epi32((int)xp[2 * j + 1]));
+      for (int64_t j = 0; j < octets; j++, p += 64, xp += 4) {
+        _mm_prefetch((const char *)p + AHEAD_TILE_BYTES, _MM_HINT_T0);
+        __m512i v = _mm512_loadu_si512(p);  // a dword per row: its 8 inputs, nibble 4a + 16b = input 2a + b
+        __m512i c01 = _mm512_ternarylogic_epi32(v, low4, exponent, 0xEA);  // (v & mask) | 0x4300 per word
+        __m512i c23 = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 4), low4, exponent, 0xEA);
+        __m512i c45 = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 8), low4, exponent, 0xEA);
+        __m512i c67 = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 12), low4, exponent, 0xEA);
+        s0 = _mm512_dpbf16_ps(s0, (__m512bh)c01, (__m512bh)_mm512_set1_epi32((int)xp[0]));
+        s1 = _mm512_dpbf16_ps(s1, (__m512bh)c23, (__m512bh)_mm512_set1_epi32((int)xp[1]));
+        s0 = _mm512_dpbf16_ps(s0, (__m512bh)c45, (__m512bh)_mm512_set1_epi32((int)xp[2]));
+        s1 = _mm512_dpbf16_ps(s1, (__m512bh)c67, (__m512bh)_mm512_set1_epi32((int)xp[3]));
       }
       __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(st + g * 16)));
       __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mt + g * 16)));
       acc = _mm512_fmadd_ps(_mm512_add_ps(s0, s1), d, acc);
-      acc = _mm512_fmadd_ps(mn, _mm512_set1_ps(xsum[g]), acc);
+      acc = _mm512_fmadd_ps(_mm512_fnmadd_ps(offset, d, mn), _mm512_set1_ps(xsum[g]), acc);  // (min - 128 d) sum(x)
     }
     _mm512_mask_storeu_ps(y + t * 16, (__mmask16)(((1u << end) - 1) & ~((1u << first) - 1)), acc);
 #else
     float acc[16] = {0};
     for (int64_t g = 0; g < groups; g++) {
-      float s[16] = {0};
-      for (int64_t j = 0; j < quads; j++, p += 32) {
-        const int64_t kk = g * m->group + 4 * j;
-        const float x0 = bf16_to_f32(xb[kk]), x1 = bf16_to_f32(xb[kk + 1]);
-        const float x2 = bf16_to_f32(xb[kk + 2]), x3 = bf16_to_f32(xb[kk + 3]);
-#pragma omp simd
-        for (int i = 0; i < 16; i++)
-          s[i] += (float)(p[2 * i] & 15) * x0 + (float)(p[2 * i + 1] & 15) * x1 + (float)(p[2 * i] >> 4) * x2 +
-                  (float)(p[2 * i + 1] >> 4) * x3;
+      float sum[16] = {0};
+      for (int64_t j = 0; j < octets; j++, p += 64) {
+        const int64_t k0 = g * m->group + 8 * j;
+        float xs[8];
+        for (int a = 0; a < 8; a++) xs[a] = bf16_to_f32(xb[k0 + a]);
+        for (int i = 0; i < 16; i++) {
+          const uint32_t w = (uint32_t)p[4 * i] | (uint32_t)p[4 * i + 1] << 8 | (uint32_t)p[4 * i + 2] << 16 |
+                             (uint32_t)p[4 * i + 3] << 24;
+          float r = 0;
+          for (int a = 0; a < 4; a++)
+            r += (float)((w >> (4 * a)) & 15) * xs[2 * a] + (float)((w >> (16 + 4 * a)) & 15) * xs[2 * a + 1];
+          sum[i] += r;
+        }
       }
       for (int i = 0; i < 16; i++)
-        acc[i] += s[i] * f16_to_f32(st[g * 16 + i]) + f16_to_f32(mt[g * 16 + i]) * xsum[g];
+        acc[i] += sum[i] * f16_to_f32(st[g * 16 + i]) + f16_to_f32(mt[g * 16 + i]) * xsum[g];
     }
     for (int64_t i = first; i < end; i++) y[t * 16 + i] = acc[i];
 #endif
@@ -419,8 +429,83 @@ static void attend_head_t(const float *q, const T *kc, const T *vc, int64_t n, i
   }
 }
 
+#if defined(__AVX512F__)
+// r[j] = the sum of v[j]'s 16 lanes, for 16 vectors at once (45 shuffles and adds, not 16 full reductions)
+static inline __m512 sum16(const __m512 *v) {
+  __m512 p[8], q[4];
+  for (int i = 0; i < 8; i++)
+    p[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; i++) {
+    __m512d a = _mm512_castps_pd(p[2 * i]), b = _mm512_castps_pd(p[2 * i + 1]);
+    q[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  __m512 c = _mm512_add_ps(_mm512_shuffle_f32x4(q[0], q[1], 0x88), _mm512_shuffle_f32x4(q[0], q[1], 0xDD));
+  __m512 d = _mm512_add_ps(_mm512_shuffle_f32x4(q[2], q[3], 0x88), _mm512_shuffle_f32x4(q[2], q[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x88), _mm512_shuffle_f32x4(c, d, 0xDD));
+}
+
+static inline __m512 load16(const float *p) { return _mm512_loadu_ps(p); }
+static inline __m512 load16(const uint16_t *p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+// attention of one query head with head_dim a multiple of 16: scores 16 positions at a time, the
+// weighted values one 16-wide column block at a time (each cache line of V read once)
+template <typename T>
+static void attend_head_avx512(const float *q, const T *kc, const T *vc, int64_t n, int64_t hd, float *scores,
+                               float *out) {
+  const float scale = 1.0f / sqrtf((float)hd);
+  const int64_t blocks = hd / 16;
+  int64_t t = 0;
+  __m512 mx = _mm512_set1_ps(-INFINITY);
+  for (; t + 16 <= n; t += 16) {
+    __m512 acc[16];
+    for (int j = 0; j < 16; j++) {
+      const T *kr = kc + (t + j) * hd;
+      __m512 a = _mm512_mul_ps(load16(kr), _mm512_loadu_ps(q));
+      for (int64_t b = 1; b < blocks; b++) a = _mm512_fmadd_ps(load16(kr + 16 * b), _mm512_loadu_ps(q + 16 * b), a);
+      acc[j] = a;
+    }
+    __m512 s = _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale));
+    _mm512_storeu_ps(scores + t, s);
+    mx = _mm512_max_ps(mx, s);
+  }
+  float m = _mm512_reduce_max_ps(mx);
+  for (; t < n; t++) {
+    const T *kr = kc + t * hd;
+    __m512 a = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; b++) a = _mm512_fmadd_ps(load16(kr + 16 * b), _mm512_loadu_ps(q + 16 * b), a);
+    scores[t] = _mm512_reduce_add_ps(a) * scale;
+    m = scores[t] > m ? scores[t] : m;
+  }
+  exp_shifted(scores, n, m);
+  float total = 0;
+  for (int64_t i = 0; i < n; i++) total += scores[i];
+  const __m512 inv = _mm512_set1_ps(1.0f / total);
+  for (int64_t b = 0; b < blocks; b++) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0;  // two chains over the positions
+    int64_t i = 0;
+    for (; i + 2 <= n; i += 2) {
+      a0 = _mm512_fmadd_ps(_mm512_set1_ps(scores[i]), load16(vc + i * hd + 16 * b), a0);
+      a1 = _mm512_fmadd_ps(_mm512_set1_ps(scores[i + 1]), load16(vc + (i + 1) * hd + 16 * b), a1);
+    }
+    if (i < n) a0 = _mm512_fmadd_ps(_mm512_set1_ps(scores[i]), load16(vc + i * hd + 16 * b), a0);
+    _mm512_storeu_ps(out + 16 * b, _mm512_mul_ps(_mm512_add_ps(a0, a1), inv));
+  }
+}
+#endif
+
 static void attend_head(const float *q, const void *kc, const void *vc, int64_t n, int64_t hd, int64_t act,
                         float *scores, float *out) {
+#if defined(__AVX512F__)
+  if (hd % 16 == 0) {
+    if (act == BF16)
+      attend_head_avx512(q, (const uint16_t *)kc, (const uint16_t *)vc, n, hd, scores, out);
+    else
+      attend_head_avx512(q, (const float *)kc, (const float *)vc, n, hd, scores, out);
+    return;
+  }
+#endif
   if (act == BF16)
     attend_head_t(q, (const uint16_t *)kc, (const uint16_t *)vc, n, hd, scores, out);
   else
@@ -556,5 +641,21 @@ extern "C" void membound_decode_step(const struct Model *md, int64_t token, int6
 #if defined(__x86_64__)
     _mm_setcsr(csr);
 #endif
+  }
+}
+
+// y = W x for one matrix, its rows split over the threads (the step's own products, for the tests
+// and for a single product outside a step); x: (k) fp32, y: (n) fp32
+extern "C" void membound_gemv(const struct Mat *m, const float *x, float *y, int64_t threads) {
+#pragma omp parallel num_threads(threads)
+  {
+    thread_local std::vector<uint16_t> xb;
+    thread_local std::vector<float> xsum;
+    xb.resize(m->k), xsum.resize(m->k / 8 + 1);
+    struct Input in = {x, xb.data(), xsum.data()};
+    int64_t r0, r1;
+    prepare(&in, m, m->k);
+    my_rows(m->n, 16, &r0, &r1);
+    gemv(m, &in, y, r0, r1);
   }
 }

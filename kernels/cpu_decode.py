@@ -70,6 +70,8 @@ def load(flags: tuple[str, ...] | None = None) -> ctypes.CDLL:
                                                  ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
             lib.membound_decode_step.restype = None
             lib.membound_profile_phases.restype = ctypes.c_int64
+            lib.membound_gemv.argtypes = [ctypes.POINTER(Mat), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+            lib.membound_gemv.restype = None
             _LOADED[flags] = lib
         return lib
 

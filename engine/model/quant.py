@@ -206,7 +206,7 @@ class Int4Linear(nn.Module):
     def cpu_matrix(self) -> tuple | None:
         """The codes and fp16 scales and mins in the C++ step's tiles of 16 rows (kernels/cpu_decode.cpp
         gemv_int4), for the CPU decode step (engine/model/cpu_step.py)."""
-        if self.backend != "cpu" or self.in_features % 4 or self.group_size % 4:
+        if self.backend != "cpu" or self.in_features % 8 or self.group_size % 8:
             return None
         if getattr(self, "cpu_tiles", None) is None:
             self._make_cpu_tiles()
@@ -216,11 +216,12 @@ class Int4Linear(nn.Module):
     def _make_cpu_tiles(self) -> None:
         n, k, g = self.out_features, self.in_features, self.group_size
         tiles = -(-n // 16)
-        codes = F.pad(unpack_int4(self.packed), (0, 0, 0, 16 * tiles - n))  # (16T, K), zero rows added
-        quads = codes.view(tiles, 16, k // 4, 4).permute(0, 2, 1, 3)  # (T, K/4, 16 rows, 4 inputs)
-        # byte 2i: inputs 4j (low) and 4j + 2 (high); byte 2i + 1: inputs 4j + 1 and 4j + 3
-        packed = quads[..., :2] | (quads[..., 2:] << 4)  # (T, K/4, 16, 2)
-        self.register_buffer("cpu_tiles", packed.contiguous().view(tiles, -1), persistent=False)
+        codes = F.pad(unpack_int4(self.packed), (0, 0, 0, 16 * tiles - n)).long()  # (16T, K), zero rows added
+        octets = codes.view(tiles, 16, k // 8, 4, 2).permute(0, 2, 1, 3, 4)  # (T, K/8, 16 rows, a, b): input 2a + b
+        shifts = 4 * torch.arange(4)[:, None] + 16 * torch.arange(2)[None, :]  # nibble at bit 4a + 16b
+        words = (octets << shifts).sum(dim=(-2, -1))  # (T, K/8, 16): the bits do not overlap
+        self.register_buffer("cpu_tiles", words.to(torch.int32).contiguous().view(torch.uint8).view(tiles, -1),
+                             persistent=False)
 
         def per_tile(t: torch.Tensor) -> torch.Tensor:  # (N, K/g) -> (T, K/g, 16)
             return F.pad(t, (0, 0, 0, 16 * tiles - n)).view(tiles, 16, k // g).transpose(1, 2).contiguous()
