@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also run transformers' generate on the same model (hf), or llama.cpp's llama-server on "
                             "the same GGUF with the same threads, interleaved with ours (llamacpp; `make peers` builds it)")
     bench.add_argument("--json", metavar="FILE", help="write the figures as JSON")
+    bench.add_argument("--profile", action="store_true",
+                       help="(cpu) where one decode step's time goes, per setting: the C++ step's phases with "
+                            "their bytes at peak vs the time taken, and PyTorch's biggest operators")
     bench.add_argument("--no-kv-cache", action="store_true")
     bench.add_argument("--weights", choices=["fp", "int8", "int4"], default="fp",
                        help="weight storage: the dtype itself, int8 per channel, int4 group-wise (default fp)")

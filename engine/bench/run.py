@@ -255,7 +255,8 @@ def run_bench(args, progress) -> int:
           f"greedy, {settings.label.replace(' · kv', ', KV cache')}")
     print(format_table(results))
     print(path_line(paths))
-    report.finish(results=[asdict(r) for r in results], paths=paths, clocks=clocks,
+    profiles = _profiles(engine, {settings.label: settings}, prompt_ids, args, progress)
+    report.finish(results=[asdict(r) for r in results], paths=paths, clocks=clocks, profile=profiles,
                   seconds={"load": load_s, "warmup": warmup_s, "timed": timed_s},
                   steps=[s.to_dict() for s in steps])
     return 0
@@ -297,14 +298,31 @@ def _print_weight_sweep(engine, settings, prompt_ids: list[int], args, progress,
               f"{n} tokens predicted")
     for label in variants:
         print(f"{label} {path_line(paths[label])}")
+    profiles = _profiles(engine, variants, prompt_ids, args, progress)
     if gguf is not None:
         int4 = ordered[len(variants) - 1]
         print(f"llama.cpp: {gguf.name}, {torch.get_num_threads()} threads, its own timings; "
               f"{int4.name} / llama.cpp decode tok/s: {int4.decode_tokens_per_s / ordered[-1].decode_tokens_per_s:.2f}x")
-    report.finish(results=[asdict(r) for r in ordered], paths=paths, clocks=clocks,
+    report.finish(results=[asdict(r) for r in ordered], paths=paths, clocks=clocks, profile=profiles,
                   quality={label: asdict(q) for label, q in quality.items()},
                   steps={label: [s.to_dict() for s in run_steps] for label, run_steps in steps.items()})
     return 0
+
+
+def _profiles(engine, variants: dict, prompt_ids: list[int], args, progress) -> dict:
+    """--profile: each setting's decode step profiled and printed (engine/bench/profile.py)."""
+    if not getattr(args, "profile", False):
+        return {}
+    if engine.device != "cpu":
+        print("profile: the C++ step's profile is for a CPU (on a GPU: nsys or torch.profiler)")
+        return {}
+    from engine.bench.profile import format_profile, profile_step
+    found = {}
+    for label, s in variants.items():
+        progress(0.0, f"profiling a decode step of {label}")
+        found[label] = profile_step(engine, s, prompt_ids)
+        print(format_profile(label, found[label], engine.hardware.peak_bandwidth_gbs))
+    return found
 
 
 # ---- --compare llamacpp -----------------------------------------------------------------------
@@ -378,9 +396,10 @@ def _run_against_llamacpp(engine, gguf, settings, prompt_ids: list[int], args, p
           f"({find_server()}) on {gguf.name}, fp16 KV cache")
     print(format_table([ours, theirs]))
     print(path_line(paths))
+    profiles = _profiles(engine, {settings.label: settings}, prompt_ids, args, progress)
     print("llama.cpp's times are its server's own (prompt_ms, predicted_ms); its bytes are the cost model's for "
           "what it reads: the GGUF's tensors as stored")
-    report.finish(results=[asdict(ours), asdict(theirs)], paths=paths, runs=runs, threads=threads,
+    report.finish(results=[asdict(ours), asdict(theirs)], paths=paths, runs=runs, threads=threads, profile=profiles,
                   llamacpp={"server": str(find_server()), "model": str(gguf), "weight_bytes": weight_bytes},
                   seconds={"load": load_s, "warmup": warmup_s}, steps=[s.to_dict() for s in steps])
     return 0
