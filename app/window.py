@@ -308,7 +308,7 @@ class MainWindow(QMainWindow):
 
         if self.loading:
             return
-        dialog = ModelPicker(self.model_spec, self)
+        dialog = ModelPicker(self.model_spec, self, hardware=self.hardware)
         if not dialog.exec():
             return
         spec = dialog.spec()
