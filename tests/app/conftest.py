@@ -24,7 +24,7 @@ TINY = ModelConfig(name="tiny", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn
 @pytest.fixture(scope="session")
 def tiny_model() -> LoadedWeights:
     return LoadedWeights(TINY, synthetic_weights(TINY, torch.float32, "cpu"), ByteTokenizer(TINY.vocab_size),
-                         "synthetic", "tiny (random weights)", "fp32")
+                         "synthetic", "tiny (random weights → fp32)", "fp32")
 
 
 @pytest.fixture
