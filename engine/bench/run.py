@@ -13,7 +13,8 @@ import torch
 
 from engine.bench.prompts import bench_prompt_ids
 from engine.bench.record import JsonReport, device_clocks
-from engine.bench.single import BenchResult, path_line, run_ours, timed_run, warm_up  # run_ours: app/gui_bench.py
+# run_ours: for app/gui_bench.py
+from engine.bench.single import BenchResult, path_line, reprobe_peak, run_ours, timed_run, warm_up
 from engine.bench.tables import rows_of, side_by_side
 
 __all__ = ["BenchResult", "format_sweep", "format_table", "run_bench", "run_hf", "run_ours", "run_weight_sweep"]
@@ -251,9 +252,12 @@ def run_bench(args, progress) -> int:
     results = [best]
     if args.compare == "hf":
         results.append(run_hf(engine, prompt_ids, args.decode_tokens, steps, progress))
+    results, peak_line = reprobe_peak(engine, results)
     print(f"\nworkload: batch 1, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens} tokens, "
           f"greedy, {settings.label.replace(' · kv', ', KV cache')}")
     print(format_table(results))
+    if peak_line:
+        print(peak_line)
     print(path_line(paths))
     profiles = _profiles(engine, {settings.label: settings}, prompt_ids, args, progress)
     report.finish(results=[asdict(r) for r in results], paths=paths, clocks=clocks, profile=profiles,
@@ -285,6 +289,7 @@ def _print_weight_sweep(engine, settings, prompt_ids: list[int], args, progress,
                                                           args.repeats, args.eval_tokens, progress, report, peer)
     clocks = {"before_timed": clocks_before, "after_timed": device_clocks(engine.hardware)}
     ordered = [results[label] for label in variants] + [r for label, r in results.items() if label not in variants]
+    ordered, peak_line = reprobe_peak(engine, ordered)
     activations = "fp32 and bf16 weights, then bf16" if precision else settings.dtype
     print(f"\nworkload: batch 1, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens} tokens, greedy, "
           f"{torch.get_num_threads()} threads, {activations} activations, KV cache "
@@ -292,6 +297,8 @@ def _print_weight_sweep(engine, settings, prompt_ids: list[int], args, progress,
           "the head is int8 in both (engine/model/quant.py)")
     print(format_sweep(ordered, quality, chain=precision, quality_base="bf16" if precision else None,
                        peers=len(ordered) - len(variants)))
+    if peak_line:
+        print(peak_line)
     if quality:
         n = next(iter(quality.values())).n_tokens
         print(f"quality text: {text_description(evaluation_ids(engine.tokenizer, args.eval_tokens))}, "
@@ -391,10 +398,13 @@ def _run_against_llamacpp(engine, gguf, settings, prompt_ids: list[int], args, p
             report.update(runs=runs)
     progress(1.0, "done")
     ours = replace(ours, name=f"membound {settings.weights if settings.weights != 'fp' else settings.dtype}")
+    (ours, theirs), peak_line = reprobe_peak(engine, [ours, theirs])
     print(f"\nworkload: batch 1, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens} tokens, greedy, "
           f"{threads} threads; membound {settings.label.replace(' · kv', ', KV cache')}; llama.cpp "
           f"({find_server()}) on {gguf.name}, fp16 KV cache")
     print(format_table([ours, theirs]))
+    if peak_line:
+        print(peak_line)
     print(path_line(paths))
     profiles = _profiles(engine, {settings.label: settings}, prompt_ids, args, progress)
     print("llama.cpp's times are its server's own (prompt_ms, predicted_ms); its bytes are the cost model's for "

@@ -194,3 +194,34 @@ def test_without_a_compiler_the_pytorch_step_runs_and_says_why(monkeypatch, tmp_
     with torch.inference_mode():
         assert cpu_step.decode_step(model, torch.tensor([[5]]), 0, cache) is None
         assert model(torch.tensor([[5]]), 0, cache).shape == (1, 1, GQA.vocab_size)  # PyTorch's step
+
+
+def test_a_failed_build_is_one_line_and_the_engine_decodes_in_pytorch(monkeypatch, tmp_path):
+    """A compiler that fails (an old g++, a missing header): the check's note is one line, no
+    traceback, and the engine's steps run in PyTorch."""
+    from engine.kernel_checks import check_kernels
+    from tests.engine.test_engine import make_engine
+    broken = tmp_path / "g++"
+    broken.write_text("#!/bin/sh\n[ \"$1\" = --version ] && { echo 'g++ 0.0'; exit 0; }\n"
+                      "echo 'In file included from cpu_decode.cpp:1:' >&2\n"
+                      "echo 'cpu_decode.cpp:9:10: fatal error: omp.h: No such file or directory' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("CXX", str(broken))
+    monkeypatch.setattr(cpu_decode, "FLAGS", cpu_decode.FLAGS + ("-DNEVER_BUILT",))
+    monkeypatch.setattr(cpu_decode, "_LOADED", {})
+    monkeypatch.setattr(cpu_step, "_unavailable", None)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    reason = cpu_step.unavailable_reason()
+    assert reason == f"{broken} could not build kernels/cpu_decode.cpp: " \
+                     "cpu_decode.cpp:9:10: fatal error: omp.h: No such file or directory"
+    engine = make_engine()
+    notes = check_kernels(engine)
+    assert list(notes) == ["attention=flash", "kv_layout=contiguous"]
+    assert all("\n" not in note and "could not build" in note and note.endswith("— using PyTorch's step")
+               for note in notes.values())
+    from engine import dispatch
+    before = dispatch.counts()
+    steps = [e for e in engine.generate(engine.tokenizer.encode("hello"), max_new_tokens=3)
+             if type(e).__name__ == "StepMetrics"]
+    assert len(steps) == 3 and cpu_step.STEP_LABEL not in dispatch.since(before).get("decode step", {})
+    assert not list((tmp_path / "cache").rglob("*.so"))  # nothing half-built left in the cache
