@@ -12,6 +12,14 @@ from engine.protocol import default_dtype
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, PermissionError, MemoryError)
 
 
+def _cpu_step_note(engine) -> None:
+    """On a CPU, one line when the C++ decode step could not be built (the reason); nothing otherwise."""
+    if engine.device == "cpu":
+        from engine.model.cpu_step import fallback_line
+        if line := fallback_line():
+            print(line, file=sys.stderr)
+
+
 def _progress_printer(stream=sys.stderr):
     last = {"msg": ""}
 
@@ -181,6 +189,7 @@ def run_chat(args) -> int:
     engine = Engine(args.model, device=args.device, dtype=dtype, max_context=args.max_context,
                     progress=progress, settings=settings)
     print(f"membound · {engine.loaded.label} · {describe(engine.hardware)}", file=sys.stderr)
+    _cpu_step_note(engine)
 
     def turn(text: str) -> None:
         metrics = []

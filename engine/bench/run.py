@@ -226,6 +226,10 @@ def run_bench(args, progress) -> int:
         raise ValueError(f"workload needs {need} positions; the model's context is {engine.max_context}")
     print(f"model: {engine.loaded.label}", file=sys.stderr)
     print(f"device: {describe(engine.hardware)}", file=sys.stderr)
+    if engine.device == "cpu":
+        from engine.model.cpu_step import fallback_line
+        if line := fallback_line():
+            print(line, file=sys.stderr)
     report = JsonReport(args.json, model=engine.loaded.label, device=engine.hardware.to_dict(), dtype=dtype,
                         workload={"prompt_tokens": args.prompt_tokens, "decode_tokens": args.decode_tokens,
                                   "repeats": args.repeats, "settings": settings.label},

@@ -55,6 +55,12 @@ def unavailable_reason() -> str:
         return _unavailable or kernel_registry.reason("cpu_step")
 
 
+def fallback_line() -> str:
+    """One line for a terminal when the C++ step cannot run in this process ("" when it can)."""
+    why = unavailable_reason()
+    return f"membound: the C++ CPU decode step is off ({why}): PyTorch's step decodes" if why else ""
+
+
 def refusal(model, tokens: torch.Tensor, cache, attention: str) -> str:
     """Why this step cannot run in C++ ("" when it can); cheap enough to ask every step."""
     if tokens.device.type != "cpu" or tokens.shape != (1, 1):

@@ -196,7 +196,7 @@ def test_without_a_compiler_the_pytorch_step_runs_and_says_why(monkeypatch, tmp_
         assert model(torch.tensor([[5]]), 0, cache).shape == (1, 1, GQA.vocab_size)  # PyTorch's step
 
 
-def test_a_failed_build_is_one_line_and_the_engine_decodes_in_pytorch(monkeypatch, tmp_path):
+def test_a_failed_build_is_one_line_and_the_engine_decodes_in_pytorch(monkeypatch, tmp_path, capsys):
     """A compiler that fails (an old g++, a missing header): the check's note is one line, no
     traceback, and the engine's steps run in PyTorch."""
     from engine.kernel_checks import check_kernels
@@ -225,3 +225,8 @@ def test_a_failed_build_is_one_line_and_the_engine_decodes_in_pytorch(monkeypatc
              if type(e).__name__ == "StepMetrics"]
     assert len(steps) == 3 and cpu_step.STEP_LABEL not in dispatch.since(before).get("decode step", {})
     assert not list((tmp_path / "cache").rglob("*.so"))  # nothing half-built left in the cache
+    from tests.engine.test_cli import run_cli
+    code, out, err = run_cli(capsys, "chat", "--prompt", "hi", "--greedy", "--max-tokens", "2", "--max-context", "64")
+    assert code == 0 and out.strip() and "Traceback" not in err
+    assert [line for line in err.splitlines() if "C++" in line] == \
+        [f"membound: the C++ CPU decode step is off ({reason}): PyTorch's step decodes"]
