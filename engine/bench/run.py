@@ -264,7 +264,8 @@ def run_bench(args, progress) -> int:
         print(peak_line)
     print(path_line(paths))
     profiles = _profiles(engine, {settings.label: settings}, prompt_ids, args, progress)
-    report.finish(results=[asdict(r) for r in results], paths=paths, clocks=clocks, profile=profiles,
+    report.finish(peak=peak_line, peak_bandwidth_gbs=engine.hardware.peak_bandwidth_gbs,
+                  results=[asdict(r) for r in results], paths=paths, clocks=clocks, profile=profiles,
                   seconds={"load": load_s, "warmup": warmup_s, "timed": timed_s},
                   steps=[s.to_dict() for s in steps])
     return 0
@@ -312,9 +313,11 @@ def _print_weight_sweep(engine, settings, prompt_ids: list[int], args, progress,
     profiles = _profiles(engine, variants, prompt_ids, args, progress)
     if gguf is not None:
         int4 = ordered[len(variants) - 1]
+        ratio = int4.decode_tokens_per_s / ordered[-1].decode_tokens_per_s
         print(f"llama.cpp: {gguf.name}, {torch.get_num_threads()} threads, its own timings; "
-              f"{int4.name} / llama.cpp decode tok/s: {int4.decode_tokens_per_s / ordered[-1].decode_tokens_per_s:.2f}x")
-    report.finish(results=[asdict(r) for r in ordered], paths=paths, clocks=clocks, profile=profiles,
+              f"{int4.name} / llama.cpp decode tok/s: {ratio:.2f}x")
+    report.finish(peak=peak_line, peak_bandwidth_gbs=engine.hardware.peak_bandwidth_gbs,
+                  results=[asdict(r) for r in ordered], paths=paths, clocks=clocks, profile=profiles,
                   quality={label: asdict(q) for label, q in quality.items()},
                   steps={label: [s.to_dict() for s in run_steps] for label, run_steps in steps.items()})
     return 0
@@ -413,7 +416,8 @@ def _run_against_llamacpp(engine, gguf, settings, prompt_ids: list[int], args, p
     profiles = _profiles(engine, {settings.label: settings}, prompt_ids, args, progress)
     print("llama.cpp's times are its server's own (prompt_ms, predicted_ms); its bytes are the cost model's for "
           "what it reads: the GGUF's tensors as stored")
-    report.finish(results=[asdict(ours), asdict(theirs)], paths=paths, runs=runs, threads=threads, profile=profiles,
+    report.finish(peak=peak_line, peak_bandwidth_gbs=engine.hardware.peak_bandwidth_gbs,
+                  results=[asdict(ours), asdict(theirs)], paths=paths, runs=runs, threads=threads, profile=profiles,
                   llamacpp={"server": str(find_server()), "model": str(gguf), "weight_bytes": weight_bytes},
                   seconds={"load": load_s, "warmup": warmup_s}, steps=[s.to_dict() for s in steps])
     return 0

@@ -25,8 +25,9 @@ QWEN = ModelConfig(name="qwen", dim=96, n_layers=2, n_heads=6, n_kv_heads=2, hea
                    vocab_size=203, qkv_bias=True, qk_norm=True, max_seq_len=64, rope_theta=1e6)
 # fp32: the largest error allowed against PyTorch's step, relative to the largest |logit| (the sums
 # run in another order; INT4's, offset by 128 per code, carry ~5e-6 of error per product, which
-# these sharp random models amplify: test_each_product_matches_its_reference holds it tighter). bf16 rounds at other points than PyTorch's ops do, so both bf16 steps are
-# held to the fp32 step of the same weights: the C++ one may be off by at most 1.5x PyTorch's error.
+# these sharp random models amplify: test_each_product_matches_its_reference holds it tighter). bf16
+# rounds at other points than PyTorch's ops do, so both bf16 steps are held to the fp32 step of the
+# same weights: the C++ one may be off by at most 1.5x PyTorch's error.
 TOLERANCE = {("fp32", "fp"): 1e-4, ("fp32", "int8"): 1e-4, ("fp32", "int4"): 5e-3, ("bf16", "fp"): 1.5,
              ("bf16", "int8"): 1.5, ("bf16", "int4"): 1.5}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
