@@ -227,7 +227,7 @@ def check_cpu_step(engine) -> str | None:
         want = model(token, start_pos=GRAPH_PROMPT, cache=cache)
     if got is None:
         return "the C++ step did not run"
-    return mismatch(got, want, GRAPH_TOLERANCE)
+    return mismatch(got, want, GRAPH_TOLERANCE, model.dtype)  # fp32 logits of a model that computes in its dtype
 
 
 def _fp_weight(engine) -> torch.Tensor:
@@ -264,9 +264,10 @@ CHECKS = (
 
 
 # ---- helpers --------------------------------------------------------------------------------
-def mismatch(got: torch.Tensor, want: torch.Tensor, tolerance: dict = TOLERANCE) -> str:
-    """"" when `got` is within the dtype's tolerance of `want`, relative to want's largest |value|;
-    else what is wrong, in a few words."""
+def mismatch(got: torch.Tensor, want: torch.Tensor, tolerance: dict = TOLERANCE,
+             dtype: torch.dtype | None = None) -> str:
+    """"" when `got` is within the tolerance of `dtype` (default want's) of `want`, relative to
+    want's largest |value|; else what is wrong, in a few words."""
     if got.shape != want.shape or got.dtype != want.dtype:
         return f"returned {got.dtype} {tuple(got.shape)}, expected {want.dtype} {tuple(want.shape)}"
     got32, want32 = got.float(), want.float()
@@ -274,7 +275,7 @@ def mismatch(got: torch.Tensor, want: torch.Tensor, tolerance: dict = TOLERANCE)
         return "returned non-finite values"
     scale = want32.abs().max().clamp(min=1e-6)
     worst = ((got32 - want32).abs().max() / scale).item()
-    allowed = tolerance[want.dtype]
+    allowed = tolerance[dtype or want.dtype]
     if not worst <= allowed:
         return f"max error {worst:.2g} of the largest output, allowed {allowed:g}"
     return ""

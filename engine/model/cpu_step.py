@@ -5,11 +5,13 @@ the logits, or None where it does not apply (the caller runs the PyTorch step, i
 It applies to one sequence, one new token, the contiguous cache, fused attention, fp32 or bf16
 activations, and models whose every matmul module can describe itself (`cpu_matrix()`); the
 reason it does not is kept (`unavailable_reason`). It reads what the PyTorch step reads: each
-weight once at its stored precision, the cache's live positions; no dequantised copy is made."""
+weight once at its stored precision, the cache's live positions; no dequantised copy is made.
+MEMBOUND_CPU_STEP=0 in the environment switches it off (PyTorch's step then runs every step)."""
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import threading
 import weakref
 
@@ -45,6 +47,8 @@ def unavailable_reason() -> str:
     """"" when the C++ step can run here; else why not (built on first call, seconds)."""
     global _unavailable
     with _lock:
+        if _unavailable is None and os.environ.get("MEMBOUND_CPU_STEP", "1") == "0":
+            _unavailable = "switched off by MEMBOUND_CPU_STEP=0"
         if _unavailable is None:
             try:
                 from kernels.cpu_decode import load

@@ -178,3 +178,14 @@ def test_a_cpu_step_that_disagrees_with_pytorch_is_switched_off_and_pytorch_deco
     ids = engine.tokenizer.encode("hello")
     steps = [e for e in engine.generate(ids, max_new_tokens=3) if type(e).__name__ == "StepMetrics"]
     assert len(steps) == 3 and cpu_step.unavailable_reason().startswith("max error")
+
+
+def test_the_cpu_step_passes_its_check_on_the_default_model_in_bf16():
+    """bf16 rounds at other points in C++ than in PyTorch's ops: held to the bf16 bound, not fp32's
+    (the fp32 logits of a bf16 model once failed it, and the app loaded in bf16 never ran C++)."""
+    from engine.engine import Engine
+    from engine.settings import Settings
+    engine = Engine("default", device="cpu", dtype="bf16", max_context=64, hardware=fake_cpu(),
+                    settings=Settings(dtype="bf16"))
+    results = {r.kernel: r for r in run_checks(engine)}
+    assert results["cpu_step"].ran and results["cpu_step"].problem == "" and registry.enabled("cpu_step")

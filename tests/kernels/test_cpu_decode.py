@@ -231,3 +231,13 @@ def test_a_failed_build_is_one_line_and_the_engine_decodes_in_pytorch(monkeypatc
     assert code == 0 and out.strip() and "Traceback" not in err
     assert [line for line in err.splitlines() if "C++" in line] == \
         [f"membound: the C++ CPU decode step is off ({reason}): PyTorch's step decodes"]
+
+
+def test_the_environment_can_switch_the_cpp_step_off(monkeypatch):
+    monkeypatch.setenv("MEMBOUND_CPU_STEP", "0")
+    monkeypatch.setattr(cpu_step, "_unavailable", None)
+    assert cpu_step.unavailable_reason() == "switched off by MEMBOUND_CPU_STEP=0"
+    model = model_of(GQA, "fp32", "fp")
+    cache = ContiguousKVCache(GQA, 1, GQA.max_seq_len, torch.float32, "cpu")
+    with torch.inference_mode():
+        assert cpu_step.decode_step(model, torch.tensor([[5]]), 0, cache) is None
