@@ -16,6 +16,7 @@ class GraphDecoder:
     def __init__(self, device: str):
         self.device = device
         self._steps: dict = {}  # (id(model), id(cache)) -> compiled step; one at a time
+        self.kind = "CUDA graph" if device.startswith("cuda") else ""  # what a captured step is here
         self.unavailable = "" if device.startswith("cuda") else "not on a GPU"  # why graphs do not run
         self.replays = 0  # decode steps that ran from a graph
 
