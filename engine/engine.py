@@ -539,7 +539,8 @@ class Engine:
     def _oracle(self, reply: "_Reply") -> Oracle:
         """The target's greedy reply from where `reply` stands, decoded before it goes on (untimed)."""
         budget = reply.budget - reply.n_new
-        reference = greedy_reference(self.model, reply.ids, budget, reply.eos, self.settings.attention)
+        reference = greedy_reference(self.model, reply.ids, budget, reply.eos, self.settings.attention,
+                                     self.settings.kv_cache)
         return Oracle(reference, len(reply.ids))
 
     def _submit_person(self, reply: "_Reply", gen) -> Request:

@@ -117,21 +117,25 @@ class Oracle:
 
 @torch.inference_mode()
 def greedy_reference(model: Transformer, prompt_ids: list[int], max_new_tokens: int, eos: frozenset,
-                     attention: str = "flash") -> list[int]:
-    """The prompt and the target's greedy reply to it (up to EOS or max_new_tokens), decoded on a
-    private cache the size of the reply: the oracle's guesses."""
+                     attention: str = "flash", kv_cache: bool = True) -> list[int]:
+    """The prompt and the target's greedy reply to it (up to EOS or max_new_tokens), decoded as the
+    reply's own steps will run (on a private cache the size of the reply, or recomputing the context
+    when the KV cache is off): the oracle's guesses."""
     ids = list(prompt_ids)
     length = min(len(ids) + max_new_tokens + 1, model.cfg.max_seq_len)
-    cache = ContiguousKVCache(model.cfg, 1, length, model.dtype, model.device)
-    feed, start = ids, 0
+    cache = ContiguousKVCache(model.cfg, 1, length, model.dtype, model.device) if kv_cache else None
+    feed, start = list(ids), 0
     while len(ids) - len(prompt_ids) < max_new_tokens and len(ids) < length:
         tokens = torch.tensor([feed], dtype=torch.long, device=model.device)
         token = int(model(tokens, start_pos=start, cache=cache, attention=attention)[0, -1].argmax())
-        start += len(feed)
         ids.append(token)
-        feed = [token]
         if token in eos:
             break
+        if kv_cache:
+            start += len(feed)
+            feed = [token]
+        else:
+            feed = list(ids)
     return ids
 
 
