@@ -64,7 +64,8 @@ class Linear(nn.Module):
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // x.shape[-1]
-    if x.device.type == "cpu" and weight.dtype == torch.float32 and rows <= CPU_GEMV_MAX_ROWS:
+    if x.device.type == "cpu" and weight.dtype == torch.float32 and rows <= CPU_GEMV_MAX_ROWS \
+            and not torch.compiler.is_compiling():  # (a compiled step leaves the matmul to inductor)
         chunks = cpu_gemv_chunks()
         n, k = weight.shape
         if chunks > 1 and n % chunks == 0:
