@@ -100,3 +100,39 @@ def test_interactive_chat_keeps_going_after_a_bad_prompt(capsys, monkeypatch):
     assert "(new conversation)" in err
     assert err.count("TTFT") == 2  # two replies
     assert "prompt tokens cached" not in err  # each the first turn of its conversation
+
+
+def test_chat_speculates_and_says_how_many_guesses_landed(capsys):
+    code, out, err = run_cli(capsys, "chat", "--prompt", "Repeat exactly: red green blue, red green blue.",
+                             "--greedy", "--max-tokens", "12", "--max-context", "512", "--speculate", "ngram",
+                             "--draft-tokens", "3")
+    assert code == 0 and out.strip()
+    assert "spec prompt lookup k3:" in err and "of guesses accepted" in err
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--speculate", "magic"], "--speculate takes"),
+    (["--speculate", "ngram:x"], "--speculate takes"),
+    (["--draft-tokens", "9"], "draft tokens"),
+    (["--speculate", "draft:" + "/nowhere/model.gguf"], "not found"),
+])
+def test_bad_speculation_is_one_line(capsys, args, needle):
+    code, _, err = run_cli(capsys, "chat", "--prompt", "hi", "--max-context", "256", *args)
+    assert_one_line_error(code, err, needle)
+
+
+def test_bench_sweep_speculative_writes_its_results(capsys, tmp_path):
+    path = tmp_path / "s.json"
+    code, out, err = run_cli(capsys, "bench", "--sweep", "speculative", "--model", "synthetic:smollm2-135m",
+                             "--prompts", "1", "--decode-tokens", "4", "--draft-lengths", "2", "--sources",
+                             "oracle", "--max-context", "512", "--json", str(path))
+    assert code == 0, err
+    assert "oracle*" in out and "upper bound" in out and "vs k = 0" in out
+    results = json.loads(path.read_text())["results"]
+    assert {(r["source"], r["k"], r["sampling"]) for r in results} == {
+        (s, k, m) for s, k in (("none", 0), ("oracle", 2)) for m in ("greedy", "sampled")}
+    for r in results:
+        assert {"decode_tokens_per_s", "acceptance_rate", "mean_accepted"} <= r.keys()
+        assert r["decode_tokens_per_s"] > 0
+    oracle = next(r for r in results if r["source"] == "oracle" and r["sampling"] == "greedy")
+    assert oracle["acceptance_rate"] == 1.0 and oracle["mean_accepted"] == 2.0

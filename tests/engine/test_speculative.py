@@ -289,3 +289,27 @@ def test_prompt_lookup_copies_what_followed_the_latest_match():
     assert lookup([1, 2, 3], 4) == []  # nothing repeats
     assert lookup([4, 4, 4], 4) == [4]  # the match runs into the end
     assert PromptLookup().propose(ids, 2, GREEDY.sampling).tokens == [5, 6]
+
+
+def test_settings_describe_speculation_and_the_oracle_says_it_is_the_upper_bound():
+    from engine.settings import describe_change
+    on = replace(GREEDY, speculate="draft", draft_tokens=6, draft_model="default", draft_weights="int8")
+    assert on.label.endswith(" · spec draft default int8 k6")
+    assert "upper bound" in replace(GREEDY, speculate="oracle").label
+    assert describe_change(GREEDY, on) == ("speculation draft default int8 k6",)
+    assert describe_change(on, replace(on, draft_tokens=2)) == ("speculation draft default int8 k2",)
+    assert describe_change(on, GREEDY) == ("speculation off",)
+    assert describe_change(GREEDY, replace(GREEDY, cuda_graphs=False)) == ("decode eager",)
+
+
+def test_a_cpu_engine_runs_eager_and_its_capabilities_say_why():
+    eng = make_engine(replace(GREEDY, cuda_graphs=True))
+    assert eng.settings.cuda_graphs is False  # what runs: no front end shows a capture that is not there
+    caps = eng.capabilities()
+    assert caps.captured_step == "" and "compiled decode step measured slower" in caps.captured_refusal
+    assert "no captured decode step here" in caps.refusal(replace(GREEDY, cuda_graphs=True))
+    assert caps.refusal(replace(GREEDY, cuda_graphs=False)) == ""
+    eng.apply(replace(GREEDY, cuda_graphs=True, max_new_tokens=5))  # a script's default: runs eager
+    assert eng.take_settings()[0].settings.cuda_graphs is False
+    _, steps, _ = tokens_of(eng)
+    assert not any(s.captured for s in steps)
