@@ -14,7 +14,7 @@ endif
 TORCH_INDEX ?=
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: run test bench setup clean chat screenshot
+.PHONY: run test bench setup clean chat screenshot peers
 
 setup: $(STAMP)
 
@@ -33,8 +33,13 @@ run: $(STAMP)
 chat: $(STAMP)
 	$(BIN)/membound chat
 
-test: $(STAMP)
+test: $(STAMP) peers
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q
+
+# llama.cpp's llama-server (CPU), built once per machine into ~/.cache/membound/ from the llama.cpp
+# source vendored in the llama-cpp-python sdist: the attach tests serve the default model with it
+peers: $(STAMP)
+	$(BIN)/python scripts/llama_server.py
 
 # the README's picture: the app answers a prompt offscreen and saves the whole window
 screenshot: $(STAMP)

@@ -2,7 +2,7 @@
 owns it (a partly filled block is filled partly; a reserved block holding no token is hatched;
 a free block is an empty outline), beside a gauge of used / reserved-but-empty / free bytes.
 
-It draws plain-data snapshots (`engine.paged.KVCacheSnapshot`, pure Python: no torch here);
+It draws plain-data snapshots (`engine.kv.blocks.KVCacheSnapshot`, pure Python: no torch here);
 `set_snapshot` only stores one, `refresh` (the window's plot timer) redraws if it changed."""
 from __future__ import annotations
 

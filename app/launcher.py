@@ -1,5 +1,6 @@
-"""The `membound` command. A subcommand (`chat`, `bench`) runs the headless engine CLI; none
-opens the desktop app (or, without PySide6 and pyqtgraph, the terminal chat)."""
+"""The `membound` command. A subcommand (`chat`, `bench`, `attach --headless`) runs the headless
+engine CLI; none (or `attach URL`) opens the desktop app (or, without PySide6 and pyqtgraph, the
+terminal chat)."""
 from __future__ import annotations
 
 import importlib.util
@@ -12,9 +13,13 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
-    if args.command:
+    if args.command and not (args.command == "attach" and not args.headless):
         return engine_main(argv)
     if not all(importlib.util.find_spec(name) for name in ("PySide6", "pyqtgraph")):
+        if args.command == "attach":
+            print("membound: error: the attach window needs PySide6 and pyqtgraph (make run installs them); "
+                  "`membound attach URL --headless` scrapes in the terminal", file=sys.stderr)
+            return 2
         if args.screenshot:
             print("membound: error: --screenshot needs the desktop app: install PySide6 and pyqtgraph "
                   "(make run installs them)", file=sys.stderr)

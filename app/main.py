@@ -1,4 +1,4 @@
-"""Entry point of the desktop app (`membound` with no subcommand).
+"""Entry point of the desktop app (`membound` with no subcommand, or `membound attach URL`).
 
 `main(args)`: open the window and load the default model; with `args.screenshot`, answer one
 prompt, save a PNG of the whole window and exit 0 (1 if the model or the reply failed)."""
@@ -60,6 +60,10 @@ def main(args=None, *, model="default", device: str = "auto", hardware=None, set
     if not screenshot and not os.environ.get("QT_QPA_PLATFORM") and not (
             os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) and sys.platform.startswith("linux"):
         # Qt would abort ("could not connect to display"): say so and chat in the terminal instead
+        if getattr(args, "command", None) == "attach":
+            print("membound: error: no display here (DISPLAY is not set): `membound attach URL --headless` "
+                  "scrapes the server in the terminal", file=sys.stderr)
+            return 2
         print("membound: no display here (DISPLAY is not set): starting the terminal chat; "
               "`membound --screenshot FILE` draws the app offscreen", file=sys.stderr)
         from engine.cli import main as engine_main
@@ -82,6 +86,14 @@ def main(args=None, *, model="default", device: str = "auto", hardware=None, set
     if screenshot:
         return take_screenshot(window, screenshot, prompt or DEFAULT_PROMPT, model, timeout_s)
     window.show()
+    if getattr(args, "command", None) == "attach":  # `membound attach URL`: a server, not the local model
+        if not window.attach.attach(args.url, args.gpu, args.api_key, args.interval):
+            print(f"membound: error: {window.last_error}", file=sys.stderr)
+            window.shutdown()
+            return 2
+        code = app.exec()
+        window.shutdown()
+        return code
     if prompt:
         window.model_ready.connect(lambda _info: window.send(prompt))
     window.load_model(model, device, hardware, settings)

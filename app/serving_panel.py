@@ -15,7 +15,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
-from app.plots import _pen, style_plot
+from app.plots.style import pen, style_plot
 from app.theme import Theme
 
 WINDOW_S = 60.0  # seconds of history shown
@@ -65,12 +65,12 @@ class ServingPanel(QWidget):
         t = self.theme
         # the plot below names the shared time axis
         rates = style_plot(self.rate_plot, t, "tokens/s", "", (6, 2), legend_columns=3, legend_smaller=3)
-        self.aggregate_item = rates.plot(pen=_pen(t.accent, 2.5), name="aggregate (all requests)")
-        self.per_request_item = rates.plot(pen=_pen(t.prefill, 2), name="per request (median)")
+        self.aggregate_item = rates.plot(pen=pen(t.accent, 2.5), name="aggregate (all requests)")
+        self.per_request_item = rates.plot(pen=pen(t.prefill, 2), name="per request (median)")
         seqs = style_plot(self.seq_plot, t, "sequences", "time (s)", (6, 2), legend_columns=3, legend_smaller=3)
-        self.running_item = seqs.plot(pen=_pen(t.accent, 2), name="batch (running)", stepMode=None)
-        self.waiting_item = seqs.plot(pen=_pen(t.spec_peak, 2), name="queue (waiting)")
-        self.users_item = seqs.plot(pen=_pen(t.muted, 1.5, dashed=True), name="users")
+        self.running_item = seqs.plot(pen=pen(t.accent, 2), name="batch (running)", stepMode=None)
+        self.waiting_item = seqs.plot(pen=pen(t.spec_peak, 2), name="queue (waiting)")
+        self.users_item = seqs.plot(pen=pen(t.muted, 1.5, dashed=True), name="users")
         self.title.setText(f"<span style='color:{t.text}; font-weight:bold'>Serving: simulated users, "
                            f"batched</span>")
         self.readout.setStyleSheet(f"color: {t.accent}")

@@ -1,4 +1,6 @@
-"""`membound` command line: the app (default), `chat` (terminal chat) and `bench`.
+"""`membound` command line: the app (default), `chat` (terminal chat), `bench`, `models` (the models on
+this machine) and `attach` (a running vLLM / SGLang / llama.cpp server; `--headless` here, the window
+in app/).
 Every known failure prints one line (`membound: error: …`) and exits 2; --debug shows tracebacks."""
 from __future__ import annotations
 
@@ -99,6 +101,25 @@ def build_parser() -> argparse.ArgumentParser:
                             "1024,4096 on cpu, 1024,4096,8192 on cuda)")
     bench.add_argument("--eval-tokens", type=int, default=2048,
                        help="tokens of evaluation text for the sweep's perplexity (0: skip quality)")
+    attach = sub.add_parser("attach", help="the dashboard on a running vLLM, SGLang or llama.cpp server")
+    attach.add_argument("url", help="the server's address, e.g. http://localhost:8000")
+    attach.add_argument("--gpu", metavar="NAME",
+                        help="the server's GPU, for MBU/MFU (a datasheet entry, e.g. H100); default: NVML "
+                             "when the server runs on this machine")
+    attach.add_argument("--api-key", help="sent as a Bearer token (a server started with --api-key)")
+    attach.add_argument("--interval", type=float, default=1.0, help="seconds between scrapes (default 1)")
+    attach.add_argument("--headless", action="store_true", help="no window: print each scrape")
+    attach.add_argument("--seconds", type=float, default=10.0, help="(headless) how long to scrape (default 10)")
+    attach.add_argument("--json", metavar="FILE", help="(headless) write the series, one record per scrape")
+    models = sub.add_parser("models", help="list the models already on this machine (nothing is downloaded)")
+    models.add_argument("--folder", action="append", default=[], metavar="DIR",
+                        help="also look in DIR (repeatable; --add-folder remembers one)")
+    models.add_argument("--add-folder", metavar="DIR", help="remember DIR for every later listing (and the app's)")
+    models.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                        help="the device to judge fit and ceiling for (default: a GPU if there is one)")
+    models.add_argument("--dtype", choices=["fp32", "bf16", "fp16"],
+                        help="the precision it would run at (default: fp32 on cpu, bf16 on cuda)")
+    models.add_argument("--supported", action="store_true", help="only the models membound can run")
     return parser
 
 
@@ -107,6 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "chat":
             return run_chat(args)
+        if args.command == "attach":
+            if not args.headless:
+                raise ValueError("the attach window needs the desktop app (`membound attach URL`); "
+                                 "--headless scrapes in the terminal")
+            from engine.attach.headless import run_headless
+            return run_headless(args)
+        if args.command == "models":
+            return run_models(args)
         if args.command == "bench":
             from engine.bench.run import run_bench
             return run_bench(args, _progress_printer())
@@ -206,6 +235,43 @@ def parse_speculate(value: str) -> tuple[str, str]:
     if source not in ("off", "ngram", "oracle", "draft") or (model and source != "draft"):
         raise ValueError(f"--speculate takes off, ngram, oracle, draft or draft:MODEL, got {value!r}")
     return source, model or "self"
+
+
+def run_models(args) -> int:
+    """The models on disk, one row each, with their fit and ceiling on this device."""
+    from engine.hardware.ceilings import device_chip, fit_on
+    from engine.hardware.detect import detect_device
+    from engine.hardware.spec import describe
+    from engine.io.discovery import COLUMNS, add_user_folder, discover, row_cells
+
+    if args.add_folder:
+        from pathlib import Path
+        if not Path(args.add_folder).expanduser().is_dir():
+            raise ValueError(f"--add-folder: {args.add_folder} is not a folder")
+        add_user_folder(args.add_folder)
+    spec = detect_device(args.device)
+    dtype = args.dtype or ("bf16" if spec.kind == "cuda" else "fp32")
+    chip = device_chip(spec)
+    found = [m for m in discover(args.folder) if m.supported or not args.supported]
+    print(f"{describe(spec)} · weights at {dtype}")
+    if not found:
+        print("no models found (HF hub cache, LM Studio, llama.cpp, Ollama, your folders: --folder DIR)",
+              file=sys.stderr)
+        return 0
+    # each row's columns, "runs" (yes/no) and the path to open; the reason a model cannot run below it
+    header = [c for c in COLUMNS if c != "supported"] + ["runs", "path"]
+    lines = [header]
+    for model in found:
+        cells = dict(zip(COLUMNS, row_cells(model, fit_on(model.cfg, model.n_params, chip, dtype))))
+        lines.append([cells[c] for c in COLUMNS if c != "supported"] + ["yes" if model.supported else "no", model.path])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
+    for n, line in enumerate(lines):
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)) + "  " + line[-1])
+        if n and not found[n - 1].supported:
+            print(f"    why: {found[n - 1].reason}")
+    usable = sum(m.supported for m in found)
+    print(f"{len(found)} found, {usable} membound can run: membound chat --model PATH")
+    return 0
 
 
 def _turn_summary(done, metrics, engine) -> str:

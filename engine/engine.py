@@ -135,6 +135,12 @@ class Engine:
             return replace(settings, cuda_graphs=False)
         return settings
 
+    def disable_graphs(self, reason: str) -> None:
+        """Every decode step runs eagerly from now on (a failed check at load), and the settings say
+        so at once. Call between replies."""
+        self.graphs.unavailable = reason
+        self.settings = self._normalised(self.settings)
+
     def _capture_failed(self) -> None:
         """A capture failed and decode went eager for good: the settings say so at the next step."""
         with self._lock:

@@ -1,34 +1,46 @@
 """The overhead lever: a decode step replayed from a captured CUDA graph (torch.compile with
 mode="reduce-overhead") instead of hundreds of kernel launches. Only batch-1 decode on the
 contiguous cache is captured; everything else (prefill, speculative verify steps, paged steps)
-runs eager. A capture that fails switches graphs off for this engine with the reason kept
-(`GraphDecoder.unavailable`), so the figures can say which path ran.
+runs eager. A capture that fails, or that Inductor runs without a graph, switches graphs off for
+this engine with the reason kept (`GraphDecoder.unavailable`), so the figures can say which path
+ran; so does a failed check at load (engine/kernel_checks.py, kernels/registry.py).
 
-On a CPU the same step can be compiled (torch.compile, inductor's C++) but it measured slower than
-eager on the default model at batch 1, so it is offered only to the overhead sweep
+On a CPU the same step can be compiled (torch.compile, Inductor's C++), but it measured no faster
+than eager on the default model at batch 1, so only the overhead sweep asks for it
 (`cpu_compile=True`); the engine's CPU decode runs eagerly and says why (CPU_CAPTURE_REFUSAL)."""
 from __future__ import annotations
 
+import time
+
 import torch
 
+from engine.dispatch import record
 from engine.model.transformer import Transformer
+from kernels import registry as kernel_registry
 
 GRAPH_BUCKET = 1024  # attention in a captured step reads a multiple of this many positions
-# SmolLM2-135M fp32, batch 1, context 200, 2-core AMD EPYC: eager 30.0 ms a step, compiled 86.9 ms
-# (docs/benchmarks.md, "The overhead lever"): the step is weight streaming, and inductor's code for it
-# is slower than the engine's chunked GEMV
-CPU_CAPTURE_REFUSAL = ("on a CPU a compiled decode step measured slower than eager (the step is weight "
-                       "streaming; `membound bench --sweep overhead` measures it)")
+# torch's CUDA graph trees run a new graph's first call as a warm-up and record it on the second;
+# replays start at the third. Those calls compile and capture: bench warm-ups must make them.
+CAPTURE_CALLS = 2
+# docs/benchmarks.md, "The overhead lever": the CPU step is weight streaming (matmuls ~85% of its
+# operator time), and Inductor's code for it was slower than the engine's chunked GEMV
+CPU_CAPTURE_REFUSAL = ("on a CPU a compiled decode step measured no faster than eager: the step is weight "
+                       "streaming (`membound bench --sweep overhead` measures it)")
 
 
 class GraphDecoder:
     def __init__(self, device: str, cpu_compile: bool = False):
         self.device = device
         self.cuda = device.startswith("cuda")
-        self._steps: dict = {}  # (id(model), id(cache)) -> compiled step; one at a time
+        self._steps: dict[int, object] = {}  # id(model) -> its compiled step, all for the cache below
+        self._cache_id: int | None = None
+        self._calls: dict[tuple[int, int], int] = {}  # (id(model), kv_len) -> calls so far
         self.kind = "CUDA graph" if self.cuda else "compiled step" if cpu_compile else ""  # what a capture is here
-        self.unavailable = "" if self.kind else CPU_CAPTURE_REFUSAL  # why every decode step runs eagerly
-        self.replays = 0  # decode steps that ran from a graph
+        # why graphs do not run ("" while they can)
+        self.unavailable = kernel_registry.reason("graphs") if self.cuda else "" if cpu_compile else CPU_CAPTURE_REFUSAL
+        self.replays = 0  # decode steps that ran through the compiled step (capture calls included)
+        self.captures = 0  # graphs compiled and captured (one per model and kv_len bucket)
+        self.capture_s = 0.0  # seconds of the calls that compiled and captured them
 
     def bucket(self, enabled: bool, start: int, max_len: int) -> int | None:
         """Positions the captured step's attention reads for a token at `start`, or None: eager."""
@@ -41,24 +53,63 @@ class GraphDecoder:
                attention: str) -> torch.Tensor:
         """Logits for one token at `start`; writes its K/V into `cache` in place. Any failure falls
         back to eager for good (a compiler problem must not end the conversation)."""
-        key = (id(model), id(cache))
         try:
-            if key not in self._steps:
-                import torch._dynamo as dynamo  # (not `import torch._dynamo`: that would make `torch` a local name)
-                dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 64)
-                # the graph writes the cache in place: its address must stay fixed
-                dynamo.mark_static_address(cache.k)
-                dynamo.mark_static_address(cache.v)
-                mode = "reduce-overhead" if self.cuda else None  # a CPU has no graphs: inductor's C++ only
-                self._steps = {key: torch.compile(model.forward_decode_static, mode=mode, fullgraph=True,
-                                                  dynamic=False)}
+            step = self._step_for(model, cache)
+            key = (id(model), kv_len)
+            calls = self._calls.get(key, 0)
+            skips_before = _cudagraph_skips()
+            t0 = time.perf_counter()
             pos = torch.tensor([start], dtype=torch.long, device=tokens.device)
-            logits = self._steps[key](tokens, pos, cache, kv_len, attention).clone()
+            logits = step(tokens, pos, cache, kv_len, attention).clone()
+            if calls < CAPTURE_CALLS:
+                if _cudagraph_skips() != skips_before:  # compiled, but Inductor left the graph out
+                    raise RuntimeError("Inductor skipped the CUDA graph (TORCH_LOGS=perf_hints says why)")
+                if self.cuda:
+                    torch.cuda.synchronize()
+                self.capture_s += time.perf_counter() - t0
+                self.captures += calls == 0
+            self._calls[key] = calls + 1
             cache.length = start + 1
             self.replays += 1
+            if self.cuda:
+                record("decode step", "cuda graph" if calls >= CAPTURE_CALLS else "compiled, capturing the cuda graph")
+                record("attention decode", "torch SDPA (in the CUDA graph)", model.cfg.n_layers)  # per layer
+            else:
+                record("decode step", "compiled step (Inductor C++)")
             return logits
         except Exception as error:
             self.unavailable = f"capture failed: {type(error).__name__}: {str(error).strip().splitlines()[0][:200]}" \
                 if str(error).strip() else f"capture failed: {type(error).__name__}"
-            self._steps = {}
+            self._steps, self._calls = {}, {}
             return model(tokens, start_pos=start, cache=cache, attention=attention)
+
+    def _step_for(self, model: Transformer, cache):
+        """The compiled step of `model` over `cache`. Steps are kept per model (switching weights
+        back and forth must not compile again inside a reply or a timed run) and dropped when the
+        cache changes. A kept step holds its model, so an id cannot be reused while it is kept."""
+        if id(cache) != self._cache_id:
+            self._steps, self._calls, self._cache_id = {}, {}, id(cache)
+        step = self._steps.get(id(model))
+        if step is None:
+            import torch._dynamo
+            import torch._inductor.config as inductor_config
+            config = torch._dynamo.config
+            if hasattr(config, "cache_size_limit"):
+                config.cache_size_limit = max(config.cache_size_limit, 64)
+            if self.cuda and hasattr(inductor_config.triton, "cudagraph_or_error"):
+                inductor_config.triton.cudagraph_or_error = True  # a skipped graph raises: no silent eager
+            # the graph writes the cache in place: its address must stay fixed
+            torch._dynamo.mark_static_address(cache.k)
+            torch._dynamo.mark_static_address(cache.v)
+            mode = "reduce-overhead" if self.cuda else None  # a CPU has no graphs: Inductor's C++ only
+            step = torch.compile(model.forward_decode_static, mode=mode, fullgraph=True, dynamic=False)
+            self._steps[id(model)] = step
+        return step
+
+
+def _cudagraph_skips() -> int:
+    try:
+        from torch._dynamo.utils import counters
+        return int(counters["inductor"]["cudagraph_skips"])
+    except Exception:  # a torch without the counter: the cudagraph_or_error setting still guards
+        return 0

@@ -35,6 +35,7 @@ from typing import Callable
 from engine.engine import Engine
 from engine.events import DoneEvent, SettingsApplied, SettingsRefused
 from engine.faults import inject
+from engine.kernel_checks import check_kernels
 from engine.metrics import StepMetrics
 from engine.protocol import (
     Apply,
@@ -234,6 +235,7 @@ class EngineHost:
             self._progress(0.0, f"loading {command.model if isinstance(command.model, str) else 'model'}…")
             engine = Engine(command.model, device=device, dtype=settings.dtype, max_context=command.max_context,
                             progress=self._progress, hardware=hardware, settings=settings, messages=command.messages)
+            engine.kernel_notes = check_kernels(engine)  # a kernel that fails its check is switched off
             old, self.engine = self.engine, engine
             if old is not None:
                 old.stop()

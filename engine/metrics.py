@@ -17,7 +17,7 @@ DECODE_PHASES = ("decode", "verify", "draft")
 class StepCost:
     """What one forward step moves and computes, for `batch_size` sequences of `new_tokens`
     tokens each, appended after `context_len` tokens already in the KV cache."""
-    weight_bytes: int  # every matmul weight once, at its storage precision (+ norms)
+    weight_bytes: int  # every matmul weight once, at its storage precision (+ norms and biases)
     kv_read_bytes: int  # cached K and V read by attention
     kv_write_bytes: int  # new K and V written into the cache
     other_bytes: int  # embedding rows gathered, logits written
@@ -64,7 +64,8 @@ def step_cost(cfg: ModelConfig, *, batch_size: int, new_tokens: int, context_len
     kv_read = B * (C if kv_read_tokens is None else kv_read_tokens) * kv_elems_per_token * kv_elem_bytes \
         if kv_cache else 0
     kv_write = B * T * kv_elems_per_token * kv_elem_bytes if kv_cache else 0
-    norm_bytes = (2 * cfg.n_layers + 1) * cfg.dim * act_elem_bytes
+    # RMSNorm weights, and where the family has them the q/k/v biases (Qwen2) and q/k norms (Qwen3)
+    norm_bytes = cfg.vector_elems_per_step * act_elem_bytes
     embed_rows = B * T * cfg.dim * act_elem_bytes
     logits_bytes = logits_rows * cfg.vocab_size * 4  # fp32 logits
     layer_matmul = 2 * cfg.layer_linear_params * B * T * cfg.n_layers

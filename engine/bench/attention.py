@@ -9,9 +9,8 @@ launch overhead is in every row alike) and `--sweep attention` also times the fl
 alone on a 32k-token context and reports the KV bandwidth it reaches against the peak."""
 from __future__ import annotations
 
-import json
-import platform
 import sys
+import time
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -103,6 +102,8 @@ def summarise_point(attention: str, kv_layout: str, context: int, prefill_attent
 
 def run_sweep(args, progress) -> int:
     from engine.bench.prompts import bench_prompt_ids
+    from engine.bench.record import JsonReport, PathWatch, device_clocks
+    from engine.bench.single import path_line, warm_up_decode_tokens
     from engine.engine import DTYPES, Engine
     from engine.hardware.spec import describe
     from engine.io.loader import load_model
@@ -131,6 +132,7 @@ def run_sweep(args, progress) -> int:
         configs = {lay: replace(base, attention=args.attention, kv_layout=lay)
                    for lay in ("contiguous", "paged", "off")}
     need = max(contexts) + args.decode_tokens + 1
+    t0 = time.perf_counter()
     loaded = load_model(args.model, DTYPES[dtype], args.device, progress, max(args.max_context, need))
     engines, hardware = {}, None
     for name, settings in configs.items():  # one engine per configuration: each keeps its own cache
@@ -142,27 +144,41 @@ def run_sweep(args, progress) -> int:
     if any(c > fit for c in contexts):
         print(f"note: the model's context is {first.max_context}: contexts above {fit} run at {fit}", file=sys.stderr)
         contexts = tuple(sorted({min(c, fit) for c in contexts}))
+    seconds = {"load": time.perf_counter() - t0, "warmup": 0.0, "timed": 0.0}
     print(f"model: {loaded.label}", file=sys.stderr)
     print(f"device: {describe(hardware)}", file=sys.stderr)
+    report = JsonReport(args.json, sweep=sweep, model=loaded.label, device=hardware.to_dict(), dtype=dtype,
+                        seconds=seconds)
     elem = torch.tensor([], dtype=first.model.dtype).element_size()
     off_tokens = max(2, args.decode_tokens // 4)  # without a cache every decode step is a whole prefill
     decode = {name: off_tokens if name == "off" else args.decode_tokens for name in engines}
 
-    progress(0.0, "warming up")
-    measure_interleaved(engines, bench_prompt_ids(first.tokenizer, 16), {name: 3 for name in engines})
-    points = []
+    clocks_before = device_clocks(hardware)
+    points, paths = [], {}
     for i, context in enumerate(contexts):
         progress(i / len(contexts), f"{sweep} sweep: {context} tokens of context")
         prompt = bench_prompt_ids(first.tokenizer, context)
         score_bytes = 2 * first.cfg.n_heads * context * context * elem
         too_big = score_bytes > NAIVE_PREFILL_BUDGET["cuda" if on_gpu else "cpu"]
         prefill_with = {"naive": "flash"} if too_big and "naive" in engines else {}
+        t0 = time.perf_counter()  # this context's work once, untimed: its prefill shape, kernel variants
+        measure_interleaved(engines, prompt, {name: min(n, warm_up_decode_tokens(args)) for name, n in decode.items()},
+                            1, prefill_with)
+        seconds["warmup"] += time.perf_counter() - t0
+        t0, watch = time.perf_counter(), PathWatch()
         steps = measure_interleaved(engines, prompt, decode, args.repeats, prefill_with)
+        seconds["timed"] += time.perf_counter() - t0
         for name, (prefill, decode_steps) in steps.items():
             settings = configs[name]
             points.append(summarise_point(settings.attention, settings.kv_layout, context,
                                           prefill_with.get(name, settings.attention), prefill, decode_steps))
-    kernel = kernel_microbench(first, progress) if sweep == "attention" and on_gpu else []
+        paths[context] = watch.report([s for _, d in steps.values() for s in d], first.model,
+                                      cuda_graphs="off: eager steps compare the kernels like with like")
+        report.update(points=[asdict(p) for p in points], paths=paths, seconds=seconds)
+    clocks = {"before_timed": clocks_before, "after_timed": device_clocks(hardware)}
+    kernel = kernel_microbench(first, progress) if sweep == "attention" and on_gpu else \
+        [{"name": "kernel micro-benchmark", "skipped": "needs a GPU" if sweep == "attention" else "not in this sweep",
+          "line": "kernel micro-benchmark: skipped (" + ("needs a GPU" if sweep == "attention" else "kv sweep") + ")"}]
     progress(1.0, "done")
 
     fewer = f" ({off_tokens} with the cache off)" if "off" in engines else ""
@@ -175,14 +191,8 @@ def run_sweep(args, progress) -> int:
         print(line)
     for row in kernel:
         print(row["line"])
-    if args.json:
-        payload = {"command": "membound " + " ".join(sys.argv[1:]), "sweep": sweep, "model": loaded.label,
-                   "device": hardware.to_dict(), "dtype": dtype, "machine": platform.platform(),
-                   "torch": torch.__version__, "threads": torch.get_num_threads(),
-                   "points": [asdict(p) for p in points], "kernel": kernel}
-        with open(args.json, "w") as f:
-            json.dump(payload, f, indent=1)
-        print(f"wrote {args.json}", file=sys.stderr)
+    print(f"context {contexts[-1]}: {path_line(paths[contexts[-1]])}")
+    report.finish(points=[asdict(p) for p in points], paths=paths, clocks=clocks, seconds=seconds, kernel=kernel)
     return 0
 
 
@@ -225,9 +235,10 @@ def summary_lines(sweep: str, points: list[SweepPoint]) -> list[str]:
 
 def kernel_microbench(engine, progress, context: int = KERNEL_CONTEXT, repeats: int = 10) -> list[dict]:
     """The flash-decoding kernel alone (GPU): one query per KV head group over `context` cached
-    positions in every layer (the model's KV shape and dtype), timed with CUDA events over
-    back-to-back launches; achieved GB/s = K and V bytes read / time. Also the paged kernel over a
-    shuffled block table, and PyTorch's SDPA on the same tensors for comparison."""
+    positions in every layer (the model's KV shape and dtype). The 32-layer loop is captured once
+    in a CUDA graph and its replays are timed with CUDA events, so the host's per-call work
+    (allocation, launch) stays out of the figure; achieved GB/s = K and V bytes read / time. Also
+    the paged kernel over a shuffled block table, and PyTorch's SDPA on the same tensors."""
     import torch.nn.functional as F
 
     from kernels.flash_decode import flash_decode, paged_flash_decode, reference_decode
@@ -247,17 +258,30 @@ def kernel_microbench(engine, progress, context: int = KERNEL_CONTEXT, repeats: 
     peak = engine.hardware.peak_bandwidth_gbs
     err = (flash_decode(q, k[0], v[0], lens).float() - reference_decode(q, k[0], v[0], lens).float()).abs().max()
 
-    def timed(fn) -> float:
-        for layer in range(L):
-            fn(layer)
+    def timed(fn) -> tuple[float, str]:
+        """Seconds per L-layer step, and how it was timed."""
+        def step():
+            for layer in range(L):
+                fn(layer)
+
+        step()  # compiles the kernel variants before the capture
+        torch.cuda.synchronize()
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step()
+            run, how = graph.replay, f"CUDA graph of {L} layer calls, {repeats} replays"
+        except Exception as e:  # time the launches instead, and say so
+            torch.cuda.synchronize()
+            run, how = step, f"eager launches ({L} x {repeats}; capture failed: {type(e).__name__})"
+        run()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(repeats):
-            for layer in range(L):
-                fn(layer)
+            run()
         end.record()
         end.synchronize()
-        return start.elapsed_time(end) / 1e3 / repeats
+        return start.elapsed_time(end) / 1e3 / repeats, how
 
     qg = q.view(1, n_kv, H // n_kv, hd)
     variants = [("flash_decode (auto splits)", lambda l: flash_decode(q, k[l], v[l], lens))]
@@ -270,17 +294,17 @@ def kernel_microbench(engine, progress, context: int = KERNEL_CONTEXT, repeats: 
     rows = []
     for name, fn in variants:
         try:
-            s = timed(fn)
+            s, how = timed(fn)
         except Exception as e:  # one variant failing must not lose the others
             rows.append({"name": name, "error": f"{type(e).__name__}: {e}",
                          "line": f"kernel {name}: failed: {type(e).__name__}: {e}"})
             continue
         gbs = kv_bytes / s / 1e9
         rows.append({"name": name, "context": context, "layers": L, "seconds_per_step": s, "kv_gbs": gbs,
-                     "fraction_of_peak": gbs / peak, "max_abs_error_vs_reference": float(err),
+                     "fraction_of_peak": gbs / peak, "max_abs_error_vs_reference": float(err), "timing": how,
                      "line": f"kernel {name}: batch 1, {context} tokens x {L} layers, {dtype}: "
                              f"{s * 1e3:.3f} ms/step, KV read at {gbs:,.0f} GB/s = {100 * gbs / peak:.0f}% of "
-                             f"{peak:,.0f} GB/s peak"})
+                             f"{peak:,.0f} GB/s peak ({how})"})
     rows.append({"name": "check", "line": f"kernel check: max |flash_decode - reference| = {float(err):.2e} ({dtype})"})
     del k, v
     torch.cuda.empty_cache()

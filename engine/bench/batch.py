@@ -5,8 +5,6 @@ step turns compute-bound (cost model). The mixed workload has simulated users (e
 send varied requests; static and continuous batching serve the same requests."""
 from __future__ import annotations
 
-import json
-import platform
 import statistics
 import sys
 import time
@@ -18,6 +16,7 @@ from engine.serving.users import SimulatedUsers, Workload, bundled_prompts
 # no torch at import: engine/cli.py imports this module to build its parser (the app's process too)
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
+BATCHED_GRAPHS = "not used: batched steps run eager"
 BLOCK_SIZE = 16
 # --workload mixed sends this many requests per user unless --requests says otherwise. The run ends
 # on a drain: once the last request is sent, the batch empties as replies end, the longest last
@@ -143,11 +142,18 @@ def run_mixed(model, hardware, dtype: str, policy: str, n_users: int, n_requests
                        drain_s=t0 + wall_s - max(r.arrival_s for r in done))
 
 
-def format_batch_table(points: list[BatchPoint], ridge: float) -> str:
+def format_batch_table(points: list[BatchPoint], ridge: float, single_stream: dict | None = None) -> str:
+    """single_stream: the plain batch-1 path's figure (CUDA graphs where they run), for a second
+    ratio: the batched path runs eager, so its own batch 1 is launch-bound on a GPU."""
     base = points[0]
     rows = [
         ("aggregate tok/s", lambda p: f"{p.aggregate_tokens_per_s:,.1f}"),
         (f"vs batch {base.batch_size}", lambda p: f"{p.aggregate_tokens_per_s / base.aggregate_tokens_per_s:.2f}x"),
+    ]
+    if single_stream:
+        rows.append((f"vs 1 stream ({single_stream['path']})",
+                     lambda p: f"{p.aggregate_tokens_per_s / single_stream['decode_tokens_per_s']:.2f}x"))
+    rows += [
         ("per-request tok/s", lambda p: f"{p.per_request_tokens_per_s:,.1f}"),
         ("decode step", lambda p: f"{p.decode_step_ms:,.1f} ms"),
         ("FLOP/byte (model)", lambda p: f"{p.arithmetic_intensity:,.1f}"),
@@ -198,13 +204,12 @@ def mixed_workload(tokenizer, decode_tokens: int) -> Workload:
 
 
 def run_batch_bench(args, progress) -> int:
-    import torch
-
     from engine.bench.prompts import bench_prompt_ids
+    from engine.bench.record import JsonReport, PathWatch, device_clocks
     from engine.engine import Engine
     from engine.hardware.spec import describe
     from engine.protocol import default_dtype
-    from engine.settings import Settings
+    from engine.settings import SamplingParams, Settings
 
     dtype = args.dtype or default_dtype(args.device)
     if args.prompt_tokens < 1 or args.decode_tokens < 2:
@@ -217,47 +222,75 @@ def run_batch_bench(args, progress) -> int:
     need = 2 * (args.prompt_tokens + args.decode_tokens)
     if args.workload == "mixed":  # the bundled chat prompts: under 256 tokens even byte by byte
         need = max(need, 256 + 2 * args.decode_tokens)
+    t0 = time.perf_counter()
     engine = Engine(args.model, device=args.device, dtype=dtype, max_context=max(args.max_context, need),
-                    progress=progress, settings=Settings(dtype=dtype, attention=args.attention))
+                    progress=progress, settings=Settings(dtype=dtype, attention=args.attention,
+                                                         sampling=SamplingParams(greedy=True, temperature=0.0)))
+    seconds = {"load": time.perf_counter() - t0}
     print(f"model: {engine.loaded.label}", file=sys.stderr)
     print(f"device: {describe(engine.hardware)}", file=sys.stderr)
     model, hw = engine.model, engine.hardware
-    payload = {"command": "membound " + " ".join(sys.argv[1:]), "model": engine.loaded.label,
-               "device": hw.to_dict(), "dtype": dtype, "machine": platform.platform(), "torch": torch.__version__,
-               "threads": torch.get_num_threads()}
+    report = JsonReport(args.json, model=engine.loaded.label, device=hw.to_dict(), dtype=dtype, seconds=seconds)
     if args.workload == "mixed":
         workload = mixed_workload(engine.tokenizer, args.decode_tokens)
         policies = [args.policy] if args.policy else ["continuous", "static"]
+        t0 = time.perf_counter()
         run_mixed(model, hw, dtype, policies[0], args.users, args.users, workload, args.attention)  # warm-up
+        seconds["warmup"] = time.perf_counter() - t0
+        clocks_before, watch = device_clocks(hw), PathWatch()
         results = []
         for i, policy in enumerate(policies):
             progress(i / len(policies), f"serving {args.requests} requests from {args.users} users ({policy})")
             results.append(run_mixed(model, hw, dtype, policy, args.users, args.requests, workload, args.attention))
+            report.update(results=[asdict(r) for r in results])
+        paths = watch.report(model=model, cuda_graphs=BATCHED_GRAPHS)
+        clocks = {"before_timed": clocks_before, "after_timed": device_clocks(hw)}
         progress(1.0, "done")
         lens = sorted(map(len, workload.prompts))
         print(f"\nworkload: {args.users} simulated users, {args.requests} requests: the {len(lens)} bundled chat "
               f"prompts ({lens[0]}..{lens[-1]} tokens), replies to EOS or a cap of {workload.output_lens[0]}.."
               f"{workload.output_lens[1]} tokens, greedy, no think time, {dtype}, paged KV")
         print(format_mixed_table(results))
-        payload["results"] = [asdict(r) for r in results]
-    else:
-        prompt_ids = bench_prompt_ids(engine.tokenizer, args.prompt_tokens)
-        run_batch_point(model, hw, dtype, 1, prompt_ids[:16], 4, args.attention)  # warm-up
-        points = []
-        for i, b in enumerate(sizes):
-            progress(i / len(sizes), f"batch {b}: {b} x ({args.prompt_tokens} prompt + {args.decode_tokens} decode)")
-            points.append(run_batch_point(model, hw, dtype, b, prompt_ids, args.decode_tokens, args.attention))
-        progress(1.0, "done")
-        ridge = (hw.peak_flops_for(dtype) or float("nan")) / (hw.peak_bandwidth_gbs * 1e9)
-        print(f"\nworkload: B requests together, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens} "
-              f"tokens each, greedy, {dtype}, paged KV, {args.attention} attention")
-        print(format_batch_table(points, ridge))
-        payload["results"] = [asdict(p) for p in points]
-        payload["ridge_flop_per_byte"] = ridge
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(payload, f, indent=1)
-        print(f"wrote {args.json}", file=sys.stderr)
+        report.finish(results=[asdict(r) for r in results], paths=paths, clocks=clocks, seconds=seconds)
+        return 0
+    from engine.bench.single import path_line, timed_run, warm_up, warm_up_decode_tokens
+
+    prompt_ids = bench_prompt_ids(engine.tokenizer, args.prompt_tokens)
+    t0 = time.perf_counter()
+    for i, b in enumerate(sizes):  # every batch size once, untimed: its prefill chunks, M buckets and kernels
+        progress(i / len(sizes), f"warming up batch {b}")
+        run_batch_point(model, hw, dtype, b, prompt_ids, warm_up_decode_tokens(args), args.attention)
+    seconds["warmup"] = time.perf_counter() - t0
+    report.update(seconds=seconds)
+    clocks_before, watch = device_clocks(hw), PathWatch()
+    points = []
+    for i, b in enumerate(sizes):
+        progress(i / len(sizes), f"batch {b}: {b} x ({args.prompt_tokens} prompt + {args.decode_tokens} decode)")
+        points.append(run_batch_point(model, hw, dtype, b, prompt_ids, args.decode_tokens, args.attention))
+        report.update(results=[asdict(p) for p in points])
+    paths = {"batched": watch.report(model=model, cuda_graphs=BATCHED_GRAPHS)}
+    # the plain batch-1 path (CUDA graphs on a GPU) in the same run: the single-stream figure
+    # the bench reports, so "batch 64 vs batch 1" is also given against the fast batch 1
+    progress(0.95, "batch 1 on the plain path")
+    t0 = time.perf_counter()
+    warm_up(engine, prompt_ids, args.decode_tokens)
+    seconds["single_stream_warmup"] = time.perf_counter() - t0
+    single, _, paths["single_stream"] = timed_run(engine, prompt_ids, args.decode_tokens)
+    graphs = paths["single_stream"]["cuda_graphs"]
+    single_stream = {"decode_tokens_per_s": single.decode_tokens_per_s,
+                     "path": "CUDA graph" if graphs == "used" else f"eager: {graphs}"}
+    clocks = {"before_timed": clocks_before, "after_timed": device_clocks(hw)}
+    progress(1.0, "done")
+    ridge = (hw.peak_flops_for(dtype) or float("nan")) / (hw.peak_bandwidth_gbs * 1e9)
+    print(f"\nworkload: B requests together, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens} "
+          f"tokens each, greedy, {dtype}, paged KV, {args.attention} attention")
+    print(format_batch_table(points, ridge, single_stream))
+    print(f"batched steps: {path_line(paths['batched'])}")
+    print(f"1 stream: {single.decode_tokens_per_s:,.1f} tok/s, {path_line(paths['single_stream'])}")
+    report.finish(results=[asdict(p) for p in points], ridge_flop_per_byte=ridge, paths=paths, clocks=clocks,
+                  seconds=seconds, single_stream={**single_stream, "result": asdict(single)},
+                  vs_single_stream={p.batch_size: p.aggregate_tokens_per_s / single.decode_tokens_per_s
+                                    for p in points})
     return 0
 
 

@@ -3,72 +3,18 @@ ignore EOS), reported against the device's peak; `--compare hf` runs transformer
 on the same weights, prompt, dtype and device in the same run."""
 from __future__ import annotations
 
-import json
-import platform
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 
 from engine.bench.prompts import bench_prompt_ids
+from engine.bench.record import JsonReport, device_clocks
+from engine.bench.single import BenchResult, path_line, run_ours, timed_run, warm_up  # run_ours: app/gui_bench.py
 from engine.bench.tables import rows_of, side_by_side
 
-
-@dataclass
-class BenchResult:
-    name: str
-    prompt_tokens: int
-    decode_tokens: int
-    prefill_tokens_per_s: float
-    decode_tokens_per_s: float
-    ttft_s: float
-    decode_achieved_gbs: float  # cost-model bytes of the decode steps / their time
-    peak_gbs: float
-    mbu: float
-    mfu: float
-    predicted_ceiling_tokens_per_s: float
-    decode_bytes_per_token: float
-
-
-def run_ours(engine, prompt_ids: list[int], decode_tokens: int) -> tuple[BenchResult, list]:
-    from engine.events import DoneEvent, TokenEvent
-    from engine.metrics import StepMetrics
-
-    engine.reset()
-    steps: list[StepMetrics] = []
-    done = None
-    t_first_token = t_done = 0.0
-    for event in engine.generate(prompt_ids, max_new_tokens=decode_tokens + 1, ignore_eos=True):
-        if isinstance(event, StepMetrics):
-            steps.append(event)
-        elif isinstance(event, TokenEvent) and event.index == 0:
-            t_first_token = time.perf_counter()
-        elif isinstance(event, DoneEvent):
-            done, t_done = event, time.perf_counter()
-    prefill = [s for s in steps if s.phase == "prefill"]
-    decode = [s for s in steps if s.phase == "decode"]
-    engine.reset()
-    # decode time is wall-clock from the first token to the last, as for transformers below:
-    # it includes everything the loop does per token (sampling, detokenising), not only the steps
-    return summarise("membound", prefill, decode, done.ttft_s, engine.hardware.peak_bandwidth_gbs,
-                     decode_wall_s=t_done - t_first_token), steps
-
-
-def summarise(name, prefill, decode, ttft_s, peak_gbs, decode_wall_s: float | None = None) -> BenchResult:
-    p_s = sum(s.step_s for s in prefill)
-    d_s = decode_wall_s if decode_wall_s else sum(s.step_s for s in decode)
-    d_bytes = sum(s.total_bytes for s in decode)
-    d_flops = sum(s.flops for s in decode)
-    n_prompt = sum(s.new_tokens for s in prefill)
-    last = decode[-1]
-    return BenchResult(
-        name=name, prompt_tokens=n_prompt, decode_tokens=len(decode),
-        prefill_tokens_per_s=n_prompt / p_s, decode_tokens_per_s=len(decode) / d_s, ttft_s=ttft_s,
-        decode_achieved_gbs=d_bytes / d_s / 1e9, peak_gbs=peak_gbs, mbu=d_bytes / d_s / (peak_gbs * 1e9),
-        mfu=d_flops / d_s / last.peak_flops,
-        predicted_ceiling_tokens_per_s=len(decode) / sum(s.total_bytes / s.peak_bandwidth_bps for s in decode),
-        decode_bytes_per_token=d_bytes / len(decode))
+__all__ = ["BenchResult", "format_sweep", "format_table", "run_bench", "run_hf", "run_ours", "run_weight_sweep"]
 
 
 def run_hf(engine, prompt_ids: list[int], decode_tokens: int, our_steps, progress) -> BenchResult:
@@ -152,36 +98,52 @@ def _value(r: BenchResult, label: str) -> float:
 
 # ---- --sweep weights ------------------------------------------------------------------------
 def run_weight_sweep(engine, variants: dict, prompt_ids: list[int], decode_tokens: int, repeats: int,
-                     eval_tokens: int, progress) -> tuple[dict, dict, dict]:
-    """Every weight setting on one engine, in one process: (results, steps, quality) by label.
-    Repeats are interleaved across settings, so background load falls on each alike; the best
-    run of each is kept. Quality: perplexity and top-1 agreement with the fp model."""
+                     eval_tokens: int, progress, report: JsonReport | None = None) -> tuple[dict, dict, dict, dict]:
+    """Every weight setting on one engine, in one process: (results, steps, quality, paths) by
+    label. Each setting is warmed up with the whole workload first; repeats are interleaved across
+    settings, so background load falls on each alike; the best run of each is kept. Quality:
+    perplexity and top-1 agreement with the fp model."""
     from dataclasses import replace
 
     from engine.model.quality import weight_quality
 
+    seconds = dict(report.payload.get("seconds", {})) if report is not None else {}
+    seconds.update(quantise_and_warmup=0.0, warmup_by_setting={}, timed=0.0)
     for i, (label, s) in enumerate(variants.items()):  # make each copy, warm it up (kernels, graphs)
         progress(i / len(variants), f"preparing {label}")
+        t0 = time.perf_counter()
         engine.apply(s)
         engine.model_for(s)  # quantised copies are made in the background: wait for this one
-        run_ours(engine, prompt_ids[: min(16, len(prompt_ids))], 4)
-    results, steps = {}, {}
+        seconds["warmup_by_setting"][label] = warm_up(engine, prompt_ids, decode_tokens)
+        seconds["quantise_and_warmup"] += time.perf_counter() - t0
+    seconds["warmup"] = sum(seconds["warmup_by_setting"].values())
+    if report is not None:
+        report.update(seconds=seconds)
+    results, steps, paths = {}, {}, {}
     for r in range(repeats):
         for i, (label, s) in enumerate(variants.items()):
             progress((r * len(variants) + i) / (repeats * len(variants)),
                      f"decoding {decode_tokens} tokens with {label} (run {r + 1}/{repeats})")
             engine.apply(s)  # every copy is made by now: applies at the first step
-            result, run_steps = run_ours(engine, prompt_ids, decode_tokens)
+            result, run_steps, run_paths = timed_run(engine, prompt_ids, decode_tokens)
+            seconds["timed"] += run_paths["run_s"]
             if any(m.settings_label != s.label for m in run_steps):
                 raise RuntimeError(f"the sweep asked for {label}, but a step ran other settings")
             if label not in results or result.decode_tokens_per_s > results[label].decode_tokens_per_s:
-                results[label], steps[label] = replace(result, name=label), run_steps
+                results[label], steps[label], paths[label] = replace(result, name=label), run_steps, run_paths
+        if report is not None:  # what is measured so far, in case the run is cut short
+            report.update(results=[asdict(res) for res in results.values()], paths=paths, repeats_done=r + 1,
+                          seconds=seconds)
     quality = {}
     if eval_tokens > 0:
         progress(0.0, "measuring perplexity and top-1 agreement")
+        t0 = time.perf_counter()
         quality = weight_quality(engine, variants, eval_tokens)
+        seconds["quality"] = time.perf_counter() - t0
+    if report is not None:
+        report.update(seconds=seconds)
     progress(1.0, "done")
-    return results, steps, quality
+    return results, steps, quality, paths
 
 
 def format_sweep(results: list[BenchResult], quality: dict) -> str:
@@ -233,24 +195,34 @@ def run_bench(args, progress) -> int:
                         sampling=SamplingParams(greedy=True, temperature=0.0), weights=weights,
                         group_size=group_size)
     need = args.prompt_tokens + args.decode_tokens + 1
+    t0 = time.perf_counter()
     engine = Engine(args.model, device=args.device, dtype=dtype, max_context=max(args.max_context, need),
                     progress=progress, settings=settings)
+    load_s = time.perf_counter() - t0
     if need > engine.max_context:
         raise ValueError(f"workload needs {need} positions; the model's context is {engine.max_context}")
     print(f"model: {engine.loaded.label}", file=sys.stderr)
     print(f"device: {describe(engine.hardware)}", file=sys.stderr)
+    report = JsonReport(args.json, model=engine.loaded.label, device=engine.hardware.to_dict(), dtype=dtype,
+                        workload={"prompt_tokens": args.prompt_tokens, "decode_tokens": args.decode_tokens,
+                                  "repeats": args.repeats, "settings": settings.label},
+                        seconds={"load": load_s})
     prompt_ids = bench_prompt_ids(engine.tokenizer, args.prompt_tokens)
     if sweep == "weights":
-        return _print_weight_sweep(engine, settings, prompt_ids, args, progress)
+        return _print_weight_sweep(engine, settings, prompt_ids, args, progress, report)
     progress(0.0, "warming up")
-    run_ours(engine, prompt_ids[: min(16, len(prompt_ids))], 4)
-    best = None
-    steps = None
+    warmup_s = warm_up(engine, prompt_ids, args.decode_tokens)
+    report.update(seconds={"load": load_s, "warmup": warmup_s})
+    clocks_before = device_clocks(engine.hardware)
+    best = steps = paths = None
+    timed_s = 0.0
     for r in range(args.repeats):
         progress(r / args.repeats, f"decoding {args.decode_tokens} tokens (run {r + 1}/{args.repeats})")
-        result, run_steps = run_ours(engine, prompt_ids, args.decode_tokens)
+        result, run_steps, run_paths = timed_run(engine, prompt_ids, args.decode_tokens)
+        timed_s += run_paths["run_s"]
         if best is None or result.decode_tokens_per_s > best.decode_tokens_per_s:
-            best, steps = result, run_steps
+            best, steps, paths = result, run_steps, run_paths
+    clocks = {"before_timed": clocks_before, "after_timed": device_clocks(engine.hardware)}
     progress(1.0, "done")
     results = [best]
     if args.compare == "hf":
@@ -258,26 +230,21 @@ def run_bench(args, progress) -> int:
     print(f"\nworkload: batch 1, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens} tokens, "
           f"greedy, {settings.label.replace(' · kv', ', KV cache')}")
     print(format_table(results))
-    if args.json:
-        payload = {
-            "command": "membound " + " ".join(sys.argv[1:]),
-            "model": engine.loaded.label, "device": engine.hardware.to_dict(), "dtype": dtype,
-            "machine": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "results": [asdict(r) for r in results],
-            "steps": [s.to_dict() for s in steps],
-        }
-        with open(args.json, "w") as f:
-            json.dump(payload, f, indent=1)
-        print(f"wrote {args.json}", file=sys.stderr)
+    print(path_line(paths))
+    report.finish(results=[asdict(r) for r in results], paths=paths, clocks=clocks,
+                  seconds={"load": load_s, "warmup": warmup_s, "timed": timed_s},
+                  steps=[s.to_dict() for s in steps])
     return 0
 
 
-def _print_weight_sweep(engine, settings, prompt_ids: list[int], args, progress) -> int:
+def _print_weight_sweep(engine, settings, prompt_ids: list[int], args, progress, report: JsonReport) -> int:
     from engine.model.quality import evaluation_ids, text_description, weight_variants
 
     variants = weight_variants(settings, args.group_size)
-    results, steps, quality = run_weight_sweep(engine, variants, prompt_ids, args.decode_tokens, args.repeats,
-                                               args.eval_tokens, progress)
+    clocks_before = device_clocks(engine.hardware)
+    results, steps, quality, paths = run_weight_sweep(engine, variants, prompt_ids, args.decode_tokens,
+                                                      args.repeats, args.eval_tokens, progress, report)
+    clocks = {"before_timed": clocks_before, "after_timed": device_clocks(engine.hardware)}
     ordered = [results[label] for label in variants]
     print(f"\nworkload: batch 1, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens} tokens, greedy, "
           f"{settings.dtype} activations, KV cache {'off' if args.no_kv_cache else 'on'}; int8 per output channel, "
@@ -287,16 +254,9 @@ def _print_weight_sweep(engine, settings, prompt_ids: list[int], args, progress)
         n = next(iter(quality.values())).n_tokens
         print(f"quality text: {text_description(evaluation_ids(engine.tokenizer, args.eval_tokens))}, "
               f"{n} tokens predicted")
-    if args.json:
-        payload = {
-            "command": "membound " + " ".join(sys.argv[1:]),
-            "model": engine.loaded.label, "device": engine.hardware.to_dict(), "dtype": settings.dtype,
-            "machine": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "results": [asdict(r) for r in ordered],
-            "quality": {label: asdict(q) for label, q in quality.items()},
-            "steps": {label: [s.to_dict() for s in run_steps] for label, run_steps in steps.items()},
-        }
-        with open(args.json, "w") as f:
-            json.dump(payload, f, indent=1)
-        print(f"wrote {args.json}", file=sys.stderr)
+    for label in variants:
+        print(f"{label} {path_line(paths[label])}")
+    report.finish(results=[asdict(r) for r in ordered], paths=paths, clocks=clocks,
+                  quality={label: asdict(q) for label, q in quality.items()},
+                  steps={label: [s.to_dict() for s in run_steps] for label, run_steps in steps.items()})
     return 0

@@ -116,3 +116,29 @@ def seed_table(models: list[ModelSize], chips: list[Chip], weight_format: str) -
 
 def format_params(n: int) -> str:
     return f"{n / 1e9:.1f} B" if n >= 1e9 else f"{n / 1e6:.0f} M"
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A model on one device at one precision: do its weights fit, and the seed formula's ceiling."""
+    dtype: str
+    stored_bytes: float  # the weights held in memory at `dtype`
+    memory_bytes: int | None  # what the device has (None: unknown)
+    fits: bool | None  # None: unknown (no shape known, or no memory figure)
+    ceiling_tokens_per_s: float | None  # batch-1 decode: bandwidth / bytes per token (None: unknown)
+
+
+def fit_on(cfg: ModelConfig | None, n_params: int, chip: Chip | None, dtype: str) -> Fit:
+    """A model file on `chip` at `dtype`: membound runs a file's weights at the chosen precision (a
+    Q4_K_M file too), so that is what must fit and what every decode step reads. Without a shape
+    (`cfg` None: a model membound cannot run) only the stored size is known, from `n_params`."""
+    memory = chip.memory_bytes if chip is not None else None
+    if cfg is None:
+        return Fit(dtype, n_params * BYTES_PER_WEIGHT[dtype], memory, None, None)
+    size = model_size(cfg)
+    if chip is None:
+        return Fit(dtype, size.stored_params * BYTES_PER_WEIGHT[dtype], None, None, None)
+    ceiling = decode_ceiling(size, chip, dtype)
+    fits = ceiling.fits if memory is not None else None
+    tokens_per_s = ceiling.tokens_per_s if chip.bandwidth_gbs > 0 else None
+    return Fit(dtype, ceiling.stored_bytes, memory, fits, tokens_per_s)

@@ -151,6 +151,33 @@ class NvmlSampler:
             tensor_active_pct=tensor_active_pct,
         )
 
+    def clocks(self) -> dict[str, Any]:
+        """The chip's state for a benchmark record: current and maximum clocks, power and its
+        limit, temperature, the active clock-limiting reasons (NVML bit mask) and the MIG mode."""
+        if not self.available:
+            return {"available": False, "reason": self.unavailable_reason}
+        nvml, handle = self._nvml, self._handle
+        clock = getattr(nvml, "NVML_CLOCK_SM", 1), getattr(nvml, "NVML_CLOCK_MEM", 2)
+        power_mw = _nvml_call(nvml, "nvmlDeviceGetPowerUsage", handle)
+        limit_mw = _nvml_call(nvml, "nvmlDeviceGetEnforcedPowerLimit", handle)
+        reasons = _nvml_call(nvml, "nvmlDeviceGetCurrentClocksEventReasons", handle)
+        if reasons is None:  # the older name of the same query
+            reasons = _nvml_call(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+        mig = _nvml_call(nvml, "nvmlDeviceGetMigMode", handle)
+        return {
+            "available": True,
+            "sm_clock_mhz": _nvml_call(nvml, "nvmlDeviceGetClockInfo", handle, clock[0]),
+            "mem_clock_mhz": _nvml_call(nvml, "nvmlDeviceGetClockInfo", handle, clock[1]),
+            "max_sm_clock_mhz": _nvml_call(nvml, "nvmlDeviceGetMaxClockInfo", handle, clock[0]),
+            "max_mem_clock_mhz": _nvml_call(nvml, "nvmlDeviceGetMaxClockInfo", handle, clock[1]),
+            "power_w": power_mw / 1e3 if power_mw is not None else None,
+            "power_limit_w": limit_mw / 1e3 if limit_mw is not None else None,
+            "temperature_c": _nvml_call(nvml, "nvmlDeviceGetTemperature", handle,
+                                        getattr(nvml, "NVML_TEMPERATURE_GPU", 0)),
+            "clock_event_reasons": reasons,
+            "mig_mode": list(mig) if isinstance(mig, (list, tuple)) else mig,  # [current, pending]
+        }
+
     def _sample_gpm(self) -> tuple[float | None, ...]:
         """GPM metrics are rates between two snapshots: take one, diff it against the previous."""
         unknown = (None,) * 3

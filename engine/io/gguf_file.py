@@ -1,13 +1,14 @@
 """Reading GGUF files through the `gguf` package (imported here, lazily, so the engine
-imports without it). Metadata comes back as plain Python values."""
+imports without it). Metadata comes back as plain Python values; the header alone is read by
+engine/io/file_headers.py (no gguf, no torch: the app lists models with it)."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from engine.io.file_headers import ModelFileError, check_complete, read_gguf_header
 
-class ModelFileError(ValueError):
-    """A model file that is missing, unreadable or corrupt (one-line message for the user)."""
+__all__ = ["ModelFileError", "open_gguf", "read_gguf_metadata", "read_metadata"]
 
 
 def open_gguf(path: str | Path):
@@ -24,6 +25,7 @@ def open_gguf(path: str | Path):
         magic = f.read(4)
     if magic != b"GGUF":
         raise ModelFileError(f"{path.name} is not a GGUF file (bad magic {magic!r})")
+    check_complete(read_gguf_header(path), path.name)  # in a blink, where the reader takes seconds to fail
     try:
         return gguf.GGUFReader(str(path), "r")
     except Exception as e:  # the reader raises many kinds on truncated or corrupt files

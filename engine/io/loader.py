@@ -1,24 +1,23 @@
-"""Model loaders: GGUF (dequantised through `gguf`), HF safetensors folders, and synthetic
-random weights of a named shape. Each returns a `LoadedWeights`: config, tensors in the
-engine's naming (embed, norm, head, layers.{i}.wq …), tokenizer, and a label of the source."""
+"""Model loaders: GGUF (dequantised through `gguf`), HF safetensors folders (memory-mapped), and
+synthetic random weights of a named shape. Each returns a `LoadedWeights`: config, tensors in the
+engine's naming (embed, norm, head, layers.{i}.wqkv, .w_gate_up, .bqkv …: fused once here), tokenizer,
+and the model line ("name (family, file type → precision, rope)")."""
 from __future__ import annotations
 
 import json
 import mmap
-import struct
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from engine.io.gguf_file import ModelFileError, open_gguf, read_metadata
+from engine.io.file_headers import ModelFileError, gguf_file_type, safetensors_files, safetensors_header
+from engine.io.gguf_file import open_gguf, read_metadata
 from engine.model.config import ConfigError, ModelConfig
 
 Progress = Callable[[float, str], None]
-
-LAYER_KEYS = ("attn_norm", "ffn_norm", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 
 class LoadError(ModelFileError):
@@ -31,7 +30,7 @@ class LoadedWeights:
     weights: dict[str, torch.Tensor]
     tokenizer: Any
     source: str  # "gguf", "hf" or "synthetic"
-    label: str  # what the user sees, e.g. "SmolLM2-135M-Instruct.Q4_1.gguf (Q4_1 → fp32)"
+    label: str  # what the user sees, e.g. "SmolLM2-135M-Instruct.Q4_1.gguf (Llama, Q4_1 → fp32, rope 100000)"
     file_format: str = ""  # storage format of the file, e.g. "Q4_1"
     extra: dict = field(default_factory=dict)
 
@@ -88,22 +87,24 @@ def _cast(t: torch.Tensor, dtype: torch.dtype, device: str) -> torch.Tensor:
 
 # ---- GGUF --------------------------------------------------------------------------
 _GGUF_NAMES = {
-    "attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "attn_q": "wq", "attn_k": "wk", "attn_v": "wv",
-    "attn_output": "wo", "ffn_gate": "w_gate", "ffn_up": "w_up", "ffn_down": "w_down",
+    "attn_norm.weight": "attn_norm", "ffn_norm.weight": "ffn_norm", "attn_q.weight": "wq", "attn_k.weight": "wk",
+    "attn_v.weight": "wv", "attn_output.weight": "wo", "ffn_gate.weight": "w_gate", "ffn_up.weight": "w_up",
+    "ffn_down.weight": "w_down", "attn_q.bias": "bq", "attn_k.bias": "bk", "attn_v.bias": "bv",
+    "attn_q_norm.weight": "q_norm", "attn_k_norm.weight": "k_norm",
 }
 
 
 def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """llama.cpp's converter interleaves the two halves of each head's rows of Q and K (for
-    GPT-J style RoPE); put them back in the HF rotate-half order."""
-    rows, cols = w.shape
+    GPT-J style RoPE) in llama-arch files; put them back in the HF rotate-half order. Works on
+    a weight (rows, cols) and on a bias (rows,)."""
+    rows = w.shape[0]
     head_dim = rows // n_heads
-    return w.reshape(n_heads, head_dim // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+    return w.reshape(n_heads, head_dim // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
 def load_gguf(path: Path, dtype, device, progress: Progress, max_context: int | None) -> LoadedWeights:
     import numpy as np
-    from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
     from engine.io.tokenizer import Tokenizer
@@ -113,95 +114,145 @@ def load_gguf(path: Path, dtype, device, progress: Progress, max_context: int | 
     meta = read_metadata(reader)
     names = {t.name for t in reader.tensors}
     meta["_tied_embeddings"] = "output.weight" not in names
-    cfg = ModelConfig.from_gguf_metadata(meta, name=path.stem)
+    meta["_qkv_bias"] = "blk.0.attn_q.bias" in names
+    # an Ollama blob is named by its hash: the name written in the file says more
+    shown = str(meta.get("general.name") or path.name) if path.name.startswith("sha256-") else path.name
+    cfg = ModelConfig.from_gguf_metadata(meta, name=shown.removesuffix(".gguf"))
     if max_context:
         cfg = cfg.with_max_seq_len(min(cfg.max_seq_len, max_context))
     check_fits(cfg, dtype, device, path.name)
     tokenizer = Tokenizer.from_gguf_metadata(meta)
+    permuted = meta.get("general.architecture") == "llama"  # only llama-arch files interleave Q/K rows
 
     weights: dict[str, torch.Tensor] = {}
     kinds = Counter()
     for i, tensor in enumerate(reader.tensors):
-        progress(0.05 + 0.9 * i / len(reader.tensors), f"dequantising {tensor.name}")
+        progress(0.05 + 0.9 * i / len(reader.tensors), f"dequantising {tensor.name} ({i + 1}/{len(reader.tensors)})")
+        key, part = _gguf_key(tensor.name)
+        if key is None:
+            continue
         try:
             array = dequantize(tensor.data, tensor.tensor_type)
         except NotImplementedError:
             raise LoadError(f"{path.name}: tensor type {tensor.tensor_type.name} is not supported") from None
         except Exception as e:
             raise ModelFileError(f"{path.name}: tensor {tensor.name} is corrupt ({e})") from None
-        if tensor.tensor_type not in (GGMLQuantizationType.F32,):
-            kinds[tensor.tensor_type.name] += tensor.n_elements
+        kinds[tensor.tensor_type.name] += int(tensor.n_elements)
         t = torch.from_numpy(np.array(array, dtype=np.float32))  # a writable copy
-        name = tensor.name.removesuffix(".weight")
-        if name == "token_embd":
-            key = "embed"
-        elif name == "output_norm":
-            key = "norm"
-        elif name == "output":
-            key = "head"
-        elif name.startswith("blk."):
-            _, idx, part = name.split(".", 2)
-            if part not in _GGUF_NAMES:
-                continue  # e.g. rope_freqs: not used by plain Llama shapes
-            key = f"layers.{idx}.{_GGUF_NAMES[part]}"
-            if part == "attn_q":
-                t = unpermute_qk(t, cfg.n_heads)
-            elif part == "attn_k":
-                t = unpermute_qk(t, cfg.n_kv_heads)
-        else:
+        if key == "rope_freqs":
+            cfg = replace(cfg, rope_freq_factors=tuple(float(f) for f in t.reshape(-1)))
             continue
+        if permuted and part in ("wq", "bq"):
+            t = unpermute_qk(t, cfg.n_heads)
+        elif permuted and part in ("wk", "bk"):
+            t = unpermute_qk(t, cfg.n_kv_heads)
         weights[key] = _cast(t, dtype, device)
+    fuse_layers(weights, cfg)
     _check_complete(weights, cfg, path.name)
-    file_format = kinds.most_common(1)[0][0] if kinds else "F32"
+    file_format = gguf_file_type(meta, kinds)
     progress(1.0, "loaded")
-    return LoadedWeights(cfg, weights, tokenizer, "gguf", f"{path.name} ({file_format} → {_dtype_name(dtype)})",
+    return LoadedWeights(cfg, weights, tokenizer, "gguf", _label(shown, cfg, file_format, dtype),
                          file_format, {"path": str(path)})
 
 
+def _gguf_key(name: str) -> tuple[str | None, str]:
+    """(engine key, layer part) of a GGUF tensor name; (None, "") for tensors the model does not use."""
+    if name == "token_embd.weight":
+        return "embed", ""
+    if name == "output_norm.weight":
+        return "norm", ""
+    if name == "output.weight":
+        return "head", ""
+    if name == "rope_freqs.weight":
+        return "rope_freqs", ""
+    if name.startswith("blk."):
+        _, idx, rest = name.split(".", 2)
+        part = _GGUF_NAMES.get(rest)
+        if part:
+            return f"layers.{idx}.{part}", part
+    return None, ""
+
+
+def _label(name: str, cfg: ModelConfig, file_format: str, dtype) -> str:
+    """The model line: "Llama-3.2-1B.Q4_K_M.gguf (Llama, Q4_K_M → bf16, rope 500000, llama3 ×32)"."""
+    return f"{name} ({cfg.family}, {file_format} → {_dtype_name(dtype)}, {cfg.rope_label})"
+
+
+# ---- weights in the engine's naming --------------------------------------------------
+_FUSED = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up"), "bqkv": ("bq", "bk", "bv")}
+
+
+def fuse_layers(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> None:
+    """Concatenate each layer's q/k/v (and gate/up, and the q/k/v biases) in place, dropping the
+    parts: the model takes them fused (one matmul each), and the parts are not kept beside them."""
+    for i in range(cfg.n_layers):
+        for fused_name, parts in _FUSED.items():
+            keys = [f"layers.{i}.{p}" for p in parts]
+            if all(k in weights for k in keys):
+                weights[f"layers.{i}.{fused_name}"] = torch.cat([weights.pop(k) for k in keys], dim=0)
+
+
+def layer_keys(cfg: ModelConfig) -> tuple[str, ...]:
+    keys = ("attn_norm", "ffn_norm", "wqkv", "wo", "w_gate_up", "w_down")
+    if cfg.qkv_bias:
+        keys += ("bqkv",)
+    if cfg.qk_norm:
+        keys += ("q_norm", "k_norm")
+    return keys
+
+
 def _check_complete(weights: dict, cfg: ModelConfig, what: str) -> None:
-    need = ["embed", "norm"] + [f"layers.{i}.{k}" for i in range(cfg.n_layers) for k in LAYER_KEYS]
+    need = ["embed", "norm"] + [f"layers.{i}.{k}" for i in range(cfg.n_layers) for k in layer_keys(cfg)]
     if not cfg.tied_embeddings:
         need.append("head")
     missing = [k for k in need if k not in weights]
     if missing:
-        raise ModelFileError(f"{what} lacks {len(missing)} tensors (first: {missing[0]}): not a complete Llama model")
-    expect = {"embed": (cfg.vocab_size, cfg.dim), "layers.0.wq": (cfg.q_dim, cfg.dim),
-              "layers.0.wk": (cfg.kv_dim, cfg.dim), "layers.0.w_down": (cfg.dim, cfg.ffn_dim)}
+        raise ModelFileError(f"{what} lacks {len(missing)} tensors (first: {missing[0]}): "
+                             f"not a complete {cfg.family} model")
+    expect = {"embed": (cfg.vocab_size, cfg.dim), "norm": (cfg.dim,),
+              "layers.0.wqkv": (cfg.q_dim + 2 * cfg.kv_dim, cfg.dim), "layers.0.wo": (cfg.dim, cfg.q_dim),
+              "layers.0.w_gate_up": (2 * cfg.ffn_dim, cfg.dim), "layers.0.w_down": (cfg.dim, cfg.ffn_dim)}
+    if cfg.qkv_bias:
+        expect["layers.0.bqkv"] = (cfg.q_dim + 2 * cfg.kv_dim,)
+    if cfg.qk_norm:
+        expect["layers.0.q_norm"] = expect["layers.0.k_norm"] = (cfg.head_dim,)
+    if not cfg.tied_embeddings:
+        expect["head"] = (cfg.vocab_size, cfg.dim)
     for k, shape in expect.items():
         if tuple(weights[k].shape) != shape:
             raise ModelFileError(f"{what}: tensor {k} has shape {tuple(weights[k].shape)}, config says {shape}")
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
-    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
+    names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
+    return names.get(dtype, str(dtype).removeprefix("torch."))
 
 
 # ---- HF safetensors ------------------------------------------------------------------
 _ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
 _HF_NAMES = {
-    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "wq",
-    "self_attn.k_proj": "wk", "self_attn.v_proj": "wv", "self_attn.o_proj": "wo", "mlp.gate_proj": "w_gate",
-    "mlp.up_proj": "w_up", "mlp.down_proj": "w_down",
+    "input_layernorm.weight": "attn_norm", "post_attention_layernorm.weight": "ffn_norm",
+    "self_attn.q_proj.weight": "wq", "self_attn.k_proj.weight": "wk", "self_attn.v_proj.weight": "wv",
+    "self_attn.o_proj.weight": "wo", "mlp.gate_proj.weight": "w_gate", "mlp.up_proj.weight": "w_up",
+    "mlp.down_proj.weight": "w_down", "self_attn.q_proj.bias": "bq", "self_attn.k_proj.bias": "bk",
+    "self_attn.v_proj.bias": "bv", "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm",
 }
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """Tensors of one .safetensors file (header: u64 length + JSON; then raw little-endian data)."""
+    """Tensors of one .safetensors file as views of a copy-on-write memory map: nothing is read
+    until used, and a tensor kept in the file's dtype is never copied."""
+    header, base = safetensors_header(path)
     with open(path, "rb") as f:
-        try:
-            (header_len,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(header_len))
-        except (struct.error, json.JSONDecodeError, UnicodeDecodeError):
-            raise ModelFileError(f"{path.name} is not a valid safetensors file") from None
-        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-    base = 8 + header_len
+        size = f.seek(0, 2)
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size else b""
     out = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        dtype = _ST_DTYPES.get(info["dtype"])
+        dtype = _ST_DTYPES.get(info.get("dtype"))
         if dtype is None:
-            raise LoadError(f"{path.name}: tensor {name} has unsupported dtype {info['dtype']}")
+            raise LoadError(f"{path.name}: tensor {name} has unsupported dtype {info.get('dtype')}")
         begin, end = info["data_offsets"]
         if base + end > len(buf):
             raise ModelFileError(f"{path.name} is truncated (tensor {name} runs past the end)")
@@ -218,31 +269,31 @@ def load_hf_dir(path: Path, dtype, device, progress: Progress, max_context: int 
     if max_context:
         cfg = cfg.with_max_seq_len(min(cfg.max_seq_len, max_context))
     check_fits(cfg, dtype, device, path.name)
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ModelFileError(f"{path} has no *.safetensors files")
+    files = safetensors_files(path)
+    if not (path / "tokenizer.json").exists():
+        raise ModelFileError(f"{path} has no tokenizer.json")
     weights: dict[str, torch.Tensor] = {}
-    for n, file in enumerate(files):
-        progress(0.05 + 0.9 * n / len(files), f"reading {file.name}")
-        for name, t in read_safetensors(file).items():
-            key = _hf_key(name)
-            if key:
-                weights[key] = _cast(t, dtype, device)
+    stored = Counter()
+    tensors = [(file, name, t) for file in files for name, t in read_safetensors(file).items()]
+    for n, (file, name, t) in enumerate(tensors):
+        progress(0.05 + 0.9 * n / len(tensors), f"reading {name} ({file.name})")
+        key = _hf_key(name)
+        if key:
+            stored[_dtype_name(t.dtype)] += t.numel()
+            weights[key] = _cast(t, dtype, device)
     if cfg.tied_embeddings:
         weights.pop("head", None)
     elif "head" not in weights:
         raise ModelFileError(f"{path.name}: config says untied embeddings but there is no lm_head.weight")
+    fuse_layers(weights, cfg)
     _check_complete(weights, cfg, path.name)
     tok_config = {}
     if (path / "tokenizer_config.json").exists():
         tok_config = json.loads((path / "tokenizer_config.json").read_text())
-    if not (path / "tokenizer.json").exists():
-        raise ModelFileError(f"{path} has no tokenizer.json")
     tokenizer = Tokenizer.from_file(path / "tokenizer.json", tok_config)
-    st_dtypes = {str(t.dtype) for t in read_safetensors(files[0]).values()}
-    file_format = "/".join(sorted(s.removeprefix("torch.") for s in st_dtypes))
+    file_format = "/".join(name for name, _ in stored.most_common())
     progress(1.0, "loaded")
-    return LoadedWeights(cfg, weights, tokenizer, "hf", f"{path.name} ({file_format} → {_dtype_name(dtype)})",
+    return LoadedWeights(cfg, weights, tokenizer, "hf", _label(path.name, cfg, file_format, dtype),
                          file_format, {"path": str(path)})
 
 
@@ -254,8 +305,7 @@ def _hf_key(name: str) -> str | None:
     if name == "lm_head.weight":
         return "head"
     if name.startswith("model.layers."):
-        rest = name.removeprefix("model.layers.").removesuffix(".weight")
-        idx, part = rest.split(".", 1)
+        idx, part = name.removeprefix("model.layers.").split(".", 1)
         if part in _HF_NAMES:
             return f"layers.{idx}.{_HF_NAMES[part]}"
     return None
@@ -284,6 +334,11 @@ def synthetic_weights(cfg: ModelConfig, dtype, device, seed: int = 0, progress: 
             f"layers.{i}.w_gate": rand(cfg.ffn_dim, cfg.dim), f"layers.{i}.w_up": rand(cfg.ffn_dim, cfg.dim),
             f"layers.{i}.w_down": rand(cfg.dim, cfg.ffn_dim),
         })
+        if cfg.qkv_bias:
+            w.update({f"layers.{i}.bq": rand(cfg.q_dim), f"layers.{i}.bk": rand(cfg.kv_dim),
+                      f"layers.{i}.bv": rand(cfg.kv_dim)})
+        if cfg.qk_norm:
+            w.update({f"layers.{i}.q_norm": ones(cfg.head_dim), f"layers.{i}.k_norm": ones(cfg.head_dim)})
     return w
 
 
@@ -295,10 +350,11 @@ def load_synthetic(shape: str, dtype, device, progress: Progress, max_context: i
         cfg = cfg.with_max_seq_len(min(cfg.max_seq_len, max_context))
     check_fits(cfg, dtype, device, f"synthetic:{shape}")
     weights = synthetic_weights(cfg, dtype, device, progress=progress)
+    fuse_layers(weights, cfg)
     progress(1.0, "made random weights")
     return LoadedWeights(cfg, weights, ByteTokenizer(cfg.vocab_size), "synthetic",
-                         f"synthetic:{shape} (random weights, {_dtype_name(dtype)}: text is noise, speed is real)",
-                         _dtype_name(dtype))
+                         f"synthetic:{shape} ({cfg.family}, random weights, {_dtype_name(dtype)}: text is noise, "
+                         "speed is real)", _dtype_name(dtype))
 
 
 __all__ = ["ConfigError", "LoadError", "LoadedWeights", "ModelFileError", "load_model", "synthetic_weights"]

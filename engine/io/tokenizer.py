@@ -19,6 +19,7 @@ class TokenizerError(ValueError):
 
 
 # GGUF token types (llama.cpp's llama_token_type).
+TOKEN_TYPE_UNKNOWN = 2
 TOKEN_TYPE_CONTROL = 3
 TOKEN_TYPE_USER_DEFINED = 4
 
@@ -75,6 +76,37 @@ def pre_tokenizer_for(pre: str):
     raise TokenizerError(f"unsupported GGUF pre-tokenizer {pre!r} (tokenizer.ggml.pre)")
 
 
+def sentencepiece_merges(tokens: list[str], scores: list[float], vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """BPE merges implied by a scored SentencePiece vocabulary: every split of a piece into two
+    pieces of the vocabulary is a merge, ranked by the whole piece's score (best first), then the
+    longer halves first, then the piece's place in the vocabulary and the halves' ids (the order
+    transformers gives them, so both tokenise alike)."""
+    score_of = dict(zip(tokens, scores))  # a repeated piece: its first place, its last score
+    ranked = []
+    for place, (piece, score) in enumerate(score_of.items()):
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in vocab and right in vocab:
+                ranked.append((-score, -len(left), -len(right), place, vocab[left], vocab[right], left, right))
+    ranked.sort()
+    return [(left, right) for *_, left, right in ranked]
+
+
+def gguf_tokenizer_refusal(meta: dict[str, Any]) -> str:
+    """Why a GGUF file's tokenizer cannot be built here ("" when it can): read from its metadata
+    alone, so a model list can say so before anything loads."""
+    kind = meta.get("tokenizer.ggml.model")
+    if kind == "llama":
+        return "" if "tokenizer.ggml.scores" in meta else "GGUF SentencePiece vocabulary without scores"
+    if kind != "gpt2":
+        return (f"unsupported GGUF tokenizer model {kind!r}; byte-level BPE ('gpt2') and SentencePiece "
+                "('llama') are supported")
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    if pre not in GPT2_PRE | DIGITS_THEN_GPT2_PRE | LLAMA3_PRE | QWEN2_PRE:
+        return f"unsupported GGUF pre-tokenizer {pre!r} (tokenizer.ggml.pre)"
+    return ""
+
+
 def special_token_text(value: Any) -> str | None:
     """tokenizer_config.json writes a special token as a string or as {"content": ...}."""
     if isinstance(value, dict):
@@ -103,11 +135,13 @@ class Tokenizer:
 
     @classmethod
     def from_gguf_metadata(cls, meta: dict[str, Any]) -> "Tokenizer":
-        kind = meta.get("tokenizer.ggml.model")
-        if kind != "gpt2":
-            raise TokenizerError(f"unsupported GGUF tokenizer model {kind!r}; only byte-level BPE ('gpt2') is supported")
+        refusal = gguf_tokenizer_refusal(meta)
+        if refusal:
+            raise TokenizerError(refusal)
         tokens: list[str] = meta["tokenizer.ggml.tokens"]
         token_types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+        if meta.get("tokenizer.ggml.model") == "llama":
+            return cls._from_sentencepiece(meta, tokens, token_types)
         merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
         pre = meta.get("tokenizer.ggml.pre", "default")
 
@@ -142,6 +176,42 @@ class Tokenizer:
             bos_id=meta.get("tokenizer.ggml.bos_token_id"),
             eos_id=meta.get("tokenizer.ggml.eos_token_id"),
             add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+            chat_template=meta.get("tokenizer.chat_template"),
+            extra_stop_ids=stop_ids,
+        )
+
+    @classmethod
+    def _from_sentencepiece(cls, meta: dict[str, Any], tokens: list[str], token_types: list[int]) -> "Tokenizer":
+        """A SentencePiece vocabulary (Llama 1/2, Mistral): BPE over "▁"-spaced text whose merges are
+        rebuilt from the pieces' scores, unknown characters falling back to <0xNN> byte pieces: the
+        tokenizer transformers builds from the same file."""
+        scores: list[float] = meta["tokenizer.ggml.scores"]
+        vocab: dict[str, int] = {}
+        for id_, token in enumerate(tokens):
+            vocab.setdefault(token, id_)
+        unk = next((t for t, tt in zip(tokens, token_types) if tt == TOKEN_TYPE_UNKNOWN), None)
+        backend = tokenizers.Tokenizer(models.BPE(
+            vocab=vocab, merges=sentencepiece_merges(tokens, scores, vocab), unk_token=unk, fuse_unk=True,
+            byte_fallback=True))
+        prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+        backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", split=False,
+                                                         prepend_scheme="first" if prefix else "never")
+        steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+        backend.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix else []))
+        backend.add_special_tokens([
+            tokenizers.AddedToken(t, special=True, normalized=False)
+            for t, tt in zip(tokens, token_types) if tt == TOKEN_TYPE_CONTROL
+        ])
+        backend.add_tokens([
+            tokenizers.AddedToken(t, special=False, normalized=False)
+            for t, tt in zip(tokens, token_types) if tt == TOKEN_TYPE_USER_DEFINED
+        ])
+        stop_ids = [meta[k] for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if k in meta]
+        return cls(
+            backend,
+            bos_id=meta.get("tokenizer.ggml.bos_token_id"),
+            eos_id=meta.get("tokenizer.ggml.eos_token_id"),
+            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", True)),  # llama.cpp's default for these
             chat_template=meta.get("tokenizer.chat_template"),
             extra_stop_ids=stop_ids,
         )

@@ -3,8 +3,9 @@
 `naive` materialises the score matrix (B, H, T, S) in memory, masks it, softmaxes it and multiplies
 by V: what attention costs without fusion (the cost model charges its bytes). `flash` never writes
 it: on a GPU, decode runs the Triton flash-decoding kernel (kernels/flash_decode.py, over a cache
-view or through the paged block tables) and prefill PyTorch's fused SDPA; on a CPU, SDPA's fused
-kernel. k and v are (B, n_kv, S, hd) tensors, or `PagedKV` handles from a paged cache."""
+view or through the paged block tables; unless it failed its check at load, kernels/registry.py)
+and prefill PyTorch's fused SDPA; on a CPU, SDPA's fused kernel. k and v are (B, n_kv, S, hd)
+tensors, or `PagedKV` handles from a paged cache."""
 from __future__ import annotations
 
 import math
@@ -12,8 +13,10 @@ import math
 import torch
 import torch.nn.functional as F
 
+from engine.dispatch import record
 from engine.kv.cache import PagedKV
 from engine.settings import ATTENTION_BACKENDS as BACKENDS
+from kernels import registry as kernel_registry
 
 
 def attend(q: torch.Tensor, k, v, backend: str = "flash", kv_lens: torch.Tensor | None = None) -> torch.Tensor:
@@ -36,6 +39,7 @@ def naive_attention(q, k, v, kv_lens=None) -> torch.Tensor:
     head are stacked as extra query rows."""
     B, H, T, hd = q.shape
     n_kv, S = k.shape[1], k.shape[2]
+    _record(T, "torch naive (scores in memory)")
     group = H // n_kv
     qg = (q * (1.0 / math.sqrt(hd))).reshape(B, n_kv, group * T, hd)
     scores = qg @ k.transpose(-2, -1)  # (B, n_kv, group * T, S): the score matrix, materialised
@@ -52,12 +56,14 @@ def flash_attention(q, k, v, kv_lens=None) -> torch.Tensor:
     n_kv, S = k.shape[1], k.shape[2]
     # eager decode on a GPU: the Triton kernel. Inside a captured CUDA graph (torch.compile) the
     # fused SDPA stands in: the kernel's launch code is not traced (an untested path on our GPUs).
-    if T == 1 and q.is_cuda and _kernels_available() and not torch.compiler.is_compiling():
+    if T == 1 and _use_kernel(q, "flash") and not torch.compiler.is_compiling():
         from kernels.flash_decode import flash_decode
+        record("attention decode", "triton flash_decode")
         lens = kv_lens.to(torch.int32) if kv_lens is not None else \
             torch.full((B,), S, dtype=torch.int32, device=q.device)
         return flash_decode(q[:, :, 0], k, v, lens).unsqueeze(2)
     gqa = n_kv != H
+    _record(T, "torch SDPA")
     if kv_lens is None and T == S > 1:  # a whole prompt: SDPA's causal path skips the masked half
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
     allowed = _allowed(B, T, S, kv_lens, q.device)
@@ -85,8 +91,9 @@ def _allowed(B: int, T: int, S: int, kv_lens, device) -> torch.Tensor | None:
 def _attend_paged(q, k: PagedKV, v: PagedKV, backend: str) -> torch.Tensor:
     layout = k.layout
     B, H, T, hd = q.shape
-    if T == 1 and backend == "flash" and q.is_cuda and _kernels_available():
+    if T == 1 and backend == "flash" and _use_kernel(q, "paged"):
         from kernels.flash_decode import paged_flash_decode
+        record("attention decode", "triton paged_flash_decode")
         tables, lens = layout.tensors(q.device)
         return paged_flash_decode(q[:, :, 0], k.pool, v.pool, tables, lens, layout.block_size).unsqueeze(2)
     if B == 1 and len(layout.runs[0]) == 1:  # one run of consecutive blocks: a plain view
@@ -103,6 +110,7 @@ def _decode_over_runs(q, k_runs: list[torch.Tensor], v_runs: list[torch.Tensor])
     head: small at decode), one softmax over them all, then the value product run by run."""
     B, H, _, hd = q.shape
     n_kv = k_runs[0].shape[1]
+    _record(1, "torch, block runs read in place")
     qg = (q * (1.0 / math.sqrt(hd))).reshape(B, n_kv, H // n_kv, hd)
     scores = torch.cat([qg @ kr.transpose(-2, -1) for kr in k_runs], dim=-1)  # (B, n_kv, group, S)
     probs = torch.softmax(scores, dim=-1)
@@ -116,7 +124,21 @@ def _decode_over_runs(q, k_runs: list[torch.Tensor], v_runs: list[torch.Tensor])
     return out.reshape(B, H, 1, hd)
 
 
+def _record(T: int, impl: str) -> None:
+    if not torch.compiler.is_compiling():  # traced once; a graph's replays are counted by engine/graphs.py
+        record("attention decode" if T == 1 else "attention prefill", impl)
+
+
 _KERNELS: bool | None = None
+
+
+def _use_kernel(q: torch.Tensor, name: str) -> bool:
+    """Decode on a GPU takes Triton kernel `name` unless it failed its check at load."""
+    return _on_gpu(q) and _kernels_available() and kernel_registry.enabled(name)
+
+
+def _on_gpu(q: torch.Tensor) -> bool:
+    return q.is_cuda  # its own function: the dispatch tests take the GPU's branch with CPU tensors
 
 
 def _kernels_available() -> bool:

@@ -4,7 +4,7 @@ Quantisers turn a weight tensor into stored tensors; `quantize_model` swaps ever
 a `Transformer` for an `Int8Linear` / `Int4Linear` built from them, sharing everything else.
 
 What runs where: CUDA → the Triton kernels in kernels/ (through torch custom ops, so a compiled
-decode step can capture them); CPU → PyTorch's packed CPU kernels, fed bf16 activations (the
+decode step can capture them) unless one failed its check at load (kernels/registry.py); CPU → PyTorch's packed CPU kernels, fed bf16 activations (the
 only ones they vectorise); anything else → the one-line reference forward.
 
 The head is quantised too (a fifth of the default model's weight bytes), to INT8 in both
@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from engine.model.transformer import Linear, Transformer
 from engine.settings import GROUP_SIZES, QuantError, check_weights, weights_label
+from kernels import registry as kernel_registry
 from kernels.int4_pack import pack_int4, unpack_int4
 
 INT4_CPU_ZERO_CODE = 8  # PyTorch's CPU int4 kernel dequantises (code - 8) * scale + zero
@@ -140,7 +141,7 @@ class Int8Linear(nn.Module):
             else:
                 y = torch._weight_int8pack_mm(x2, self.q, self.scales_bf16)
             return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-        if self.backend == "triton":
+        if self.backend == "triton" and kernel_registry.enabled("int8"):
             return _int8_op(x, self.q, self.scales)
         return self.reference(x)
 
@@ -196,7 +197,7 @@ class Int4Linear(nn.Module):
             if y.shape[1] != self.out_features:
                 y = y[:, : self.out_features]
             return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-        if self.backend == "triton":
+        if self.backend == "triton" and kernel_registry.enabled("int4"):
             return _int4_op(x, self.packed, self.scales, self.mins, self.group_size)
         return self.reference(x)
 
@@ -259,13 +260,15 @@ def quantize_model(model: Transformer, weights: str, group_size: int = 32,
 class QuantisedModels:
     """Quantised copies of a model, made once per key (dtype, weights, group) and kept.
     A copy is made in a background thread so a streaming reply keeps going meanwhile; one at a
-    time: asking for another while one is being made is a QuantError."""
+    time, the others asked for meanwhile queued in order (a speaker pressing F4 twice gets INT4
+    once INT8 is made, not a refusal)."""
 
     def __init__(self):
         self._ready: dict[tuple, Transformer] = {}
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._done = threading.Condition(self._lock)
         self._building: tuple | None = None
+        self._queue: list[tuple] = []  # (key, source, progress) waiting for the one being made
         self._fraction = 0.0
         self._errors: dict[tuple, BaseException] = {}
 
@@ -281,17 +284,20 @@ class QuantisedModels:
 
     def start(self, key: tuple, source: Callable[[], Transformer],
               progress: Callable[[float, str], None] | None = None) -> None:
-        """Begin making `key` unless it is ready or already being made."""
-        dtype, weights, group_size = key
+        """Begin making `key` (or queue it behind the one being made) unless it is ready or asked for."""
         with self._lock:
-            if key in self._ready or self._building == key:
+            if key in self._ready or self._building == key or any(k == key for k, _, _ in self._queue):
                 return
-            if self._building is not None:
-                _, busy_weights, busy_group = self._building
-                raise QuantError(f"{weights_label(busy_weights, busy_group)} weights are still being made "
-                                 f"({100 * self._fraction:.0f}%): switch again when they are ready")
-            self._building, self._fraction = key, 0.0
             self._errors.pop(key, None)
+            if self._building is not None:
+                self._queue.append((key, source, progress))
+                return
+            self._begin(key, source, progress)
+
+    def _begin(self, key: tuple, source, progress) -> None:
+        """Start the thread that makes `key` (the lock is held)."""
+        _, weights, group_size = key
+        self._building, self._fraction = key, 0.0
 
         def report(fraction: float, message: str) -> None:
             self._fraction = fraction
@@ -309,18 +315,20 @@ class QuantisedModels:
             finally:
                 with self._lock:
                     self._building = None
+                    if self._queue:
+                        self._begin(*self._queue.pop(0))
+                    self._done.notify_all()
 
         # not a daemon: a process that exits mid-build waits for it (seconds) rather than
         # tearing torch down under a running thread
-        self._thread = threading.Thread(target=build, name=f"quantise {weights}")
-        self._thread.start()
+        threading.Thread(target=build, name=f"quantise {weights}").start()
 
     def wait(self, key: tuple) -> Transformer:
-        """The copy for `key`, waiting for it if it is being made."""
-        thread = self._thread
-        if thread is not None and self.building is not None and self.building[0] == key:
-            thread.join()
+        """The copy for `key`, waiting for it if it is being made or queued."""
         with self._lock:
+            while key not in self._ready and key not in self._errors and (
+                    self._building == key or any(k == key for k, _, _ in self._queue)):
+                self._done.wait()
             if key in self._ready:
                 return self._ready[key]
             error = self._errors.pop(key, None)

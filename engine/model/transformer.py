@@ -1,4 +1,5 @@
-"""One Llama-family transformer (RMSNorm, RoPE, GQA, SwiGLU, tied or untied head).
+"""One Llama-family transformer (RMSNorm, RoPE with scaling, GQA, SwiGLU, tied or untied head; the
+Qwen2 q/k/v bias and the Qwen3 per-head q/k RMSNorm where the config has them).
 
 `Transformer.forward(tokens, start_pos, cache)` returns logits; linear layers go through
 `Linear` so later settings (quantisation) can swap them between steps."""
@@ -14,6 +15,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from engine.model.attention import attend
 from engine.model.config import ModelConfig
+from engine.model.rope import rope_tables
 
 # Decode on a CPU is a matrix-vector product per weight. PyTorch's plain F.linear (one
 # GEMV on (N, K) weights) streams about 11 GB/s on the 2-core machines here; viewing the
@@ -140,15 +142,6 @@ def _memory_allows(nbytes: int) -> bool:
     return avail >= 2 * nbytes + (1 << 30)
 
 
-def rope_tables(cfg: ModelConfig, max_len: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin, (max_len, head_dim), fp32, in the rotate-half layout."""
-    half = cfg.head_dim // 2
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, half, device=device, dtype=torch.float64) / half))
-    angles = torch.outer(torch.arange(max_len, device=device, dtype=torch.float64), inv_freq)
-    angles = torch.cat([angles, angles], dim=-1)
-    return angles.cos().float(), angles.sin().float()
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     # x: (B, T, H, hd); cos/sin: (T, hd) or (B, T, hd) for per-sequence positions
     if cos.dim() == 2:
@@ -160,17 +153,31 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (x.float() * cos + rotated.float() * sin).to(x.dtype)
 
 
+def fused(weights: dict[str, torch.Tensor], name: str, parts: tuple[str, ...]) -> torch.Tensor:
+    """weights[name] if the loader fused it, else the parts concatenated along the rows."""
+    if name in weights:
+        return weights[name]
+    return torch.cat([weights[p] for p in parts], dim=0)
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]):
         super().__init__()
         self.cfg = cfg
         self.attn_norm = nn.Parameter(weights["attn_norm"], requires_grad=False)
         self.ffn_norm = nn.Parameter(weights["ffn_norm"], requires_grad=False)
-        # q, k and v are one matmul; gate and up are one matmul (fewer launches per step)
-        self.wqkv = Linear(torch.cat([weights["wq"], weights["wk"], weights["wv"]], dim=0))
+        # q, k and v are one matmul; gate and up are one matmul (fewer launches per step). The
+        # loaders hand them over fused already (engine/io/loader.py: fuse_layers), so no copy here.
+        self.wqkv = Linear(fused(weights, "wqkv", ("wq", "wk", "wv")))
         self.wo = Linear(weights["wo"])
-        self.w_gate_up = Linear(torch.cat([weights["w_gate"], weights["w_up"]], dim=0))
+        self.w_gate_up = Linear(fused(weights, "w_gate_up", ("w_gate", "w_up")))
         self.w_down = Linear(weights["w_down"])
+        # None for Llama and Mistral: their step runs no extra op
+        self.bqkv = nn.Parameter(fused(weights, "bqkv", ("bq", "bk", "bv")), requires_grad=False) \
+            if cfg.qkv_bias else None
+        self.qk_norm = nn.Parameter(torch.cat([weights["q_norm"].expand(cfg.n_heads, cfg.head_dim),
+                                               weights["k_norm"].expand(cfg.n_kv_heads, cfg.head_dim)]),
+                                    requires_grad=False) if cfg.qk_norm else None  # (n_heads + n_kv, hd)
 
     def forward(self, x, cos, sin, layer: int, cache, start_pos: int, attention: str = "flash"):
         q, k, v = self._qkv(x, cos, sin)
@@ -198,7 +205,11 @@ class Block(nn.Module):
         B, T, _ = x.shape
         h = F.rms_norm(x, (cfg.dim,), self.attn_norm, cfg.norm_eps)
         qkv = self.wqkv(h)
+        if self.bqkv is not None:
+            qkv = qkv + self.bqkv
         qk = qkv[..., : cfg.q_dim + cfg.kv_dim].view(B, T, cfg.n_heads + cfg.n_kv_heads, cfg.head_dim)
+        if self.qk_norm is not None:  # each head of q and k normalised over head_dim, before RoPE
+            qk = F.rms_norm(qk, (cfg.head_dim,), None, cfg.norm_eps) * self.qk_norm
         qk = apply_rope(qk, cos, sin)  # q and k rotated together: one op instead of two
         q = qk[:, :, : cfg.n_heads].transpose(1, 2)  # (B, n_heads, T, hd)
         k = qk[:, :, cfg.n_heads:].transpose(1, 2)  # (B, n_kv, T, hd)
@@ -228,14 +239,29 @@ def attention(q, k, v, gqa: bool) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
 
+def _share_fused(weights: dict[str, torch.Tensor], prefix: str, block: Block) -> None:
+    """Rebind the caller's q/k/v and gate/up entries to views of the block's fused weights, so the
+    originals are freed and the model and the caller's dict hold one copy (an 8B model: 16 GB, not 25)."""
+    cfg = block.cfg
+    for fused, names, rows in ((block.wqkv.weight, ("wq", "wk", "wv"), (cfg.q_dim, cfg.kv_dim, cfg.kv_dim)),
+                               (block.w_gate_up.weight, ("w_gate", "w_up"), (cfg.ffn_dim, cfg.ffn_dim))):
+        for name, part in zip(names, fused.detach().split(rows)):
+            weights[prefix + name] = part
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]):
+        """`weights` is shared, not copied: its q/k/v and gate/up entries become views of the fused
+        matmul weights (same values, one copy in memory)."""
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Parameter(weights["embed"], requires_grad=False)  # (vocab, dim)
-        self.layers = nn.ModuleList(
-            Block(cfg, {k.split(".", 2)[2]: v for k, v in weights.items() if k.startswith(f"layers.{i}.")})
-            for i in range(cfg.n_layers))
+        layers = []
+        for i in range(cfg.n_layers):
+            prefix = f"layers.{i}."
+            layers.append(Block(cfg, {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}))
+            _share_fused(weights, prefix, layers[-1])  # layer by layer: the peak is one layer over the model
+        self.layers = nn.ModuleList(layers)
         self.norm = nn.Parameter(weights["norm"], requires_grad=False)
         self.head = Linear(weights["embed"] if cfg.tied_embeddings else weights["head"])
         if cfg.tied_embeddings:

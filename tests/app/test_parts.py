@@ -9,7 +9,10 @@ import pytest
 from app_test_helpers import fake_cpu
 
 from app.controls import CONTROLS, get_field, has_field, with_field
-from app.plots import LiveData, merge_bars, nice_ceiling, x_window
+from app.live_data import LiveData
+from app.plots.step_plot import x_window
+from app.plots.style import nice_ceiling
+from app.plots.timeline import merge_bars
 from app.ringbuffer import RingBuffer
 from app.theme import DARK, LIGHT, SettingColours
 from engine.hardware import ceilings

@@ -57,9 +57,9 @@ def test_users_are_served_between_replies_and_the_panel_draws_them(make_window, 
     # arrivals join the running decodes: those steps are "mixed", drawn apart from prefill and decode
     qtbot.waitUntil(lambda: (window.data.steps.column("mixed")[-50:] > 0.5).any(), timeout=30_000)
     assert window.plots.refresh(force=True)
-    mixed_x = window.plots.mixed_item.getData()[0]
-    assert len(mixed_x) > 0 and not set(mixed_x) & set(window.plots.prefill_item.getData()[0])
-    label = window.plots.widgets["tokens"].getPlotItem().legend.getLabel(window.plots.mixed_item)
+    mixed_x = window.plots.tokens.mixed_item.getData()[0]
+    assert len(mixed_x) > 0 and not set(mixed_x) & set(window.plots.tokens.prefill_item.getData()[0])
+    label = window.plots.tokens.plot.legend.getLabel(window.plots.tokens.mixed_item)
     assert label is not None and label.text == "prefill + decode"
     slider.setValue(0)
     qtbot.waitUntil(lambda: window.worker.engine is not None and not window.worker.engine.serving, timeout=30_000)

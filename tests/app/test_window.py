@@ -44,19 +44,19 @@ def test_plots_receive_every_step_in_their_ring_buffers(make_window, qtbot):
     assert steps.column("prefill")[0] == 1 and np.all(steps.column("prefill")[1:] == 0)
     assert np.all(steps.column("tokens_per_s") > 0) and np.all(steps.column("gbs") > 0)
     qtbot.waitUntil(lambda: window.plots.frames_drawn > 0 and window.plots._drawn_version == window.data.version)
-    decode_series = window.plots._series["tokens"][0]
+    decode_series = window.plots.tokens.series[0]
     x, y = decode_series.getData()
     assert len(x) == 40 and np.isfinite(y).sum() == 39  # the prefill step is its own marker
-    assert len(window.plots.prefill_item.getData()[0]) == 1
+    assert len(window.plots.tokens.prefill_item.getData()[0]) == 1
     # no simulated users, no "prefill + decode" steps: not in a legend either
-    assert window.plots.widgets["tokens"].getPlotItem().legend.getLabel(window.plots.mixed_item) is None
-    assert set(window.plots._bars) == {"prefill", 0}
+    assert window.plots.tokens.plot.legend.getLabel(window.plots.tokens.mixed_item) is None
+    assert set(window.plots.timeline.bars) == {"prefill", 0}
     assert window.data.ttft_s is not None and window.data.ttft_s > 0
     # the roofline's live dot is the last (decode) step, left of the ridge: memory-bound
     ridge = 1e11 / 20e9  # the fake CPU's peak FLOP/s / peak bytes/s
-    assert window.plots.dot_item.xData[0] == pytest.approx(window.data.steps.last("ai"))
+    assert window.plots.roofline.dot_item.xData[0] == pytest.approx(window.data.steps.last("ai"))
     assert window.data.steps.last("ai") < ridge
-    assert window.plots.last_prefill_item.xData[0] > window.data.steps.last("ai")  # prefill lands right
+    assert window.plots.roofline.last_prefill_item.xData[0] > window.data.steps.last("ai")  # prefill lands right
 
 
 def test_kv_cache_toggled_mid_reply_reaches_the_engine_and_is_annotated(make_window, qtbot):
@@ -77,10 +77,10 @@ def test_kv_cache_toggled_mid_reply_reaches_the_engine_and_is_annotated(make_win
     assert after and all(s.kv_bytes == 0 and s.new_tokens > 1 for s in after)  # recomputes the context
     assert all(s.kv_read_bytes > 0 for s in window._reply_steps[1:int(note.x)])
     window.plots.refresh(force=True)
-    labels = [line.label.format for line in window.plots._annotation_lines["tokens"]]
+    labels = [line.label.format for line in window.plots.tokens.annotation_lines]
     assert any("kv cache off" in text for text in labels)
     for plot in ("memory", "compute", "timeline"):  # every time plot carries the line
-        assert len(window.plots._annotation_lines[plot]) == len(window.plots._annotation_lines["tokens"])
+        assert len(window.plots.views[plot].annotation_lines) == len(window.plots.tokens.annotation_lines)
     assert "off" in window.controls.widgets["kv_cache"].text().lower()
 
 
@@ -91,6 +91,7 @@ def test_a_setting_changed_between_replies_is_annotated_at_once(make_window, qtb
     assert window.settings.dtype == "fp32" and window.settings_pending  # shown once the engine confirms
     confirmed(window, qtbot)
     assert window.settings.dtype == "bf16" and window.controls.widgets["dtype"].checkedButton().value == "bf16"
+    assert "→ bf16" in window.chat.model_label.text() and "fp32" not in window.chat.model_label.text()
     assert len(window.data.annotations) == before + 1 and window.data.annotations[-1].text == "bf16"
     fp16 = next(b for b in window.controls.widgets["dtype"].buttons() if b.value == "fp16")
     assert not fp16.isEnabled() and "fp16" in fp16.toolTip()
@@ -190,7 +191,7 @@ def test_themes_and_large_fonts_redraw_the_same_data(make_window, qtbot):
     assert window.theme.font_pt >= 15 and window.fonts_button.isChecked()
     assert window.plots.refresh(force=True)
     assert window.colours.colour(window.data.labels[0]) != colour_dark  # same slot, light palette
-    x, _ = window.plots._series["tokens"][0].getData()
+    x, _ = window.plots.tokens.series[0].getData()
     assert len(x) == 12
     window.toggle_theme()
     window.set_large_fonts(False)
@@ -282,10 +283,10 @@ def test_the_roofline_trail_reuses_its_rendered_symbols(make_window, qtbot):
     window = make_window(max_new_tokens=30)
     send_and_wait(window, qtbot, "fill the trail")
     window.plots.refresh(force=True)
-    atlas = window.plots.trail_item.scatter.fragmentAtlas
+    atlas = window.plots.roofline.trail_item.scatter.fragmentAtlas
     size = len(atlas)
     assert size > 0
     send_and_wait(window, qtbot, "and again")  # new steps: the trail moves, its styles repeat
     for _ in range(5):
         window.plots.refresh(force=True)
-    assert len(window.plots.trail_item.scatter.fragmentAtlas) <= size + 1  # (one new colour at most)
+    assert len(window.plots.roofline.trail_item.scatter.fragmentAtlas) <= size + 1  # (one new colour at most)

@@ -112,4 +112,4 @@ def test_the_gpu_smoke_scripts_batched_check_runs_here():
     import runpy
     from pathlib import Path
     script = runpy.run_path(str(Path(__file__).resolve().parents[2] / "scripts" / "gpu_smoke.py"))
-    script["batched_matches_solo"]("cpu")
+    assert "pre-emptions" in script["Smoke"]("cpu", tiny=True).batched_matches_solo()

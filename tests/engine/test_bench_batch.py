@@ -39,7 +39,8 @@ def test_bundled_prompts_are_sent_whole():
     assert len(texts) >= 20 and not any(t.startswith("#") for t in texts)
     prompts = tuple(tuple(t.encode()) for t in texts)  # bytes as token ids
     users = SimulatedUsers(4, Workload(prompts=prompts, prompt_lens=None), seed=2)
-    assert all(tuple(r.prompt_ids) in prompts for r in users.due(0.0))
+    first = users.due(0.0)
+    assert len(first) == 4 and all(tuple(r.prompt_ids) in prompts for r in first)
 
 
 def test_users_stop_at_max_requests_and_can_be_fewer_or_more():

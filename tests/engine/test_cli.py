@@ -136,3 +136,30 @@ def test_bench_sweep_speculative_writes_its_results(capsys, tmp_path):
         assert r["decode_tokens_per_s"] > 0
     oracle = next(r for r in results if r["source"] == "oracle" and r["sampling"] == "greedy")
     assert oracle["acceptance_rate"] == 1.0 and oracle["mean_accepted"] == 2.0
+
+
+def test_models_lists_what_is_on_disk_with_fit_and_ceiling(capsys, tmp_path, monkeypatch):
+    import shutil
+
+    from engine.io.default_model import find_default_model
+    home = tmp_path / "home"
+    for name in ("HF_HUB_CACHE", "HF_HOME", "OLLAMA_MODELS", "LLAMA_CACHE", "XDG_CACHE_HOME", "XDG_CONFIG_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "no-ollama"))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    shutil.copyfile(find_default_model(), mine / "smol.gguf")
+    (mine / "broken.gguf").write_bytes(b"GGUF\x03\x00\x00\x00")
+    code, out, err = run_cli(capsys, "models", "--device", "cpu", "--add-folder", str(mine))
+    assert code == 0, err
+    lines = out.splitlines()
+    smol = next(line for line in lines if line.startswith("smol.gguf"))
+    assert "Llama" in smol and "135 M" in smol and "Q4_1" in smol and "fp32" in smol and "tok/s" in smol
+    assert smol.rstrip().endswith(str(mine / "smol.gguf"))
+    broken = lines.index(next(line for line in lines if line.startswith("broken.gguf")))
+    assert lines[broken + 1].strip().startswith("why:") and "2 found, 1 membound can run" in out
+    code, out, _ = run_cli(capsys, "models", "--device", "cpu", "--supported")  # the folder was remembered
+    assert "smol.gguf" in out and "broken.gguf" not in out
+    code, _, err = run_cli(capsys, "models", "--add-folder", str(tmp_path / "nowhere"))
+    assert_one_line_error(code, err, "is not a folder")

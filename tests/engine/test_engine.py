@@ -90,10 +90,18 @@ def test_settings_change_mid_reply_takes_effect_at_the_next_step():
     assert all(s.kv_write_bytes > 0 for s in steps[:4])
     tokens = [e.token_id for e in events if isinstance(e, TokenEvent)]
     assert tokens == baseline  # same maths either way
-    # and back on: the cache catches up with one prefill-sized step
+    # and back on: the K/V cached before the switch (the prompt and the first 3 tokens fed) are
+    # reused, one prefill-sized step catches up the rest, then decoding goes one token at a time
     eng.apply(GREEDY)
-    _, steps2, _, _ = run(eng.generate(list(range(1, 20)) + tokens + [7]))
-    assert steps2[0].new_tokens >= 1
+    prompt2 = list(range(1, 20)) + tokens + [7]
+    tokens2, steps2, done2, _ = run(eng.generate(prompt2))
+    assert (steps2[0].phase, steps2[0].context_len) == ("prefill", 19 + 3)
+    assert steps2[0].new_tokens == len(prompt2) - 22 and steps2[0].kv_write_bytes > 0
+    decodes = [(s.new_tokens, s.context_len) for s in steps2[1:]]
+    assert decodes == [(1, len(prompt2) + i) for i in range(len(steps2) - 1)]
+    assert done2.n_cached_tokens == 22
+    fresh_tokens, _, _, _ = run(make_engine().generate(prompt2))
+    assert tokens2 == fresh_tokens  # the caught-up cache holds the same K/V as a fresh prefill
 
 
 def test_dtype_switch_mid_reply_keeps_generating():

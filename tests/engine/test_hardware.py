@@ -478,3 +478,16 @@ def test_detect_gpu_without_nvml(fake_cuda, monkeypatch):
 def test_detect_cuda_index_out_of_range(fake_cuda):
     with pytest.raises(HardwareError, match="only 1 CUDA GPU"):
         detect_device("cuda:3")
+
+
+def test_sampler_clocks_for_a_bench_record(fake_nvml, monkeypatch):
+    fake_nvml.nvmlDeviceGetEnforcedPowerLimit = lambda handle: 700_000
+    fake_nvml.nvmlDeviceGetCurrentClocksEventReasons = lambda handle: 0x4  # an older pynvml lacks this one
+    with NvmlSampler(0) as sampler:
+        clocks = sampler.clocks()
+    assert clocks["available"] and (clocks["sm_clock_mhz"], clocks["max_mem_clock_mhz"]) == (1980, 2619)
+    assert clocks["power_w"] == pytest.approx(612.345) and clocks["power_limit_w"] == 700.0
+    assert clocks["clock_event_reasons"] == 0x4
+    assert clocks["temperature_c"] is None and clocks["mig_mode"] is None  # not in this fake: None, no error
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # no pynvml at all
+    assert NvmlSampler(0).clocks() == {"available": False, "reason": "pynvml not installed"}

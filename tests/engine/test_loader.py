@@ -4,35 +4,31 @@ import json
 
 import pytest
 import torch
+from model_files import tiny_tokenizer_json
 
 from engine.bench.hf_compare import build_hf_model
 from engine.io.gguf_file import ModelFileError
-from engine.io.loader import load_model, synthetic_weights, unpermute_qk
+from engine.io.loader import fuse_layers, load_model, synthetic_weights, unpermute_qk
 from engine.model.config import ConfigError, ModelConfig
 from engine.model.transformer import Transformer
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny models: one thread is faster than two waiting on each other on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 
 CFG = ModelConfig(name="tiny", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=300,
                   tied_embeddings=False, max_seq_len=128)
 
 
-def tiny_tokenizer_json(path, vocab_size):
-    """A byte-level BPE tokenizer.json with no merges, written with the tokenizers library."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from tokenizers.pre_tokenizers import ByteLevel
-
-    alphabet = ByteLevel.alphabet()
-    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
-    tok.save(str(path))
-
-
 def save_hf_folder(tmp_path, cfg, weights, dtype=torch.float32):
     model = build_hf_model(cfg, weights, dtype)
     model.save_pretrained(tmp_path, safe_serialization=True)
-    tiny_tokenizer_json(tmp_path / "tokenizer.json", cfg.vocab_size)
+    tiny_tokenizer_json(tmp_path / "tokenizer.json")
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
     return model
 
@@ -71,7 +67,6 @@ def test_gguf_written_by_gguf_writer_loads_with_unpermuted_qk(tmp_path):
     writer.add_head_count_kv(2)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
-    tokens = [bytes([b]).decode("latin-1") for b in range(256)] + [f"<x{i}>" for i in range(44)]
     from tokenizers.pre_tokenizers import ByteLevel
     alphabet = sorted(ByteLevel.alphabet())
     writer.add_tokenizer_model("gpt2")
@@ -104,6 +99,8 @@ def test_gguf_written_by_gguf_writer_loads_with_unpermuted_qk(tmp_path):
 
     loaded = load_model(path)
     assert loaded.cfg.tied_embeddings and loaded.cfg.n_kv_heads == 2 and loaded.cfg.dim == 64
+    fuse_layers(w, cfg)  # the loader hands q/k/v and gate/up over fused
+    assert set(loaded.weights) == set(w)
     for key in w:
         torch.testing.assert_close(loaded.weights[key], w[key], rtol=0, atol=0)
 
@@ -164,3 +161,92 @@ def test_named_shapes_and_synthetic_weights():
     assert loaded.cfg.max_seq_len == 256 and "random" in loaded.label
     with pytest.raises(ModelFileError, match="out of memory"):
         load_model("synthetic:llama3-70b")  # 280 GB in fp32: never fits here
+
+
+def _mapped_file(address: int) -> str:
+    """The file a process address is mapped from ("" for anonymous memory), from /proc/self/maps."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split()
+            low, high = (int(x, 16) for x in fields[0].split("-"))
+            if low <= address < high:
+                return fields[5] if len(fields) > 5 else ""
+    return ""
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_sharded_hf_folder_is_memory_mapped_not_copied(tmp_path, dtype):
+    from model_files import assert_logits_match, rounded, tiny_hf
+    from model_files import save_hf_folder as save_tiny
+
+    hf = tiny_hf("qwen2", seed=3)
+    save_tiny(hf, tmp_path, dtype=dtype, max_shard_size="40KB")
+    shards = sorted(p.name for p in tmp_path.glob("*.safetensors"))
+    assert len(shards) > 2 and (tmp_path / "model.safetensors.index.json").exists()
+    loaded = load_model(tmp_path, dtype=dtype)
+    name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    assert loaded.file_format == name and f"{name} → {name}" in loaded.label
+    # tensors kept in the file's dtype are views of the shards' mappings: no copy in memory
+    for key in ("embed", "layers.0.wo", "layers.1.w_down", "layers.0.attn_norm", "norm"):
+        assert _mapped_file(loaded.weights[key].data_ptr()).endswith(tuple(shards)), key
+    # q/k/v and gate/up are fused once at load; the model takes those very tensors
+    model = Transformer(loaded.cfg, loaded.weights)
+    assert model.layers[0].wqkv.weight.data_ptr() == loaded.weights["layers.0.wqkv"].data_ptr()
+    assert model.layers[1].w_down.weight.data_ptr() == loaded.weights["layers.1.w_down"].data_ptr()
+    if dtype == torch.float32:
+        assert_logits_match(loaded, hf)
+    else:  # the half-precision file read into fp32 runs as transformers does on the same rounded weights
+        assert_logits_match(load_model(tmp_path, dtype=torch.float32), rounded(hf, dtype))
+
+
+def test_half_downloaded_sharded_folder_names_the_missing_shard(tmp_path):
+    from model_files import save_hf_folder as save_tiny
+    from model_files import tiny_hf
+
+    save_tiny(tiny_hf("llama"), tmp_path, max_shard_size="40KB")
+    last = sorted(tmp_path.glob("*.safetensors"))[-1]
+    last.unlink()
+    with pytest.raises(ModelFileError, match=f"weight shards missing \\(first: {last.name}\\)") as e:
+        load_model(tmp_path)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("fmt", ["hf", "gguf"])
+def test_progress_comes_per_tensor_and_raising_from_it_cancels_the_load(tmp_path, fmt):
+    """The loader reports each tensor; a front end cancels a load by raising from the callback
+    (the engine host does so when told to quit), and the load stops there."""
+    from model_files import save_hf_folder as save_tiny, tiny_hf, write_gguf
+
+    hf = tiny_hf("qwen3")
+    path = save_tiny(hf, tmp_path / "hf") if fmt == "hf" else write_gguf(hf, tmp_path / "m.gguf")
+    messages = []
+    load_model(path, progress=lambda fraction, message: messages.append((fraction, message)))
+    n_tensors = len(hf.state_dict())
+    assert len(messages) >= n_tensors and messages[-1][0] == 1.0
+    assert [f for f, _ in messages] == sorted(f for f, _ in messages)
+
+    class Cancel(Exception):
+        pass
+
+    def cancel_at_third(fraction, message):
+        if len(seen) == 3:
+            raise Cancel()
+        seen.append(message)
+
+    seen = []
+    with pytest.raises(Cancel):
+        load_model(path, progress=cancel_at_third)
+    assert len(seen) == 3
+
+
+def test_the_ggml_tables_agree_with_the_gguf_package():
+    """engine/io/file_headers.py keeps ggml's type and file-type tables as data (the app reads
+    headers without importing gguf): every entry is gguf's."""
+    import gguf
+
+    from engine.io.file_headers import FILE_TYPES, GGML_TYPES
+    for type_id, (name, block, block_bytes) in GGML_TYPES.items():
+        qtype = gguf.GGMLQuantizationType(type_id)
+        assert (qtype.name, *gguf.GGML_QUANT_SIZES[qtype]) == (name, block, block_bytes)
+    for file_type, name in FILE_TYPES.items():
+        assert gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_") == name

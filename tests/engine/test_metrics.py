@@ -1,4 +1,5 @@
 """The cost model against numbers worked out by hand."""
+import dataclasses
 import math
 
 import pytest
@@ -15,6 +16,23 @@ def test_llama_7b_shape_counts():
     assert LLAMA_7B.n_params == 6_738_415_616  # the published 6.74B
     # K and V, 32 layers x 4096 wide, fp16: 0.5 MiB per token of context
     assert LLAMA_7B.kv_bytes_per_token_per_elem * 2 == 524_288
+
+
+def test_qwen_families_count_their_biases_and_qk_norms():
+    """Qwen2.5-0.5B: 494,032,768 parameters as published, its q/k/v biases among them; Qwen3-0.6B's
+    q and k norms too. A decode step reads the biases, and the q/k norm weights once per head."""
+    qwen2 = ModelConfig.from_name("qwen2.5-0.5b")
+    assert qwen2.n_params == 494_032_768
+    bias = 24 * (896 + 2 * 128)  # q_dim 896, kv_dim 2 x 64
+    assert qwen2.vector_params == 24 * 2 * 896 + 896 + bias
+    qwen3 = ModelConfig.from_name("qwen3-0.6b")
+    assert qwen3.n_params == 596_049_920
+    assert qwen3.vector_params == 28 * (2 * 1024 + 2 * 128) + 1024
+    for cfg, vector_elems in [(qwen2, qwen2.vector_params), (qwen3, 28 * (2 * 1024 + (16 + 8) * 128) + 1024),
+                              (LLAMA_7B, (2 * 32 + 1) * 4096)]:
+        cost = step_cost(cfg, batch_size=1, new_tokens=1, context_len=0, weight_bytes=0, kv_elem_bytes=2,
+                         act_elem_bytes=2)
+        assert cost.weight_bytes == 2 * vector_elems, cfg.name
 
 
 def test_seven_billion_fp16_on_two_tb_per_s_is_seven_ms():
@@ -92,7 +110,7 @@ def test_no_kv_cache_moves_no_cache_bytes_and_recomputes_everything():
 
 def test_metrics_are_immutable_and_serialise():
     _, m = decode_metrics(LLAMA_7B, 10, 0.01, 10**9)
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         m.step_s = 1.0
     d = m.to_dict()
     assert d["mbu"] == m.mbu and d["phase"] == "decode" and math.isfinite(d["achieved_gbs"])

@@ -162,3 +162,23 @@ def test_static_decode_path_matches_the_dynamic_one():
             got = ours.forward_decode_static(tokens[:, pos:pos + 1], torch.tensor([pos]), b, kv_len=32)
             torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(a.k[:, :, :, :12], b.k[:, :, :, :12])
+
+
+def test_the_fused_weights_are_the_only_copy():
+    """q/k/v and gate/up are concatenated for one matmul each; the caller's originals become views
+    of those copies (same values), so a loaded model is held once, not twice."""
+    import weakref
+
+    cfg = tiny(4, 2)
+    w = random_weights(cfg)
+    before = {k: v.clone() for k, v in w.items()}
+    original = weakref.ref(w["layers.1.w_up"])
+    model = Transformer(cfg, w)
+    assert original() is None  # freed: nothing holds the loader's tensor any more
+    for name in ("wq", "wk", "wv"):
+        assert w[f"layers.1.{name}"].untyped_storage().data_ptr() == model.layers[1].wqkv.weight.untyped_storage().data_ptr()
+        assert torch.equal(w[f"layers.1.{name}"], before[f"layers.1.{name}"])
+    assert torch.equal(w["layers.0.w_gate"], before["layers.0.w_gate"]) and w["layers.0.w_gate"]._base is not None
+    again = Transformer(cfg, w)  # a second model from the same dict (the engine's other dtype): same logits
+    tokens = torch.arange(1, 9)[None]
+    torch.testing.assert_close(again(tokens), model(tokens))

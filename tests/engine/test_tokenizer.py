@@ -261,8 +261,8 @@ def test_each_pre_tokenizer_round_trips(pre):
 
 
 def test_unsupported_tokenizers_raise_one_line_errors():
-    with pytest.raises(TokenizerError, match="'llama'"):
-        Tokenizer.from_gguf_metadata(tiny_meta(**{"tokenizer.ggml.model": "llama"}))
+    with pytest.raises(TokenizerError, match="'bert'"):
+        Tokenizer.from_gguf_metadata(tiny_meta(**{"tokenizer.ggml.model": "bert"}))
     with pytest.raises(TokenizerError, match="'mystery'"):
         Tokenizer.from_gguf_metadata(tiny_meta(**{"tokenizer.ggml.pre": "mystery"}))
 
@@ -306,3 +306,28 @@ def test_imports_without_gguf_or_qt():
     code = ("import sys; sys.modules['gguf'] = None; import engine.io.tokenizer, engine.io.default_model; "
             "assert not any(m.startswith(('PySide6', 'PyQt')) for m in sys.modules)")
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
+
+
+def test_gguf_sentencepiece_vocabulary_tokenises_as_transformers_does(tmp_path):
+    """Llama 1/2 and Mistral GGUF files carry a scored SentencePiece vocabulary (tokenizer model
+    "llama"): ids and text as transformers' own GGUF tokenizer gives them."""
+    from transformers import AutoTokenizer
+
+    from engine.io.gguf_file import read_gguf_metadata
+    from model_files import tiny_hf, write_gguf
+
+    path = write_gguf(tiny_hf("llama", vocab_size=400), tmp_path / "spm.gguf", sentencepiece=True)
+    ours = Tokenizer.from_gguf_metadata(read_gguf_metadata(path))
+    theirs = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    for text in ["hello world", "The memory wall", "  two  spaces and\nnewlines\n", "café 😀 décodé",
+                 "decode reads[INST] the wall", "x"]:
+        expect = theirs.encode(text)
+        assert ours.encode(text) == expect, text
+        assert ours.decode(expect, skip_special_tokens=True) == theirs.decode(expect, skip_special_tokens=True)
+    assert ours.encode("hello")[0] == 1 and ours.eos_ids == {2}  # BOS added, as llama.cpp does for these
+    assert ours.decode(ours.encode("café 😀"), skip_special_tokens=True) == "café 😀"  # byte pieces fall back
+
+
+def test_sentencepiece_without_scores_is_refused():
+    with pytest.raises(TokenizerError, match="without scores"):
+        Tokenizer.from_gguf_metadata(tiny_meta(**{"tokenizer.ggml.model": "llama"}))

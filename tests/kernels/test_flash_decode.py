@@ -2,6 +2,7 @@
 context lengths that are not multiples of the tile or block size, 1 and 3 splits (with empty
 splits), block sizes 16 and 32, fp32 and bf16. Without a GPU they run under TRITON_INTERPRET=1."""
 import os
+import platform
 
 import pytest
 import torch
@@ -9,7 +10,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are defined
 
-triton = pytest.importorskip("triton")
+if platform.system() != "Linux":  # Triton ships Linux wheels only (pyproject's test extra)
+    pytest.skip("Triton is not installed off Linux", allow_module_level=True)
+import triton  # noqa: E402, F401  (on Linux a missing Triton fails here)
 
 from kernels.flash_decode import (  # noqa: E402
     flash_decode,

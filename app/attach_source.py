@@ -1,0 +1,443 @@
+"""Attach mode in the window: a running vLLM / SGLang / llama.cpp server feeds the same LiveData
+and plots the engine feeds (one row per scrape), and the chat pane streams from its OpenAI API.
+
+`AttachSource` scrapes and chats on threads of its own and hands plain data to the GUI thread by
+queued signals; `AttachController` puts a window into attach mode and back (`attach`, `detach`)
+and owns the "Attach to server…" button (`add_attach_button`)."""
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+from PySide6.QtCore import QEvent, QObject, Signal
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QWidget,
+)
+
+from app.live_data import LiveData
+from engine.attach.client import AttachError, ChatDone, Scraper, normalise_url, server_model, stream_chat
+from engine.attach.peak import GpuPeak, resolve_peak
+from engine.attach.series import ScrapeRecord
+from engine.attach.servers import SERVERS
+from engine.hardware.spec import KNOWN_GPUS, DeviceSpec
+
+SOURCE = "server's estimate"
+NO_TIMELINE = ("a server's /metrics has no per-step times: each reply's TTFT and tok/s come from its stream, "
+               "in the chat")
+FOREVER_S = 1e12
+
+
+# ---- scrapes into the plots' buffers -----------------------------------------------------------
+
+def add_record(data: LiveData, record: ScrapeRecord, label: str, peak: GpuPeak | None,
+               preempted_total: float = 0.0) -> None:
+    """One scrape as one row of the step plots (nan where the server did not say, so a failed
+    scrape is a gap) and, when the server answered, one row of the serving panel."""
+    interval_s = record.interval_s if math.isfinite(record.interval_s) else math.nan
+    flops_per_s = record.tflops * 1e12
+    bytes_per_s = record.gbs * 1e9
+    ai = flops_per_s / bytes_per_s if math.isfinite(flops_per_s) and bytes_per_s > 0 else math.nan
+    data.steps.append(
+        x=data.steps.total, t_s=record.t_s, start_s=record.t_s - interval_s, prefill=0.0, mixed=0.0,
+        label=data.label_code(label), tokens_per_s=record.generation_tokens_per_s,
+        ceiling_tps=record.ceiling_tokens_per_s, roof_tps=math.nan, gbs=record.gbs, flops=flops_per_s,
+        mfu_pct=100 * record.mfu, ai=ai, step_ms=1e3 * interval_s,
+        peak_flops=peak.flops if peak is not None and peak.flops else math.nan,
+        peak_bps=peak.bandwidth_bps if peak is not None else math.nan)
+    data.version += 1
+    if math.isfinite(record.running):
+        # a request's own rate: one token per inter-token latency (its median)
+        per_request = 1 / record.itl_p50_s if record.itl_p50_s > 0 else math.nan
+        data.serving.append(
+            x=max(data.steps.total - 1, 0), t_s=record.t_s, users=0, running=record.running,
+            waiting=record.waiting if math.isfinite(record.waiting) else 0.0,
+            aggregate_tps=record.generation_tokens_per_s, per_request_tps=per_request,
+            ttft_p50_s=record.ttft_p50_s, ttft_p95_s=record.ttft_p95_s, itl_p50_s=record.itl_p50_s,
+            itl_p95_s=record.itl_p95_s, preempted=preempted_total)
+        data.serving_policy = "continuous"
+        data.serving_version += 1
+
+
+def device_spec(peak: GpuPeak) -> DeviceSpec:
+    """The peak as the plots' DeviceSpec (datasheet figures only: nothing here is measured)."""
+    return DeviceSpec(name=peak.label, kind="cuda", peak_bandwidth_gbs=peak.bandwidth_gbs,
+                      peak_flops={"bf16": peak.flops} if peak.flops else {}, spec_bandwidth_gbs=peak.bandwidth_gbs,
+                      source=f"the server's GPU: {peak.source}")
+
+
+def status_line(record: ScrapeRecord, url: str) -> str:
+    """One line under the toolbar: the server, its state, and the figures the plots do not carry."""
+    server = SERVERS.get(record.kind)
+    head = f"{server.label if server else 'server'} at {url}"
+    if record.status in ("down", "bad answer"):
+        return f"{head} · {record.message} · retrying"
+    parts = [head]
+    if math.isfinite(record.running):
+        parts.append(f"running {record.running:.0f} · waiting {record.waiting:.0f}")
+    if math.isfinite(record.kv_cache_usage):
+        parts.append(f"KV cache {100 * record.kv_cache_usage:.0f}% used")
+    if len(record.engines) > 1:  # a data-parallel server: each engine's share
+        parts.append("engines " + ", ".join(
+            f"{key}: {figures.get('generation_tokens_per_s', math.nan):,.0f} tok/s" for key, figures in
+            sorted(record.engines.items())))
+    if len(record.gpus) > 1:
+        parts.append("GPUs " + ", ".join(f"{key}: {figures.get('gbs', math.nan):,.0f} GB/s"
+                                         for key, figures in sorted(record.gpus.items())))
+    if math.isfinite(record.spec_acceptance):
+        parts.append(f"speculative acceptance {100 * record.spec_acceptance:.0f}%")
+    if record.status != "ok":
+        parts.append(record.message)
+    return " · ".join(parts)
+
+
+# ---- the threads --------------------------------------------------------------------------------
+
+class AttachSource(QObject):
+    """Scrapes `url` every `interval_s` on a thread (backing off while it is down) and streams chat
+    replies on another; everything reaches the GUI thread as a queued signal."""
+    record = Signal(object)  # ScrapeRecord
+    chat_piece = Signal(str)
+    chat_done = Signal(object)  # ChatDone
+    chat_failed = Signal(str)
+
+    def __init__(self, url: str, *, peak: GpuPeak | None = None, api_key: str | None = None,
+                 interval_s: float = 1.0, parent=None):
+        super().__init__(parent)
+        self.url = normalise_url(url)
+        self.api_key = api_key
+        self.scraper = Scraper(self.url, interval_s=interval_s, peak=peak, api_key=api_key)
+        self._stop = threading.Event()
+        self._chat_stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._model: str | None = None
+
+    def start(self) -> None:
+        thread = threading.Thread(target=self.scraper.run, args=(FOREVER_S, self.record.emit, self._stop),
+                                  name="membound-attach-scrape", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def send(self, messages: list[dict], max_tokens: int = 256, temperature: float = 0.7) -> None:
+        self._chat_stop.clear()
+        thread = threading.Thread(target=self._chat, args=(list(messages), max_tokens, temperature),
+                                  name="membound-attach-chat", daemon=True)
+        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
+
+    def _chat(self, messages: list[dict], max_tokens: int, temperature: float) -> None:
+        try:
+            if self._model is None:
+                self._model = server_model(self.url, self.api_key)
+            for piece in stream_chat(self.url, messages, model=self._model, max_tokens=max_tokens,
+                                     temperature=temperature, api_key=self.api_key, stop=self._chat_stop):
+                if isinstance(piece, ChatDone):
+                    self.chat_done.emit(piece)
+                else:
+                    self.chat_piece.emit(piece)
+        except AttachError as error:
+            self.chat_failed.emit(str(error))
+
+    def stop_reply(self) -> None:
+        self._chat_stop.set()
+
+    def stop(self, timeout_s: float = 5.0) -> bool:
+        """End both threads; True when they ended within the timeout (a chat read may take until
+        the server's next chunk: daemon threads never keep the app alive)."""
+        self._stop.set()
+        self._chat_stop.set()
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads)
+
+
+# ---- the window in attach mode ------------------------------------------------------------------
+
+class AttachDialog(QDialog):
+    def __init__(self, url: str = "http://localhost:8000", parent=None):
+        super().__init__(parent)
+        self.setWindowTitle("Attach to a server")
+        self.url_edit = QLineEdit(url)
+        self.url_edit.setPlaceholderText("http://host:port of a vLLM, SGLang or llama.cpp server")
+        self.gpu_box = QComboBox()
+        self.gpu_box.addItem("NVML when the server runs here", "")
+        for sheet in KNOWN_GPUS:
+            self.gpu_box.addItem(sheet.label, sheet.label)
+        self.key_edit = QLineEdit()
+        self.key_edit.setEchoMode(QLineEdit.EchoMode.Password)
+        self.key_edit.setPlaceholderText("only for a server started with --api-key")
+        form = QFormLayout(self)
+        form.addRow("Server", self.url_edit)
+        form.addRow("Its GPU (for MBU, MFU)", self.gpu_box)
+        form.addRow("API key", self.key_edit)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        form.addRow(buttons)
+
+    def values(self) -> tuple[str, str | None, str | None]:
+        return self.url_edit.text().strip(), self.gpu_box.currentData() or None, self.key_edit.text().strip() or None
+
+
+class AttachController(QObject):
+    """Puts a MainWindow into attach mode and back. While attached, the chat's send / stop / new
+    chat go to the server, the local engine's events stop reaching the plots, and a status line
+    with a Detach button sits under the toolbar."""
+    state_changed = Signal(str)  # "up" | "down" | "detached"
+    reply_finished = Signal(object)  # ChatDone, or None when the reply failed
+
+    def __init__(self, window):
+        super().__init__(window)
+        self.window = window
+        self.source: AttachSource | None = None
+        self.url = ""
+        self.peak: GpuPeak | None = None
+        self.peak_note = ""
+        self.state = "detached"
+        self.records: list[ScrapeRecord] = []
+        self.messages: list[dict] = []
+        self.replying = False
+        self._reply_t0 = 0.0
+        self._preempted_total = 0.0
+        self._label = "server"
+        self.button = QPushButton("Attach to server…")
+        self.button.setToolTip("show a running vLLM, SGLang or llama.cpp server's figures and chat with it")
+        self.button.clicked.connect(self.pick_server)
+        self.status_label = QLabel("")
+        self.status_label.setWordWrap(True)
+        self.detach_button = QPushButton("Detach")
+        self.detach_button.clicked.connect(self.detach)
+        self.bar = QWidget()
+        row = QHBoxLayout(self.bar)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(self.status_label, 1)
+        row.addWidget(self.detach_button)
+        self.bar.setVisible(False)
+        window.installEventFilter(self)
+
+    @property
+    def attached(self) -> bool:
+        return self.source is not None
+
+    def eventFilter(self, watched, event) -> bool:
+        if watched is self.window and event.type() == QEvent.Type.Close:
+            self.detach(restore=False)
+        return False
+
+    def pick_server(self) -> None:
+        dialog = AttachDialog(self.url or "http://localhost:8000", self.window)
+        if dialog.exec():
+            self.attach(*dialog.values())
+
+    def attach(self, url: str, gpu: str | None = None, api_key: str | None = None, interval_s: float = 1.0) -> bool:
+        """Start showing the server at `url`; False (with the reason in the window) for a bad address
+        or an unknown --gpu name. A server that does not answer yet is retried, not refused."""
+        w = self.window
+        try:
+            url = normalise_url(url)
+            peak, note = resolve_peak(url, gpu)
+        except ValueError as error:
+            w.show_error(str(error))
+            return False
+        self.detach(restore=False)
+        w.clear_error()
+        w.stop()  # the local reply, if one streams
+        if w.settings is not None and w.settings.users > 0:
+            import dataclasses
+
+            w.apply_settings(dataclasses.replace(w.settings, users=0))
+        self._disconnect_window()
+        self.url, self.peak, self.peak_note = url, peak, note
+        self.records, self.messages, self._preempted_total, self._label = [], [], 0.0, "server"
+        data = w.data
+        data.clear()
+        data.source, data.x_label = SOURCE, f"scrape (every {interval_s:g} s)"
+        data.notes = {"timeline": NO_TIMELINE}
+        w.plots.set_hardware(device_spec(peak) if peak else None)
+        strip = w.hardware_strip
+        if peak is not None:
+            strip.set_device(device_spec(peak))
+        else:
+            strip.device_label.setText(f"the server's GPU: unknown — {note}")
+            strip.bandwidth_label.setText("")
+            strip.compute_label.setText("")
+        strip.spec = None  # this machine's memory and NVML readings are not the server's
+        strip.memory_label.setText("")
+        strip.live_label.setText("figures: the server's /metrics — its counters, and its own estimates of bytes "
+                                 "and FLOPs where it publishes them")
+        w.serving_panel.title.setText("<b>Serving: the server's batch, queue and latencies</b>")
+        w.controls.set_enabled(False)
+        w.model_button.setEnabled(False)
+        w.chat.clear()
+        w.chat.model_label.setText(f"attached to {url}")
+        w.chat.add_notice(f"attached to {url}: replies stream from its /v1/chat/completions; "
+                          f"the plots are its /metrics, one point per scrape · {note}")
+        w.chat.set_ready(True)
+        w.centralWidget().layout().insertWidget(1, self.bar)
+        self.status_label.setText(f"connecting to {url}…")
+        self.bar.setVisible(True)
+        self.source = AttachSource(url, peak=peak, api_key=api_key, interval_s=interval_s, parent=self)
+        self.source.record.connect(self._on_record)
+        self.source.chat_piece.connect(w.chat.append_reply)
+        self.source.chat_done.connect(self._on_chat_done)
+        self.source.chat_failed.connect(self._on_chat_failed)
+        self.source.start()
+        return True
+
+    def detach(self, restore: bool = True) -> None:
+        """Stop reading the server; with `restore`, give the window back to the local engine."""
+        if self.source is None:
+            return
+        source, self.source = self.source, None
+        source.stop()
+        source.deleteLater()
+        self.replying = False
+        self.bar.setVisible(False)
+        self._set_state("detached")
+        if not restore:
+            return
+        w = self.window
+        self._reconnect_window()
+        w.data.clear()
+        w.data.source, w.data.x_label, w.data.notes = "model", "step", {}
+        w.plots.set_hardware(w.hardware)
+        if w.hardware is not None:
+            w.hardware_strip.set_device(w.hardware)
+        w.serving_panel.set_theme(w.theme)
+        w.chat.clear()
+        ready = w.model_info is not None
+        w.chat.model_label.setText(w.model_info.label if ready else "")
+        w.chat.add_notice("detached: the local model again" if ready else "detached")
+        w.chat.set_streaming(False)
+        w.chat.set_ready(ready and not w.loading)
+        w.controls.set_enabled(ready and not w.loading)
+        w.model_button.setEnabled(True)
+
+    # chat and events go to the server while attached (the window's own handlers are reconnected after)
+    def _connections(self):
+        w = self.window
+        return ((w.chat.send_requested, w.send, self.send), (w.chat.stop_requested, w.stop, self.stop_reply),
+                (w.chat.new_chat_requested, w.new_chat, self.new_chat))
+
+    def _disconnect_window(self) -> None:
+        w = self.window
+        for signal, theirs, ours in self._connections():
+            signal.disconnect(theirs)
+            signal.connect(ours)
+        w.worker.events.disconnect(w._on_events)  # the local engine's steps are not the server's
+
+    def _reconnect_window(self) -> None:
+        w = self.window
+        for signal, theirs, ours in self._connections():
+            signal.disconnect(ours)
+            signal.connect(theirs)
+        w.worker.events.connect(w._on_events)
+
+    # ---- chat
+    def send(self, text: str) -> None:
+        if self.source is None or self.replying:
+            return
+        w = self.window
+        self.replying = True
+        self._reply_t0 = time.monotonic()
+        self.messages.append({"role": "user", "content": text})
+        w.chat.add_message("user", text)
+        w.chat.begin_reply()
+        w.chat.set_ready(False)
+        w.chat.set_streaming(True)
+        settings = w.settings
+        self.source.send(self.messages, max_tokens=settings.max_new_tokens if settings else 256,
+                         temperature=settings.sampling.temperature if settings else 0.7)
+
+    def stop_reply(self) -> None:
+        if self.source is not None and self.replying:
+            self.source.stop_reply()
+
+    def new_chat(self) -> None:
+        self.stop_reply()
+        self.messages = []
+        self.window.chat.clear()
+        self.window.chat.add_notice("new chat")
+
+    def _end_reply(self) -> None:
+        self.replying = False
+        self.window.chat.set_streaming(False)
+        self.window.chat.set_ready(self.source is not None)
+
+    def _on_chat_done(self, done: ChatDone) -> None:
+        self.messages.append({"role": "assistant", "content": done.text})
+        parts = [f"{done.n_tokens} tokens ({done.finish_reason})"]
+        if math.isfinite(done.ttft_s):
+            parts.append(f"TTFT {1e3 * done.ttft_s:,.0f} ms")
+        if math.isfinite(done.tokens_per_s):
+            parts.append(f"{done.tokens_per_s:,.1f} tok/s (this reply, from the stream)")
+        server_rate = self.server_rate_since(self._reply_t0)
+        if math.isfinite(server_rate):
+            parts.append(f"server: {server_rate:,.1f} tok/s generated, every request, since it was sent "
+                         "(its counters)")
+        self.window.chat.end_reply("— " + " · ".join(parts))
+        self._end_reply()
+        self.reply_finished.emit(done)
+
+    def _on_chat_failed(self, message: str) -> None:
+        self.window.chat.end_reply("")
+        self.window.chat.add_notice(f"the reply failed: {message}", error=True)
+        self._end_reply()
+        self.reply_finished.emit(None)
+
+    def server_rate_since(self, t0_s: float) -> float:
+        """The server's generation tokens/s over the scrapes since t0_s, all requests together (nan
+        without any): the reply's own rate beside what the whole server did meanwhile."""
+        rows = [r for r in self.records if r.t_s >= t0_s and r.ok and math.isfinite(r.generation_tokens)]
+        span = sum(r.interval_s for r in rows)
+        return sum(r.generation_tokens for r in rows) / span if span > 0 else math.nan
+
+    # ---- scrapes
+    def _on_record(self, record: ScrapeRecord) -> None:
+        if self.source is None:
+            return  # one still queued when the window detached
+        self.records = (self.records + [record])[-4096:]
+        if math.isfinite(record.preemptions):
+            self._preempted_total += record.preemptions
+        server = SERVERS.get(record.kind)
+        w = self.window
+        if server is not None:
+            hint = server.bytes_hint
+            w.data.notes.update({"memory": hint, "compute": hint, "roofline": hint} if not math.isfinite(record.gbs)
+                                else {})
+            if server.live_note:
+                w.data.notes["tokens"] = server.live_note
+        if server is not None:
+            self._label = f"{server.label} server"  # one legend entry and colour; a gap keeps the last
+        add_record(w.data, record, self._label, self.peak, self._preempted_total)
+        self.status_label.setText(status_line(record, self.url))
+        state = "down" if record.status in ("down", "bad answer") else "up"
+        if state != self.state:
+            if state == "down":
+                w.chat.add_notice(f"the server stopped answering: {record.message} (retrying)", error=True)
+            elif self.state == "down":
+                w.chat.add_notice("the server answers again" + (" (it restarted)" if record.status == "restarted"
+                                                                 else ""))
+            self._set_state(state)
+
+    def _set_state(self, state: str) -> None:
+        if state != self.state:
+            self.state = state
+            self.state_changed.emit(state)
+
+
+def add_attach_button(window) -> AttachController:
+    """The "Attach to server…" button beside "Model…", and the controller behind it."""
+    controller = AttachController(window)
+    extra = window.controls.extra
+    extra.insertWidget(extra.indexOf(window.model_button) + 1, controller.button)
+    return controller

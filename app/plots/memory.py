@@ -1,0 +1,49 @@
+"""Memory traffic per step (GB/s, from the cost model and the measured step time) against the
+measured and datasheet peaks; NVML's DRAM bandwidth beside it where NVML answers."""
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+
+from app.plots.step_plot import StepPlot, StepWindow
+from app.plots.style import nice_ceiling, pen
+
+
+class MemoryPlot(StepPlot):
+    title = "Memory traffic"
+
+    def build(self) -> None:
+        plot = self.style("GB/s", self.data.x_label)
+        # NVML series only where NVML answers: a CPU run shows what is modelled, and says so.
+        self.nvml = bool(self.hardware is not None and self.hardware.nvml)
+        self.dram_item = pg.PlotDataItem(pen=pen(self.theme.text, 2, dotted=True), connect="finite",
+                                         name="DRAM bandwidth (NVML GPM)" if self.nvml else None)
+        if self.nvml:
+            plot.addItem(self.dram_item)
+
+    def draw(self, frame: StepWindow) -> None:
+        self.draw_series(frame, frame.column("gbs"))
+        spec, hw = self.hardware, self.data.hardware
+        if self.nvml and hw.total:
+            bandwidth_gbs = spec.spec_bandwidth_gbs or spec.peak_bandwidth_gbs
+            dram_pct = hw.column("dram_bw_util_pct", last=frame.rows * 8)
+            self.set_if_changed(self.dram_item, hw.total, hw.column("x", last=frame.rows * 8),
+                                dram_pct / 100 * bandwidth_gbs)
+        if spec is not None:
+            self._draw_peaks(spec)
+        self.draw_step_axis(frame)
+
+    def _draw_peaks(self, spec) -> None:
+        t = self.theme
+        measured, spec_bw = spec.measured_bandwidth_gbs, spec.spec_bandwidth_gbs
+        self.hline("measured_bw", measured, f"measured peak {measured:.0f} GB/s" if measured else "", t.peak)
+        self.hline("spec_bw", spec_bw, f"spec peak {spec_bw:.0f} GB/s (datasheet)" if spec_bw else "", t.spec_peak)
+        gbs = self.data.steps.column("gbs")
+        top_gbs = max(measured or 0, spec_bw or 0, float(np.nanmax(gbs)) if np.isfinite(gbs).any() else 0)
+        self.set_range("y", 0, nice_ceiling(1.4 * max(top_gbs, 1e-6)))  # headroom for the legend
+
+    def readout(self) -> str | None:
+        steps = self.data.steps
+        gbs = steps.column("gbs", last=8)
+        peak_gbs = steps.last("peak_bps") / 1e9
+        return f"{np.mean(gbs):.1f} GB/s (model) · {100 * np.mean(gbs) / peak_gbs:.0f}% of peak"

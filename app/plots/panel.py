@@ -1,0 +1,140 @@
+"""`PlotsPanel`: the grid of the five live plots (and an extra widget, the seed table, in the sixth
+cell). The window's timer calls `refresh`, which redraws every plot from one `StepWindow` only when
+`LiveData` has changed, and `update_readouts` a few times a second."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from PySide6.QtWidgets import QGridLayout, QWidget
+
+from app.live_data import LiveData
+from app.plots.compute import ComputePlot
+from app.plots.memory import MemoryPlot
+from app.plots.roofline import RooflinePlot
+from app.plots.step_plot import StepWindow
+from app.plots.style import flops_unit, format_rate
+from app.plots.timeline import TimelinePlot
+from app.plots.tokens import TokensPlot
+from app.theme import SettingColours, Theme
+
+
+class PlotsPanel(QWidget):
+    def __init__(self, data: LiveData, theme: Theme, colours: SettingColours, extra: QWidget | None = None,
+                 parent=None):
+        super().__init__(parent)
+        self.data = data
+        self.theme = theme
+        self.colours = colours
+        self.tokens = TokensPlot(data, theme, colours)
+        self.memory = MemoryPlot(data, theme, colours)
+        self.compute = ComputePlot(data, theme, colours)
+        self.roofline = RooflinePlot(data, theme, colours)
+        self.timeline = TimelinePlot(data, theme, colours)
+        self.views = {"tokens": self.tokens, "memory": self.memory, "compute": self.compute,
+                      "roofline": self.roofline, "timeline": self.timeline}
+        self._drawn_version = -1
+        self._readout_version = -1
+        self.frames_drawn = 0
+        self.extra = extra
+        self._grid = QGridLayout(self)
+        self._grid.setContentsMargins(0, 0, 0, 0)
+        self._grid.setSpacing(6)
+        self._grid.addWidget(self.tokens, 0, 0)
+        self._grid.addWidget(self.memory, 0, 1)
+        self._grid.addWidget(self.compute, 1, 0)
+        self._grid.addWidget(self.roofline, 1, 1)
+        self._grid.addWidget(self.timeline, 2, 0)
+        if extra is not None:
+            self._grid.addWidget(extra, 2, 1)
+        for row in range(3):
+            self._grid.setRowStretch(row, 1)
+        for col in range(2):
+            self._grid.setColumnStretch(col, 1)
+
+    def set_extra_visible(self, visible: bool) -> None:
+        """Show or hide the sixth cell (the seed table); the timeline takes the row when hidden."""
+        if self.extra is None:
+            return
+        self.extra.setVisible(visible)
+        self._grid.removeWidget(self.timeline)
+        self._grid.addWidget(self.timeline, 2, 0, 1, 1 if visible else 2)
+
+    def set_theme(self, theme: Theme) -> None:
+        self.theme = theme
+        self.colours.set_theme(theme)
+        for view in self.views.values():
+            view.set_theme(theme)
+        self._readout_version = -1
+        self.refresh(force=True)
+
+    def set_hardware(self, spec) -> None:
+        for view in self.views.values():
+            view.set_hardware(spec)
+        self._drawn_version = -1
+        self._readout_version = -1
+
+    def refresh(self, force: bool = False) -> bool:
+        """Redraw from the ring buffers if anything changed (~30 times a second); True if it drew."""
+        if not force and self.data.version == self._drawn_version:
+            return False
+        self._drawn_version = self.data.version
+        frame = StepWindow(self.data)
+        for view in self.views.values():
+            view.draw(frame)
+        self.frames_drawn += 1
+        return True
+
+    def update_readouts(self) -> None:
+        """The numbers beside the titles, a few times a second (30 a second cannot be read)."""
+        if self.data.version == self._readout_version:
+            return
+        self._readout_version = self.data.version
+        if self.data.steps.total == 0:
+            return
+        if self.data.source != "model":
+            self._server_readouts()
+            return
+        for view in self.views.values():
+            readout = view.readout()
+            if readout is not None:
+                view.show_readout(readout)
+
+    def _server_readouts(self) -> None:
+        """Attach mode: the latest scrapes' figures, labelled with their source; a plot whose figures
+        the server does not publish says why (data.notes) instead of showing a number."""
+        steps, source, notes = self.data.steps, self.data.source, self.data.notes
+
+        def recent(name: str, n: int = 4) -> float:
+            values = steps.column(name)[-n:]
+            values = values[np.isfinite(values)]
+            return float(np.mean(values)) if len(values) else math.nan
+
+        tps, ceiling = recent("tokens_per_s"), recent("ceiling_tps", 1)
+        text = f"generation {tps:,.1f} tok/s (server's counters)" if math.isfinite(tps) else notes.get("tokens", "–")
+        if math.isfinite(ceiling):
+            text += f" · ceiling {ceiling:,.0f} ({source})"
+        self.views["tokens"].show_readout(text)
+        gbs, peak_gbs = recent("gbs"), steps.last("peak_bps") / 1e9
+        text = notes.get("memory", "–")
+        if math.isfinite(gbs):
+            text = f"{gbs:,.1f} GB/s per GPU ({source})"
+            if math.isfinite(peak_gbs) and peak_gbs > 0:
+                text += f" · MBU {100 * gbs / peak_gbs:.0f}%"
+        self.views["memory"].show_readout(text)
+        flops, mfu = recent("flops"), recent("mfu_pct")
+        text = notes.get("compute", "–")
+        if math.isfinite(flops):
+            scale, unit = flops_unit(flops)
+            text = f"{format_rate(flops / scale, unit)} per GPU ({source})"
+            if math.isfinite(mfu):
+                text += f" · MFU {mfu:.0f}%"
+        self.views["compute"].show_readout(text)
+        ai, ridge = recent("ai", 1), steps.last("peak_flops") / steps.last("peak_bps")
+        text = notes.get("roofline", "–")
+        if math.isfinite(ai):
+            text = f"{ai:.2g} FLOP/B ({source})"
+            if math.isfinite(ridge):
+                text += ": compute-bound" if ai >= ridge else ": memory-bound"
+        self.views["roofline"].show_readout(text)
+        self.views["timeline"].show_readout(notes.get("timeline", ""))

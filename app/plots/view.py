@@ -1,0 +1,174 @@
+"""`PlotView`: one live plot in a titled cell, the base of every plot in the grid. It takes the
+`LiveData` it draws in `__init__`, builds its items in `build`, draws a frame in `draw` and gives
+its title's readout in `readout`; it sets data, ranges and lines only when they change."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import QFrame, QLabel, QVBoxLayout
+
+from app.live_data import Annotation, LiveData
+from app.plots.style import label_font, pen, style_plot, title_html, with_alpha
+from app.theme import SettingColours, Theme
+
+
+class PlotView(QFrame):
+    title = ""
+
+    def __init__(self, data: LiveData, theme: Theme, colours: SettingColours, parent=None):
+        super().__init__(parent)
+        self.data = data
+        self.theme = theme
+        self.colours = colours
+        self.hardware = None  # DeviceSpec, once a model is loaded
+        self.setObjectName("panel")
+        self.widget = pg.PlotWidget()
+        self.widget.setMinimumSize(200, 140)
+        self.widget.setMenuEnabled(False)
+        # The title is a Qt label above the plot: it wraps in large-font mode, where a pyqtgraph
+        # title wider than its plot would push the axes out of view.
+        self.title_label = QLabel()
+        self.title_label.setWordWrap(True)
+        self.title_label.setAlignment(Qt.AlignmentFlag.AlignHCenter)
+        column = QVBoxLayout(self)
+        column.setContentsMargins(4, 3, 4, 2)
+        column.setSpacing(0)
+        column.addWidget(self.title_label)
+        column.addWidget(self.widget, 1)
+        self.rebuild()
+
+    @property
+    def plot(self) -> pg.PlotItem:
+        return self.widget.getPlotItem()
+
+    # ---- what each plot defines ----------------------------------------------------------------
+    def build(self) -> None:
+        """Style the (cleared) plot and add its items."""
+        raise NotImplementedError
+
+    def draw(self, frame) -> None:
+        """Draw the data; frame: the `StepWindow` of this redraw."""
+        raise NotImplementedError
+
+    def readout(self) -> str | None:
+        """The numbers beside the title (None: leave them), from a non-empty step buffer."""
+        return None
+
+    # ---- life cycle ----------------------------------------------------------------------------
+    def rebuild(self) -> None:
+        self._ranges: dict[str, tuple[float, float]] = {}
+        self._set_keys: dict[object, object] = {}  # what an item last drew: skip setData when unchanged
+        self._grid_item: pg.PlotDataItem | None = None
+        self._peak_lines: dict[str, pg.InfiniteLine] = {}
+        self.annotation_lines: list[pg.InfiniteLine] | None = None  # None: not drawn since the build
+        self._drawn_notes: list[Annotation] = []
+        self.build()
+        self.show_readout()
+
+    def set_theme(self, theme: Theme) -> None:
+        self.theme = theme
+        self.rebuild()
+
+    def set_hardware(self, spec) -> None:
+        self.hardware = spec
+        self.rebuild()
+
+    def show_readout(self, readout: str = "") -> None:
+        self.title_label.setText(title_html(self.theme, self.title, readout))
+
+    def style(self, left: str, bottom: str, legend_offset=(6, 4), legend_columns: int = 2) -> pg.PlotItem:
+        plot = style_plot(self.widget, self.theme, left, bottom, legend_offset, legend_columns)
+        plot.setDownsampling(auto=True, mode="peak")
+        plot.setClipToView(True)
+        return plot
+
+    # ---- cheap redraws -------------------------------------------------------------------------
+    def set_if_changed(self, item: pg.PlotDataItem, key, x, y) -> None:
+        """setData only when `key` (what the data depends on) changed: each call re-renders the item."""
+        if self._set_keys.get(id(item)) == key:
+            return
+        self._set_keys[id(item)] = key
+        item.setData(x=x, y=y)
+
+    def set_range(self, axis: str, lo: float, hi: float) -> None:
+        """Set a view range only when it changes (each change repaints the axes)."""
+        if axis == "y":  # a little room above the top tick, so its label is not cut in half
+            hi = hi + 0.04 * (hi - lo)
+        if self._ranges.get(axis) == (lo, hi) or not (math.isfinite(lo) and math.isfinite(hi) and hi > lo):
+            return
+        self._ranges[axis] = (lo, hi)
+        (self.plot.setXRange if axis == "x" else self.plot.setYRange)(lo, hi, padding=0)
+        self._update_grid()
+
+    def _update_grid(self) -> None:
+        """Grid lines at the axes' major ticks, all in one path item in the view. (pyqtgraph's own
+        grid is drawn by the axes, so every curve update would repaint the axes and their labels;
+        one line item per grid line costs a Python paint call each.)"""
+        plot = self.plot
+        view = plot.getViewBox()
+        (x_lo, x_hi), (y_lo, y_hi) = view.viewRange()
+        bottom, left = plot.getAxis("bottom"), plot.getAxis("left")
+        x_ticks = bottom.tickValues(x_lo, x_hi, max(view.width(), 150))
+        y_ticks = left.tickValues(y_lo, y_hi, max(view.height(), 150))
+        xs = [v for v in (x_ticks[0][1] if x_ticks else []) if x_lo <= v <= x_hi]
+        ys = [v for v in (y_ticks[0][1] if y_ticks else []) if y_lo <= v <= y_hi]
+        gx = np.array([c for v in xs for c in (v, v)] + [c for _ in ys for c in (x_lo, x_hi)], float)
+        gy = np.array([c for _ in xs for c in (y_lo, y_hi)] + [c for v in ys for c in (v, v)], float)
+        if bottom.logMode:  # the item takes data coordinates; a log axis's view is log10 of them
+            gx = 10.0 ** gx
+        if left.logMode:
+            gy = 10.0 ** gy
+        if self._grid_item is None:
+            grid_pen = pg.mkPen(with_alpha(self.theme.muted, int(255 * self.theme.grid_alpha)), width=1)
+            grid_pen.setCosmetic(True)
+            self._grid_item = pg.PlotDataItem(pen=grid_pen, connect="pairs")
+            self._grid_item.setZValue(-20)
+            plot.addItem(self._grid_item, ignoreBounds=True)
+            self._grid_item.setClipToView(False)
+            self._grid_item.setDownsampling(auto=False)
+        self._grid_item.setData(x=gx, y=gy, connect="pairs")
+
+    def hline(self, key: str, y: float | None, text: str, colour: str) -> None:
+        """A dashed horizontal peak line with its label, or hidden when y is None."""
+        line = self._peak_lines.get(key)
+        if line is None:
+            line = pg.InfiniteLine(angle=0, pen=pen(colour, 2, dashed=True), movable=False, label=text,
+                                   labelOpts={"position": 0.98, "color": QColor(colour), "anchors": [(1, 1), (1, 1)],
+                                              "fill": with_alpha(self.theme.panel, 200)})
+            line.label.setFont(label_font(self.theme))
+            self.plot.addItem(line, ignoreBounds=False)
+            self._peak_lines[key] = line
+        if self._set_keys.get(id(line)) == (y, text):
+            return
+        self._set_keys[id(line)] = (y, text)
+        if y is None or not math.isfinite(y):
+            line.setVisible(False)
+            return
+        line.setVisible(True)
+        line.setPos(y)
+        line.label.setFormat(text)
+
+    def sync_annotations(self, notes: list[Annotation]) -> None:
+        """One labelled vertical line per setting change, at the step where it took effect."""
+        if notes == self._drawn_notes and self.annotation_lines is not None:
+            return
+        for line in self.annotation_lines or []:
+            self.plot.removeItem(line)
+        self.annotation_lines = []
+        for i, note in enumerate(notes):
+            colour = self.colours.colour(note.label)
+            line = pg.InfiniteLine(pos=note.x - 0.5, angle=90, pen=pen(colour, 2), movable=False,
+                                   label=f"▸ {note.text}",
+                                   labelOpts={"position": (0.6, 0.47, 0.34)[i % 3], "color": QColor(colour),
+                                              "fill": with_alpha(self.theme.panel, 220),
+                                              "anchors": [(0, 0.5), (0, 0.5)]})
+            line.setZValue(40)
+            line.label.setFont(label_font(self.theme))
+            line.note = note
+            self.plot.addItem(line, ignoreBounds=True)
+            self.annotation_lines.append(line)
+        self._drawn_notes = notes

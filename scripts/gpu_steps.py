@@ -1,0 +1,369 @@
+"""The steps of scripts/gpu_check.sh, one per call: `python scripts/gpu_steps.py STEP`. Each prints
+its log, ends with one `RESULT: ...` line for the summary, and exits 0 (ok), 77 (skipped: the
+reason is the RESULT) or anything else (failed). GPU_CHECK_DRY_RUN=1: tiny shapes on a CPU, so
+CI runs every step. Results go under $OUT: checks.json (env, nvidia-smi, NVML probe, smoke),
+kernel-tests.xml, one JSON per bench; `summarize` adds the figures to summary.txt.
+Nothing here imports torch at module level: `nvidia-smi` and `summarize` run without it."""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the engine from this source tree (nothing is installed there)
+
+OUT = Path(os.environ.get("OUT", "/tmp/membound-gpu"))
+DRY_RUN = os.environ.get("GPU_CHECK_DRY_RUN", "") not in ("", "0")
+SKIP = 77  # the exit code of a step that cannot run here (autotools' convention)
+NOT_THERE = ("gguf", "PySide6", "pyqtgraph")  # absent on the GPU machine: the engine must not need them
+
+# The benches: the device run and its dry-run twin (a toy shape registered below, same code paths).
+DRY_SHAPE = "dry-run-tiny"
+BENCHES = {
+    "bench": ("bench-bf16.json",
+              "--model synthetic:llama3-8b --dtype bf16 --prompt-tokens 128 --decode-tokens 128 --repeats 3",
+              "--prompt-tokens 8 --decode-tokens 4 --repeats 1"),
+    "batch": ("sweep-batch.json",
+              "--model synthetic:llama3-8b --dtype bf16 --sweep batch --batch-sizes 1,2,4,8,16,32,64 "
+              "--prompt-tokens 128 --decode-tokens 64",
+              "--sweep batch --batch-sizes 1,2 --prompt-tokens 8 --decode-tokens 3"),
+    "attention": ("sweep-attention.json",
+                  "--model synthetic:llama3-8b --dtype bf16 --sweep attention --contexts 1024,4096,8192 "
+                  "--decode-tokens 32",
+                  "--sweep attention --contexts 16,32 --decode-tokens 3"),
+    "weights": ("sweep-weights.json",
+                "--dtype bf16 --sweep weights --prompt-tokens 128 --decode-tokens 64 --repeats 2 --eval-tokens 1024",
+                "--sweep weights --prompt-tokens 8 --decode-tokens 3 --repeats 1 --eval-tokens 48"),
+}
+# the weights sweep makes three graphs of its model; below this many seconds left, a 1B model
+WEIGHTS_8B_MIN_S = 200
+
+
+def result(line: str, code: int = 0) -> int:
+    print(f"RESULT: {line}", flush=True)
+    return code
+
+
+def update_checks(section: str, data) -> None:
+    """Merge one section into $OUT/checks.json (the steps run one after another)."""
+    path = OUT / "checks.json"
+    try:
+        checks = json.loads(path.read_text())
+    except (OSError, ValueError):
+        checks = {}
+    checks[section] = data
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(checks, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+# ---- env ----------------------------------------------------------------------------------------
+class _Refuse:
+    """A meta-path finder that makes the named packages unimportable, as on the GPU machine."""
+
+    def __init__(self, names):
+        self.names = set(names)
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in self.names:
+            raise ImportError(f"{name} is refused here (absent on the GPU machine)")
+        return None
+
+
+def step_env() -> int:
+    info = {"dry_run": DRY_RUN, "python": sys.version.split()[0], "executable": sys.executable, "packages": {}}
+    for name in ("torch", "triton", "pynvml", "tokenizers", "jinja2", "numpy", "pytest", "transformers",
+                 *NOT_THERE):
+        try:
+            from importlib.metadata import version
+            dist = {"pynvml": "nvidia-ml-py", "PySide6": "PySide6-Essentials"}.get(name, name)
+            info["packages"][name] = version(dist) if importlib.util.find_spec(name) else None
+        except Exception:
+            info["packages"][name] = "importable" if importlib.util.find_spec(name) else None
+    for name, ver in info["packages"].items():
+        print(f"{name:14} {ver or 'not installed'}")
+    problems = [f"{n} missing" for n in ("torch", "pytest", "pynvml") if not info["packages"][n]]
+    sys.meta_path.insert(0, _Refuse(NOT_THERE))
+    for mod in [m for m in sys.modules if m.split(".")[0] in NOT_THERE]:
+        del sys.modules[mod]
+    try:  # what every later step imports, with gguf / PySide6 / pyqtgraph refused
+        for module in ("engine.engine", "engine.cli", "engine.bench.run", "engine.bench.batch",
+                       "engine.bench.attention", "engine.hardware.nvml", "kernels.flash_decode",
+                       "kernels.int8_matmul", "kernels.int4_matmul"):
+            importlib.import_module(module)
+        info["engine_imports"] = f"ok without {', '.join(NOT_THERE)}"
+    except Exception as error:
+        info["engine_imports"] = f"{type(error).__name__}: {error}"
+        problems.insert(0, f"engine import failed: {info['engine_imports']}")
+    import torch
+    info["torch_cuda"] = torch.version.cuda
+    info["cuda_available"] = torch.cuda.is_available()
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info["gpu"] = {"name": props.name, "capability": f"{props.major}.{props.minor}",
+                       "multiprocessors": props.multi_processor_count, "memory_bytes": props.total_memory,
+                       "visible": torch.cuda.device_count()}
+    print(json.dumps(info, indent=1, default=str))
+    update_checks("env", info)
+    gpu = info.get("gpu", {}).get("name", "no GPU")
+    line = (f"torch {info['packages']['torch']} (CUDA {info['torch_cuda']}), triton {info['packages']['triton']}, "
+            f"{gpu}; engine imports {info['engine_imports']}")
+    return result(line + ("; " + "; ".join(problems) if problems else ""), 1 if info["engine_imports"][:2] != "ok"
+                  else 0)
+
+
+# ---- nvidia-smi -----------------------------------------------------------------------------------
+SMI_FIELDS = ("name", "driver_version", "pci.bus_id", "mig.mode.current", "mig.mode.pending", "persistence_mode",
+              "compute_mode", "clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem",
+              "clocks.applications.graphics", "clocks.applications.memory", "power.draw", "power.limit",
+              "temperature.gpu", "memory.total", "memory.used", "ecc.mode.current", "clocks_event_reasons.active")
+
+
+def step_smi() -> int:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        update_checks("nvidia_smi", {"skipped": "nvidia-smi not found"})
+        return result("nvidia-smi not found (no NVIDIA driver here)", SKIP)
+    fields = {}
+    for field in SMI_FIELDS:  # one at a time: a field this driver does not know fails only itself
+        run = subprocess.run([smi, f"--query-gpu={field}", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=15)
+        fields[field] = run.stdout.strip() if run.returncode == 0 else f"unavailable: {run.stderr.strip()[:80]}"
+        print(f"{field:30} {fields[field]}")
+    detail = subprocess.run([smi, "-q", "-d", "CLOCK,PERFORMANCE,POWER"], capture_output=True, text=True, timeout=15)
+    print(detail.stdout)
+    update_checks("nvidia_smi", fields)
+    return result(f"{fields['name']}, driver {fields['driver_version']}, MIG {fields['mig.mode.current']}, "
+                  f"max clocks SM {fields['clocks.max.sm']} / memory {fields['clocks.max.mem']}, now SM "
+                  f"{fields['clocks.sm']}, {fields['power.draw']} of {fields['power.limit']}")
+
+
+# ---- NVML / GPM probe -----------------------------------------------------------------------------
+def probe(sampler, work, seconds: float, interval_s: float = 0.1) -> list[dict]:
+    """Samples of `sampler` every interval while `work(phase)` runs: the first 60% of the time
+    phase "matmul", then "copy" (what the app's live plots read, against known loads)."""
+    samples = []
+    t0 = time.monotonic()
+    next_sample = t0
+    while (now := time.monotonic()) - t0 < seconds:
+        phase = "matmul" if now - t0 < 0.6 * seconds else "copy"
+        work(phase)
+        if now >= next_sample:
+            samples.append({"phase": phase, **sampler.sample().to_dict()})
+            next_sample += interval_s
+    return samples
+
+
+def step_probe(seconds: float = 5.0) -> int:
+    from engine.hardware.nvml import NvmlSampler
+    sampler = NvmlSampler(0)
+    if not sampler.available:
+        update_checks("nvml_probe", {"skipped": sampler.unavailable_reason})
+        return result(f"NVML unavailable: {sampler.unavailable_reason}", SKIP)
+    import torch
+    if not torch.cuda.is_available():
+        sampler.close()
+        return result("NVML answers but torch sees no GPU", 1)
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    src = torch.randn(1 << 28, device="cuda", dtype=torch.bfloat16)  # 512 MiB, past the L2
+    dst = torch.empty_like(src)
+    done = {"matmul": 0, "copy": 0}
+
+    def work(phase):
+        for _ in range(4):
+            if phase == "matmul":
+                torch.mm(a, a)
+            else:
+                dst.copy_(src)
+        done[phase] += 4
+        torch.cuda.synchronize()
+
+    with sampler:
+        clocks_before = sampler.clocks()
+        samples = probe(sampler, work, seconds)
+        clocks_after = sampler.clocks()
+        gpm = sampler.gpm_supported
+
+    def peak(key, phase):
+        values = [s[key] for s in samples if s["phase"] == phase and s[key] is not None]
+        return max(values) if values else None
+
+    summary = {p: {k: peak(k, p) for k in ("sm_clock_mhz", "mem_clock_mhz", "power_w", "sm_util_pct",
+                                            "mem_util_pct", "dram_bw_util_pct", "tensor_active_pct")}
+               for p in ("matmul", "copy")}
+    update_checks("nvml_probe", {"gpm_supported": gpm, "calls": done, "clocks_before": clocks_before,
+                                 "clocks_after": clocks_after, "peaks": summary, "samples": samples})
+    m, c = summary["matmul"], summary["copy"]
+    return result(f"{len(samples)} samples, GPM {'yes' if gpm else 'no'}; matmul: SM {m['sm_clock_mhz']} MHz, "
+                  f"tensor active {m['tensor_active_pct']}%, {m['power_w']} W; copy: DRAM bandwidth "
+                  f"{c['dram_bw_util_pct']}%, memory busy {c['mem_util_pct']}%")
+
+
+# ---- kernel tests ---------------------------------------------------------------------------------
+def step_kernel_tests() -> int:
+    if importlib.util.find_spec("pytest") is None:
+        return result("pytest is not installed here", SKIP)
+    xml = OUT / "kernel-tests.xml"
+    args = [sys.executable, "-m", "pytest", "-v", "-rA", "--tb=short", "-p", "no:cacheprovider",
+            f"--junitxml={xml}", "-o", "junit_family=xunit2", "tests/kernels"]
+    if DRY_RUN:  # the interpreter is slow: a few tests prove the step, the whole suite runs in make test
+        args += ["-k", "bad_inputs or default_launch_path"]
+    elif importlib.util.find_spec("xdist"):  # Triton compiles each variant: spread them over the CPUs
+        args += ["-n", "8"]
+    code = subprocess.call(args, cwd=ROOT)
+    try:
+        import xml.etree.ElementTree as ET
+        suite = ET.parse(xml).getroot()
+        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        n = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+        line = (f"{n['tests'] - n['failures'] - n['errors'] - n['skipped']} passed, {n['failures']} failed, "
+                f"{n['errors']} errors, {n['skipped']} skipped (kernel-tests.xml)")
+    except Exception as error:
+        line = f"pytest exit {code}; no JUnit XML ({type(error).__name__})"
+    return result(line, code)
+
+
+# ---- smoke --------------------------------------------------------------------------------------
+def step_smoke() -> int:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_smoke
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    smoke = gpu_smoke.Smoke("cuda" if torch.cuda.is_available() else "cpu", tiny=DRY_RUN)
+    code = smoke.run()
+    update_checks("smoke", smoke.results)
+    counts = {s: sum(r["status"] == s for r in smoke.results.values()) for s in ("ok", "FAILED", "skipped")}
+    failed = [n for n, r in smoke.results.items() if r["status"] == "FAILED"]
+    why = {r["detail"] for r in smoke.results.values() if r["status"] == "skipped"}
+    return result(f"{counts['ok']} ok, {counts['FAILED']} failed" + (f" ({', '.join(failed)})" if failed else "")
+                  + f", {counts['skipped']} skipped" + (f" ({'; '.join(sorted(why))})" if why else ""), code)
+
+
+# ---- the benches ----------------------------------------------------------------------------------
+def register_dry_shape() -> None:
+    """The dry run's toy shape, added to the table at run time (same loader, same bench code)."""
+    from engine.model.config import NAMED_SHAPES
+    NAMED_SHAPES[DRY_SHAPE] = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=256,
+                                   tied_embeddings=True, max_seq_len=256)
+
+
+def step_bench(name: str) -> int:
+    from engine.cli import main
+    out_name, device_args, dry_args = BENCHES[name]
+    if DRY_RUN:
+        register_dry_shape()
+        args = f"bench --device cpu --model synthetic:{DRY_SHAPE} --dtype bf16 {dry_args}".split()
+    else:
+        args = f"bench --device cuda {device_args}".split()
+        if name == "weights":
+            budget = float(os.environ.get("STEP_BUDGET_S", WEIGHTS_8B_MIN_S))
+            shape = "llama3-8b" if budget >= WEIGHTS_8B_MIN_S else "llama3.2-1b"
+            print(f"{budget:.0f} s for this step: {shape}", flush=True)
+            args += ["--model", f"synthetic:{shape}"]
+    path = OUT / out_name
+    args += ["--json", str(path)]
+    print("membound " + " ".join(args), flush=True)
+    sys.argv = ["membound", *args]  # what the JSON records as its command
+    try:
+        code = main(["--debug", *args])  # --debug: a failure's traceback goes to the log
+    except Exception as error:
+        import traceback
+        traceback.print_exc()
+        code = 1
+        print(f"membound: error: {type(error).__name__}: {error}", flush=True)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return result(f"exit {code}, no {out_name}", code or 1)
+    line = describe_bench(name, data)
+    return result(line if code == 0 else f"exit {code}: {line}", code)
+
+
+def _pct(x) -> str:
+    return f"{100 * x:.0f}%" if x is not None else "?"
+
+
+def describe_bench(name: str, data: dict) -> str:
+    """One line of the figures the issue asks for, from a bench JSON (complete or not)."""
+    device = data.get("device", {})
+    peak, measured = device.get("peak_bandwidth_gbs"), device.get("measured_bandwidth_gbs")
+    partial = "" if data.get("complete") else " [incomplete: the step was cut short]"
+    paths = data.get("paths", {})
+    if name == "bench" and data.get("results"):
+        r = data["results"][0]
+        vs_copy = f", {_pct(r['decode_achieved_gbs'] / measured)} of the measured copy {measured:,.0f} GB/s" \
+            if measured else ""
+        return (f"{data.get('model', '?').split(' ')[0]} {data.get('dtype')}: decode {r['decode_tokens_per_s']:,.1f} "
+                f"tok/s, {r['decode_achieved_gbs']:,.0f} GB/s = MBU {_pct(r['mbu'])} of {peak:,.0f} GB/s{vs_copy}; "
+                f"graphs {paths.get('cuda_graphs', '?')}; warm-up {data.get('seconds', {}).get('warmup', 0):.1f} s"
+                + partial)
+    if name == "batch" and data.get("results"):
+        first, last = data["results"][0], data["results"][-1]
+        single = data.get("single_stream", {})
+        vs_single = (f", {last['aggregate_tokens_per_s'] / single['decode_tokens_per_s']:.1f}x 1 stream "
+                     f"({single['path']})") if single.get("decode_tokens_per_s") else ""
+        return (f"batch {last['batch_size']}: {last['aggregate_tokens_per_s']:,.0f} tok/s = "
+                f"{last['aggregate_tokens_per_s'] / first['aggregate_tokens_per_s']:.1f}x batch "
+                f"{first['batch_size']} (batched path, eager){vs_single}" + partial)
+    if name == "attention":
+        kernel = [k for k in data.get("kernel", []) if "kv_gbs" in k]
+        points = data.get("points", [])
+        decode = {(p["attention"], p["context"]): p["decode_tokens_per_s"] for p in points}
+        ratios = [f"{c}: {decode[('flash', c)] / decode[('naive', c)]:.2f}x" for (a, c) in decode
+                  if a == "flash" and ("naive", c) in decode]
+        k = f"flash_decode {kernel[0]['kv_gbs']:,.0f} GB/s ({_pct(kernel[0]['fraction_of_peak'])} of peak)" \
+            if kernel else (data.get("kernel") or [{}])[0].get("line", "no kernel figures")
+        return f"decode flash/naive {', '.join(ratios) or '?'}; {k}" + partial
+    if name == "weights" and data.get("results"):
+        res = {r["name"]: r for r in data["results"]}
+        base = data["results"][0]
+        ratios = ", ".join(f"{n} {r['decode_tokens_per_s'] / base['decode_tokens_per_s']:.2f}x"
+                           for n, r in res.items() if r is not base)
+        return (f"{data.get('model', '?').split(' ')[0]}: {base['name']} {base['decode_tokens_per_s']:,.1f} tok/s, "
+                f"{ratios}" + partial)
+    return "no results" + partial
+
+
+# ---- summary ------------------------------------------------------------------------------------
+def step_summarize() -> int:
+    """The figures of every JSON present, appended to summary.txt (no torch: it runs last, always)."""
+    lines = ["", "figures (measured in this run; each JSON names the path it ran and its clocks):"]
+    for name, (out_name, _, _) in BENCHES.items():
+        path = OUT / out_name
+        try:
+            lines.append(f"  {name:10} {describe_bench(name, json.loads(path.read_text()))}")
+        except (OSError, ValueError):
+            lines.append(f"  {name:10} no {out_name}")
+        except Exception as error:  # a figure missing from a partial file must not lose the others
+            lines.append(f"  {name:10} {out_name} unreadable: {type(error).__name__}: {error}")
+    try:
+        smoke = json.loads((OUT / "checks.json").read_text()).get("smoke", {})
+        lines += ["", "smoke checks:"] + [f"  {n:30} {r['status']}: {r['detail']}" for n, r in smoke.items()]
+    except (OSError, ValueError):
+        pass
+    files = sorted(p.name for p in OUT.iterdir() if p.is_file())
+    lines += ["", f"files under $OUT ({len(files)}): {', '.join(files)}"]
+    with open(OUT / "summary.txt", "a") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+STEPS = {"env": step_env, "nvidia-smi": step_smi, "nvml-probe": step_probe, "kernel-tests": step_kernel_tests,
+         "smoke": step_smoke, "summarize": step_summarize,
+         **{name: (lambda name=name: step_bench(name)) for name in BENCHES}}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] not in STEPS:
+        print(f"usage: gpu_steps.py {{{','.join(STEPS)}}}", file=sys.stderr)
+        sys.exit(2)
+    OUT.mkdir(parents=True, exist_ok=True)
+    sys.exit(STEPS[sys.argv[1]]())

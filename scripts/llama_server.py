@@ -1,0 +1,73 @@
+"""Build llama.cpp's `llama-server` (CPU only) from the llama.cpp source vendored in the
+`llama-cpp-python` sdist, once per machine, into ~/.cache/membound/llama-server/VERSION/.
+
+`python scripts/llama_server.py` builds it if absent and prints its path; `binary_path()` says where
+it is (or will be). The attach tests serve the default model with it. Nothing here is committed:
+the source comes from PyPI with pip, the binary stays in the cache."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+VERSION = "0.3.36"  # llama-cpp-python's version; its sdist vendors llama.cpp's source
+CACHE_ROOT = Path(os.environ.get("MEMBOUND_CACHE", Path.home() / ".cache" / "membound")) / "llama-server"
+# only the server, on the CPU, with no network at build time (no prebuilt web UI, no HTTPS)
+CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=ON",
+                 "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_APP=OFF",
+                 "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
+                 "-DLLAMA_OPENSSL=OFF", "-DGGML_CUDA=OFF", "-DGGML_METAL=OFF", "-DGGML_VULKAN=OFF")
+
+
+def binary_path(version: str = VERSION) -> Path:
+    return CACHE_ROOT / version / "llama-server"
+
+
+def build(version: str = VERSION, jobs: int | None = None, log=print) -> Path:
+    """The binary's path, building it first when it is not in the cache (minutes on 2 cores)."""
+    target = binary_path(version)
+    if target.is_file() and os.access(target, os.X_OK):
+        return target
+    for tool in ("cmake", "c++"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"llama_server: {tool} not found: install cmake and a C++ compiler "
+                             "(Debian: apt-get install cmake g++)")
+    jobs = jobs or os.cpu_count() or 2
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="llama-server-build-") as work:
+        work = Path(work)
+        log(f"llama_server: downloading the llama-cpp-python {version} sdist (its vendored llama.cpp)")
+        subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q", "--no-deps",
+                        "--no-binary", ":all:", f"llama-cpp-python=={version}", "-d", str(work)], check=True)
+        sdist = next(work.glob("llama_cpp_python-*.tar.gz"))
+        prefix = f"{sdist.name[:-len('.tar.gz')]}/vendor/llama.cpp/"
+        with tarfile.open(sdist) as archive:
+            members = [m for m in archive.getmembers() if m.name.startswith(prefix)]
+            safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # (Python 3.11.4+)
+            archive.extractall(work, members=members, **safe)
+        source, build_dir = work / prefix, work / "build"
+        build_log = CACHE_ROOT / version / "build.log"
+        build_log.parent.mkdir(parents=True, exist_ok=True)
+        log(f"llama_server: building llama-server with {jobs} jobs (CPU only; compiler output in {build_log})")
+        with open(build_log, "w") as output:
+            for command in (["cmake", "-S", str(source), "-B", str(build_dir), *CMAKE_OPTIONS],
+                            ["cmake", "--build", str(build_dir), "--target", "llama-server", "-j", str(jobs)]):
+                if subprocess.run(command, stdout=output, stderr=subprocess.STDOUT, check=False).returncode != 0:
+                    tail = build_log.read_text(errors="replace").splitlines()[-30:]
+                    raise SystemExit("\n".join(tail) + f"\nllama_server: {command[:2]} failed; the whole log: {build_log}")
+        built = build_dir / "bin" / "llama-server"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(".partial")
+        shutil.copy2(built, partial)
+        partial.replace(target)  # whole or not at all: an interrupted build leaves no binary behind
+    log(f"llama_server: built {target} in {time.monotonic() - started:.0f} s")
+    return target
+
+
+if __name__ == "__main__":
+    print(build(log=lambda message: print(message, file=sys.stderr)))

@@ -1,0 +1,148 @@
+"""Each plot view on its own: built on a `LiveData` fed by hand (no engine), drawn, and read back
+from its pyqtgraph items; then the grid's redraw and readout gating."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from app_test_helpers import fake_cpu
+
+from app.live_data import LiveData
+from app.plots import PlotsPanel
+from app.plots.compute import ComputePlot
+from app.plots.memory import MemoryPlot
+from app.plots.roofline import RooflinePlot
+from app.plots.step_plot import StepWindow
+from app.plots.timeline import TimelinePlot
+from app.plots.tokens import TokensPlot
+from app.theme import DARK, SettingColours
+from engine.metrics import StepMetrics
+
+FP32, KV_OFF = "fp32 · kv on", "fp32 · kv off"
+PEAK_BPS, PEAK_FLOPS = 20e9, 1e11  # fake_cpu's
+
+
+def step(i: int, phase: str = "decode", label: str = FP32, t_s: float = 0.0, flops: int = 2 * 10**6,
+         step_s: float = 0.01) -> StepMetrics:
+    return StepMetrics(step=i, phase=phase, batch_size=1, new_tokens=8 if phase == "prefill" else 1, tokens_out=1,
+                       context_len=i, step_s=step_s, weight_bytes=10**6, kv_read_bytes=1000, kv_write_bytes=100,
+                       other_bytes=0, flops=flops, peak_bandwidth_bps=PEAK_BPS, peak_flops=PEAK_FLOPS,
+                       t_s=t_s or 100.0 + 0.01 * (i + 1), settings_label=label)
+
+
+@pytest.fixture
+def data() -> LiveData:
+    """A reply sent at t=100 s: a prefill, 5 decode steps, the KV cache switched off, 4 more."""
+    live = LiveData()
+    live.start_reply(100.0)
+    live.add_step(step(0, "prefill"))
+    for i in range(1, 6):
+        live.add_step(step(i))
+    live.annotate("kv cache off", KV_OFF, 100.06)
+    for i in range(6, 10):  # recomputing the context: compute-bound, the roofline's ceiling is lower
+        live.add_step(step(i, label=KV_OFF, flops=10**10))
+    live.end_reply(100.1)
+    return live
+
+
+def make(view_class, data, qtbot, hardware=None):
+    view = view_class(data, DARK, SettingColours(DARK))
+    qtbot.addWidget(view)
+    if hardware is not None:
+        view.set_hardware(hardware)
+    view.draw(StepWindow(data))
+    return view
+
+
+def finite(item) -> np.ndarray:
+    x, y = item.getData()
+    return np.asarray(x)[np.isfinite(y)] if x is not None else np.array([])
+
+
+def test_tokens_plot_draws_a_line_per_setting_under_its_ceilings(data, qtbot):
+    view = make(TokensPlot, data, qtbot)
+    assert set(view.series) == {0, 1}  # one line per settings label
+    assert finite(view.series[0]).tolist() == [1, 2, 3, 4, 5]  # the prefill is a marker, not on the line
+    assert finite(view.series[1]).tolist() == [6, 7, 8, 9]
+    assert view.prefill_item.getData()[0].tolist() == [0]
+    assert len(finite(view.ceiling_item)) == 9
+    assert finite(view.roof_ceiling_item).tolist() == [6, 7, 8, 9]  # only where compute-bound
+    assert [line.label.format for line in view.annotation_lines] == ["▸ kv cache off"]
+    assert view.annotation_lines[0].value() == 5.5  # between the last step before and the first after
+    assert view.readout().startswith("decode 100.0 tok/s · ceiling")
+
+
+def test_memory_and_compute_plots_draw_against_the_device_peaks(data, qtbot):
+    memory = make(MemoryPlot, data, qtbot, fake_cpu())
+    assert finite(memory.series[0]).tolist() == [0, 1, 2, 3, 4, 5]  # every phase: bytes moved
+    gbs = memory.series[0].getData()[1][1]
+    assert gbs == pytest.approx((10**6 + 1100) / 0.01 / 1e9)
+    line = memory._peak_lines["measured_bw"]
+    assert line.isVisible() and line.value() == 20.0 and "measured peak 20 GB/s" in line.label.format
+    assert not memory._peak_lines["spec_bw"].isVisible()  # a CPU has no datasheet figure
+    compute = make(ComputePlot, data, qtbot, fake_cpu())
+    assert compute.series[1].getData()[1][-1] == pytest.approx(100 * 10**10 / 0.01 / PEAK_FLOPS)
+    peak = compute._peak_lines["peak_flops"]
+    assert peak.value() == 100.0 and peak.label.format == "peak 100.0 GFLOP/s fp32 (measured)"
+    assert len(compute.annotation_lines) == len(memory.annotation_lines) == 1
+    assert "% of peak" in memory.readout() and "MFU" in compute.readout()
+
+
+def test_a_gpu_with_nvml_adds_its_measured_counters_beside_the_model(data, qtbot):
+    from engine.hardware.nvml import HardwareSample
+    from engine.hardware.spec import DeviceSpec
+
+    h200 = DeviceSpec(name="NVIDIA H200", kind="cuda", peak_bandwidth_gbs=4800.0, peak_flops={"bf16": 989e12},
+                      spec_bandwidth_gbs=4800.0, measured_bandwidth_gbs=4200.0, nvml=True)
+    for pct in (50.0, 75.0):
+        data.add_hardware(HardwareSample(t_s=100.1, sm_util_pct=90.0, dram_bw_util_pct=pct, tensor_active_pct=10.0))
+    memory = make(MemoryPlot, data, qtbot, h200)
+    assert memory.dram_item.getData()[1].tolist() == [2400.0, 3600.0]  # % of the datasheet peak, in GB/s
+    assert memory._peak_lines["spec_bw"].isVisible() and memory._peak_lines["measured_bw"].value() == 4200.0
+    compute = make(ComputePlot, data, qtbot, h200)
+    assert compute.sm_item.getData()[1].tolist() == [90.0, 90.0]
+    assert compute.tensor_item.getData()[1].tolist() == [10.0, 10.0]
+    assert compute.plot.legend.getLabel(compute.sm_item) is not None
+    cpu = make(ComputePlot, data, qtbot, fake_cpu())  # no NVML: nothing measured is drawn or named
+    assert cpu.sm_item.getData()[0] is None and cpu.plot.legend.getLabel(cpu.sm_item) is None
+
+
+def test_roofline_puts_the_dot_on_the_last_step_and_keeps_the_last_prefill(data, qtbot):
+    view = make(RooflinePlot, data, qtbot)
+    last = data.steps.last("ai")
+    assert view.dot_item.xData.tolist() == pytest.approx([last])
+    assert len(view.trail_item.xData) == 9  # every earlier step, up to the trail's length
+    assert view.last_prefill_item.xData.tolist() == pytest.approx([data.steps.column("ai")[0]])
+    ridge = PEAK_FLOPS / PEAK_BPS
+    assert view.ridge_item.xData.tolist() == pytest.approx([ridge])
+    assert view.readout() == f"decode {last:.2g} FLOP/B: {'compute' if last >= ridge else 'memory'}-bound"
+
+
+def test_timeline_draws_the_reply_by_phase_and_marks_ttft(data, qtbot):
+    data.annotate("bf16", "bf16 · kv on", 99.0)  # changed before this reply was sent
+    view = make(TimelinePlot, data, qtbot)
+    assert set(view.bars) == {"prefill", 0, 1}
+    x, y = view.bars["prefill"].getData()
+    assert x.tolist() == pytest.approx([0.0, 0.0, 0.01, 0.01]) and y.tolist() == pytest.approx([0, 10, 10, 0])
+    assert view.ttft_line.isVisible() and view.ttft_line.value() == pytest.approx(0.01)
+    kv_off, bf16 = view.annotation_lines
+    assert kv_off.isVisible() and kv_off.value() == pytest.approx(0.06)  # at its time since send
+    assert not bf16.isVisible()
+    assert view.readout() == "TTFT 10 ms · 10 ms/token (median)"
+
+
+def test_panel_redraws_only_what_is_new_and_rebuilds_on_a_theme(data, qtbot):
+    panel = PlotsPanel(data, DARK, SettingColours(DARK))
+    qtbot.addWidget(panel)
+    panel.set_hardware(fake_cpu())
+    assert panel.refresh() and not panel.refresh() and panel.frames_drawn == 1
+    panel.update_readouts()
+    assert "tok/s" in panel.tokens.title_label.text()
+    data.add_step(step(10, label=KV_OFF, flops=10**10, t_s=100.2))
+    assert panel.refresh() and len(finite(panel.tokens.series[1])) == 5
+    from app.theme import LIGHT
+
+    panel.set_theme(LIGHT)  # rebuilt from scratch and drawn again from the same data
+    assert panel.memory.theme is LIGHT and len(finite(panel.tokens.series[1])) == 5
+    assert "tok/s" not in panel.tokens.title_label.text()  # readouts come back on the next update
+    panel.update_readouts()
+    assert "tok/s" in panel.tokens.title_label.text()

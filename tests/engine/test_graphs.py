@@ -1,0 +1,97 @@
+"""engine/graphs.py's bookkeeping, on a CPU with torch.compile replaced by the eager function: which
+steps count as captures and replays, compiled steps kept per model and dropped with the cache, and
+any failure (a compile error, a graph Inductor skipped) switching graphs off with the reason kept.
+The compile itself runs on the GPU machine (scripts/gpu_smoke.py)."""
+import pytest
+import torch
+
+from engine import dispatch
+from engine.graphs import CAPTURE_CALLS, GraphDecoder
+from engine.io.loader import synthetic_weights
+from engine.kv.cache import ContiguousKVCache
+from engine.model.config import ModelConfig
+from engine.model.transformer import Transformer
+
+CFG = ModelConfig(name="tiny", dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, vocab_size=97, max_seq_len=64)
+
+
+@pytest.fixture
+def compiles(monkeypatch):
+    """torch.compile -> the function itself; returns the list of functions 'compiled'."""
+    calls = []
+
+    def fake_compile(fn, **kwargs):
+        calls.append(fn)
+        return fn
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    return calls
+
+
+def model(seed=0):
+    return Transformer(CFG, synthetic_weights(CFG, torch.float32, "cpu", seed=seed))
+
+
+def decode(decoder, m, cache, pos):
+    tok = torch.tensor([[pos % CFG.vocab_size]])
+    with torch.inference_mode():
+        return decoder.decode(m, cache, tok, pos, decoder.bucket(True, pos, cache.max_len), "flash")
+
+
+def test_steps_count_as_captures_then_replays_and_match_eager(compiles):
+    m, decoder = model(), GraphDecoder("cuda")
+    cache = ContiguousKVCache(CFG, 1, CFG.max_seq_len, torch.float32, "cpu")
+    eager = ContiguousKVCache(CFG, 1, CFG.max_seq_len, torch.float32, "cpu")
+    before = dispatch.counts()
+    for pos in range(5):
+        got = decode(decoder, m, cache, pos)
+        with torch.inference_mode():
+            want = m(torch.tensor([[pos % CFG.vocab_size]]), start_pos=pos, cache=eager)
+        torch.testing.assert_close(got, want)
+    assert not decoder.unavailable and decoder.replays == 5 and decoder.captures == 1 and len(compiles) == 1
+    assert cache.length == 5
+    torch.testing.assert_close(cache.k[:, :, :, :5], eager.k[:, :, :, :5])
+    ran = dispatch.since(before)
+    assert ran["decode step"] == {"compiled, capturing the cuda graph": CAPTURE_CALLS, "cuda graph": 5 - CAPTURE_CALLS}
+    assert ran["attention decode"]["torch SDPA (in the CUDA graph)"] == 5 * CFG.n_layers
+
+
+def test_compiled_steps_are_kept_per_model_and_dropped_with_the_cache(compiles):
+    a, b, decoder = model(0), model(1), GraphDecoder("cuda")
+    cache = ContiguousKVCache(CFG, 1, CFG.max_seq_len, torch.float32, "cpu")
+    for m in (a, b, a, b):  # switching weights back and forth compiles each model once
+        decode(decoder, m, cache, 0)
+    assert len(compiles) == 2 and decoder.captures == 2
+    decode(decoder, a, ContiguousKVCache(CFG, 1, CFG.max_seq_len, torch.float32, "cpu"), 0)  # a new cache
+    assert len(compiles) == 3 and decoder.captures == 3
+
+
+def test_a_failed_compile_switches_graphs_off_with_the_reason(monkeypatch):
+    def broken(fn, **kwargs):
+        raise RuntimeError("Triton is missing\nmore lines")
+
+    monkeypatch.setattr(torch, "compile", broken)
+    m, decoder = model(), GraphDecoder("cuda")
+    cache = ContiguousKVCache(CFG, 1, CFG.max_seq_len, torch.float32, "cpu")
+    logits = decode(decoder, m, cache, 0)  # still answered, eagerly
+    assert logits.shape == (1, 1, CFG.vocab_size) and cache.length == 1
+    assert decoder.unavailable == "capture failed: RuntimeError: Triton is missing" and decoder.replays == 0
+    assert decoder.bucket(True, 1, cache.max_len) is None  # eager from now on
+
+
+def test_a_graph_inductor_skipped_switches_graphs_off(compiles, monkeypatch):
+    from torch._dynamo.utils import counters
+
+    m, decoder = model(), GraphDecoder("cuda")
+    cache = ContiguousKVCache(CFG, 1, CFG.max_seq_len, torch.float32, "cpu")
+    step = m.forward_decode_static
+
+    def skipping(*args):  # what a compile that leaves the graph out does: it counts a skip
+        counters["inductor"]["cudagraph_skips"] += 1
+        return step(*args)
+
+    monkeypatch.setattr(m, "forward_decode_static", skipping)
+    decode(decoder, m, cache, 0)
+    assert decoder.unavailable.startswith("capture failed: RuntimeError: Inductor skipped the CUDA graph")
+    assert decoder.replays == 0 and GraphDecoder("cpu").unavailable == "not on a GPU"

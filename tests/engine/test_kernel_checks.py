@@ -1,0 +1,165 @@
+"""The kernels' load checks without a GPU: the registry of kernels switched off, the fault that
+fails a named kernel's check on a CPU, the notes it leaves in the engine's Capabilities (and the
+host's ModelInfo), and the CUDA-graph decoder told why it is off. The checks themselves, and the
+dispatch around a switched-off kernel, run under TRITON_INTERPRET=1 in tests/kernels/test_load_checks.py."""
+from dataclasses import replace
+
+import pytest
+import torch
+
+from engine import faults
+from engine.events import TokenEvent
+from engine.graphs import GraphDecoder
+from engine.host import EngineHost
+from engine.kernel_checks import CHECKS, check_graphs, check_kernels, mismatch, run_checks
+from engine.protocol import Load
+from kernels import registry
+from tests.engine.test_engine import GREEDY, fake_cpu, make_engine
+
+
+@pytest.fixture
+def inject(monkeypatch):
+    """inject("kernel_check:int4"): MEMBOUND_FAULTS as a spawned engine process would read it."""
+    def set_faults(text: str) -> None:
+        monkeypatch.setenv("MEMBOUND_FAULTS", text)
+        monkeypatch.setattr(faults, "_faults", None)
+        monkeypatch.setattr(faults, "_reached", {})
+    yield set_faults
+    faults._faults = None  # re-read (unset) after monkeypatch has put the environment back
+
+
+def test_the_registry_keeps_the_first_reason_and_knows_its_kernels():
+    assert all(registry.enabled(name) and registry.reason(name) == "" for name in registry.KERNELS)
+    registry.disable("int4", "max error 0.3")
+    registry.disable("int4", "a later reason")
+    assert not registry.enabled("int4") and registry.reason("int4") == "max error 0.3"
+    assert registry.enabled("int8") and registry.disabled() == {"int4": "max error 0.3"}
+    with pytest.raises(ValueError, match="unknown kernel 'int2'"):
+        registry.disable("int2", "no such kernel")
+    registry.reset()
+    assert registry.enabled("int4")
+    assert {check.kernel for check in CHECKS} == set(registry.KERNELS)
+
+
+def test_a_named_kernel_check_fault_fails_that_check_only(inject):
+    inject("kernel_check:int4+paged")
+    for name in ("int4", "paged"):
+        with pytest.raises(faults.InjectedFault, match=f"the {name} kernel's check"):
+            faults.inject_kernel_check(name)
+    faults.inject_kernel_check("int8")  # not named: nothing happens
+    inject("kernel_check@2")  # a plain kind: the second check reached fails
+    faults.inject_kernel_check("int8")
+    with pytest.raises(faults.InjectedFault):
+        faults.inject_kernel_check("int4")
+
+
+def test_on_a_cpu_no_check_runs_and_no_kernel_is_switched_off():
+    engine = make_engine()
+    results = run_checks(engine)
+    assert [r.kernel for r in results] == list(registry.KERNELS)
+    assert not any(r.ran or r.problem for r in results)
+    assert check_kernels(engine) == {} and registry.disabled() == {}
+    assert engine.graphs.unavailable == "not on a GPU"
+
+
+def test_an_injected_failure_switches_its_kernel_off_with_a_note_for_its_option(inject):
+    inject("kernel_check:int4")
+    engine = make_engine()
+    engine.kernel_notes = check_kernels(engine)
+    note = engine.kernel_notes["weights=int4"]
+    assert note.startswith("INT4 Triton kernel failed its check (InjectedFault: injected fault in the int4")
+    assert note.endswith("— using the PyTorch path") and "\n" not in note
+    assert list(engine.kernel_notes) == ["weights=int4"] and not registry.enabled("int4")
+    capabilities = engine.capabilities()
+    assert capabilities.note("weights", "int4") == note and capabilities.note("weights", "int8") == ""
+    # switched off for the process: a later load does not check it again, and says so again
+    assert check_kernels(make_engine()) == {"weights=int4": note}
+    assert all(r.kernel != "int4" for r in run_checks(make_engine()))
+
+
+def test_a_failed_graph_check_tells_the_graph_decoder_why(inject):
+    inject("kernel_check:graphs")
+    engine = make_engine()
+    notes = check_kernels(engine)
+    assert notes["cuda_graphs=True"].startswith("CUDA-graph decode failed its check")
+    assert notes["cuda_graphs=True"].endswith("— decoding without graphs")
+    assert engine.graphs.unavailable.startswith("failed its check at load: InjectedFault")
+    later = GraphDecoder("cuda")  # an engine made later in this process never tries graphs
+    assert later.unavailable == registry.reason("graphs") and later.bucket(True, 10, 4096) is None
+
+
+def test_the_host_publishes_the_notes_with_the_model(inject, tiny_weights):
+    inject("kernel_check:int8+flash")
+    emitted = []
+    host = EngineHost(lambda kind, *args: emitted.append((kind, args)))
+    host.execute(Load(tiny_weights, device="cpu", settings=GREEDY, hardware=fake_cpu()))
+    info = next(args[0] for kind, args in emitted if kind == "model_loaded")
+    assert set(info.capabilities.notes) == {"weights=int8", "attention=flash"}
+    assert info.capabilities.note("attention", "flash").startswith("flash-decoding Triton kernel failed its check")
+    assert not [args for kind, args in emitted if kind == "failed"]
+
+
+# ---- the graph check's plumbing, with the capture stood in for by the capturable step run eagerly ----
+def stand_in_graphs(engine, broken: str = ""):
+    """engine.graphs as on a GPU, its compiled step replaced by `forward_decode_static` run eagerly
+    (torch.compile's CUDA graphs need a GPU); `broken`: "stale" reads no cache, "capture" fails."""
+    graphs = engine.graphs
+    graphs.unavailable = ""
+
+    def decode(model, cache, tokens, start, kv_len, attention):
+        if broken == "capture":
+            graphs.unavailable = "capture failed: BackendCompilerFailed: inductor"
+            return model(tokens, start_pos=start, cache=cache, attention=attention)
+        graphs.replays += 1
+        cache.length = start + 1
+        if broken == "stale":
+            return model(tokens, attention=attention)
+        return model.forward_decode_static(tokens, torch.tensor([start]), cache, kv_len, attention)
+    graphs.decode = decode
+    return graphs
+
+
+def test_the_graph_check_compares_the_replayed_step_with_eager_and_leaves_the_cache_empty():
+    engine = make_engine()
+    graphs = stand_in_graphs(engine)
+    assert check_graphs(engine) == ""
+    assert engine.cache.layout == "contiguous" and engine.cache.length == 0 and engine.cached_ids == []
+    assert graphs.replays == 0  # the figures count the conversation's replays only
+    # the first reply decodes into the cache the check captured its graph on, as a fresh engine would
+    cache = engine.cache
+    tokens = reply(engine)
+    assert engine.cache is cache and len(tokens) == GREEDY.max_new_tokens and graphs.replays == len(tokens) - 1
+    assert tokens == reply(make_engine())
+    paged = make_engine(replace(GREEDY, kv_layout="paged"))  # graphs are not for its cache: a scratch one
+    stand_in_graphs(paged)
+    assert check_graphs(paged) == "" and paged.cache is None
+
+
+def reply(engine) -> list[int]:
+    return [e.token_id for e in engine.generate([5, 6, 7], ignore_eos=True)
+            if isinstance(e, TokenEvent) and e.token_id >= 0]
+
+
+def test_a_graph_that_disagrees_or_does_not_capture_fails_its_check():
+    engine = make_engine()
+    stand_in_graphs(engine, broken="stale")
+    assert check_graphs(engine).startswith("max error")
+    engine = make_engine()
+    stand_in_graphs(engine, broken="capture")
+    assert check_graphs(engine) == "capture failed: BackendCompilerFailed: inductor"
+    engine = make_engine(replace(GREEDY, cuda_graphs=False))
+    stand_in_graphs(engine)
+    assert check_graphs(engine) is None  # graphs are off in the settings: nothing to check
+
+
+def test_mismatch_says_what_is_wrong():
+    want = torch.tensor([1.0, -2.0, 4.0])
+    assert mismatch(want.clone(), want) == ""
+    assert mismatch(want * 1.5, want) == "max error 0.5 of the largest output, allowed 0.0001"
+    assert mismatch(torch.tensor([1.0, float("nan"), 4.0]), want) == "returned non-finite values"
+    assert mismatch(want.half(), want).startswith("returned torch.float16 (3,), expected torch.float32")
+
+
+@pytest.fixture
+def tiny_weights():
+    return make_engine().loaded
