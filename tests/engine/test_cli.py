@@ -122,8 +122,16 @@ def test_bad_speculation_is_one_line(capsys, args, needle):
 
 
 def test_bench_sweep_speculative_writes_its_results(capsys, tmp_path):
+    import torch
+    from test_loader import save_hf_folder
+
+    from engine.io.loader import synthetic_weights
+    from engine.model.config import ModelConfig
+    tiny = ModelConfig(name="tiny", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=300,
+                       tied_embeddings=False, max_seq_len=1024)
+    save_hf_folder(tmp_path, tiny, synthetic_weights(tiny, torch.float32, "cpu"))
     path = tmp_path / "s.json"
-    code, out, err = run_cli(capsys, "bench", "--sweep", "speculative", "--model", "synthetic:smollm2-135m",
+    code, out, err = run_cli(capsys, "bench", "--sweep", "speculative", "--model", str(tmp_path),
                              "--prompts", "1", "--decode-tokens", "4", "--draft-lengths", "2", "--sources",
                              "oracle", "--max-context", "512", "--json", str(path))
     assert code == 0, err
