@@ -166,7 +166,7 @@ class Engine:
         dtypes = [d for d in DTYPES if d != "fp16" or self.device != "cpu"]
         return Capabilities.for_model(self.cfg, self.device, {d: self.max_users_for(d) for d in dtypes},
                                       self.kernel_notes, captured_step=self.graphs.kind,
-                                      captured_refusal=self.graphs.unavailable)
+                                      captured_refusal=self.graphs.refusal)
 
     def _request_weights(self, settings: Settings) -> None:
         if settings.weights_key is None:

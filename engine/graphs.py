@@ -24,6 +24,7 @@ GRAPH_BUCKET = 1024  # attention in a captured step reads a multiple of this man
 CAPTURE_CALLS = 2
 # docs/benchmarks.md, "The overhead lever": the CPU step is weight streaming (matmuls ~85% of its
 # operator time), and Inductor's code for it was slower than the engine's chunked GEMV
+NOT_ON_GPU = "not on a GPU"
 CPU_CAPTURE_REFUSAL = ("on a CPU a compiled decode step measured no faster than eager: the step is weight "
                        "streaming (`membound bench --sweep overhead` measures it)")
 
@@ -37,10 +38,15 @@ class GraphDecoder:
         self._calls: dict[tuple[int, int], int] = {}  # (id(model), kv_len) -> calls so far
         self.kind = "CUDA graph" if self.cuda else "compiled step" if cpu_compile else ""  # what a capture is here
         # why graphs do not run ("" while they can)
-        self.unavailable = kernel_registry.reason("graphs") if self.cuda else "" if cpu_compile else CPU_CAPTURE_REFUSAL
+        self.unavailable = kernel_registry.reason("graphs") if self.cuda else "" if cpu_compile else NOT_ON_GPU
         self.replays = 0  # decode steps that ran through the compiled step (capture calls included)
         self.captures = 0  # graphs compiled and captured (one per model and kv_len bucket)
         self.capture_s = 0.0  # seconds of the calls that compiled and captured them
+
+    @property
+    def refusal(self) -> str:
+        """Why a front end cannot turn capture on here, in full ("" when it can)."""
+        return CPU_CAPTURE_REFUSAL if self.unavailable == NOT_ON_GPU else self.unavailable
 
     def bucket(self, enabled: bool, start: int, max_len: int) -> int | None:
         """Positions the captured step's attention reads for a token at `start`, or None: eager."""

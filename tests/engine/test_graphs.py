@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine import dispatch
-from engine.graphs import CAPTURE_CALLS, CPU_CAPTURE_REFUSAL, GraphDecoder
+from engine.graphs import CAPTURE_CALLS, CPU_CAPTURE_REFUSAL, NOT_ON_GPU, GraphDecoder
 from engine.io.loader import synthetic_weights
 from engine.kv.cache import ContiguousKVCache
 from engine.model.config import ModelConfig
@@ -94,7 +94,8 @@ def test_a_graph_inductor_skipped_switches_graphs_off(compiles, monkeypatch):
     monkeypatch.setattr(m, "forward_decode_static", skipping)
     decode(decoder, m, cache, 0)
     assert decoder.unavailable.startswith("capture failed: RuntimeError: Inductor skipped the CUDA graph")
-    assert decoder.replays == 0 and GraphDecoder("cpu").unavailable == CPU_CAPTURE_REFUSAL
+    assert decoder.replays == 0 and GraphDecoder("cpu").unavailable == NOT_ON_GPU
+    assert GraphDecoder("cpu").refusal == CPU_CAPTURE_REFUSAL and decoder.refusal == decoder.unavailable
 
 
 def test_the_cpu_compiled_step_for_the_overhead_sweep(compiles, monkeypatch):
