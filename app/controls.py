@@ -3,8 +3,9 @@ shortcut, built from the declarative `CONTROLS` table. A later setting (weights 
 attention backend, KV layout, batching) is one more entry there; an entry whose field the
 engine's Settings lacks is left out, and options the device refuses are greyed with the reason.
 Shortcuts are function keys: they work while the chat input has the focus and clash with no
-text-editing key (F2 KV cache, F3 precision, F4 weights, F5 attention, F6 KV layout, F7 INT4 group,
-F12 batching policy); the simulated-users slider steps with Alt+Up / Alt+Down (text boxes keep Ctrl+arrows)."""
+text-editing key (F1 speculation, Shift+F1 captured decode step, F2 KV cache, F3 precision, F4 weights,
+F5 attention, F6 KV layout, F7 INT4 group, F12 batching policy); the simulated-users slider steps with
+Alt+Up / Alt+Down (text boxes keep Ctrl+arrows)."""
 from __future__ import annotations
 
 import dataclasses
@@ -36,8 +37,9 @@ class Choice:
     field: str  # dotted path into Settings, e.g. "dtype"
     label: str
     options: tuple[tuple[Any, str], ...]  # (value, button text)
-    shortcut: str  # cycles through the options
+    shortcut: str  # cycles through the options ("": none)
     tooltip: str = ""
+    second_row: bool = False  # below, with the numbers (the switches' row is full)
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class Toggle:
     label: str
     shortcut: str
     tooltip: str = ""
+    second_row: bool = False
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,17 @@ CONTROLS: tuple[Choice | Toggle | Slider | Number, ...] = (
     Choice("policy", "Batching", (("continuous", "Contin."), ("static", "Static")), "F12",
            "continuous: requests join and leave the batch at every step; static: a batch forms, runs until "
            "its longest member ends, then the next forms"),
+    Choice("speculate", "Speculate", (("off", "Off"), ("ngram", "Lookup"), ("draft", "Draft")), "F1",
+           "speculative decoding: guess k tokens cheaply, check them all in one step of the model (one read of "
+           "the weights for up to k + 1 tokens; the reply is exactly what it would have been). Lookup copies "
+           "what followed the last match of the text's final words in the conversation; Draft asks the model "
+           "itself at the draft weights below"),
+    Number("draft_tokens", "Draft k", 1, 8, 1, tooltip="tokens guessed per speculative step"),
+    Choice("draft_weights", "Draft weights", (("fp", "FP"), ("int8", "INT8"), ("int4", "INT4")), "",
+           "the draft model's weights (the model itself, quantised: fewer bytes per guess)", second_row=True),
+    Toggle("cuda_graphs", "Captured step", "Shift+F1",
+           "the overhead lever: decode steps replayed from a captured CUDA graph instead of hundreds of kernel "
+           "launches (small models are launch-bound on a GPU); off: every step eager", second_row=True),
     Number("max_new_tokens", "Max tokens", 1, 8192, 32, tooltip="longest reply, in tokens"),
     Number("sampling.temperature", "Temperature", 0.0, 2.0, 0.1, 2, "0 = greedy (always the likeliest token)"),
     Number("sampling.top_p", "Top-p", 0.05, 1.0, 0.05, 2, "sample from the smallest set of tokens holding this mass"),
@@ -153,7 +167,8 @@ class ControlsBar(QFrame):
         second.setSpacing(14)
         for control in CONTROLS:
             if has_field(self.settings, control.field):
-                target = second if isinstance(control, (Number, Slider)) else self.layout_
+                below = isinstance(control, (Number, Slider)) or getattr(control, "second_row", False)
+                target = second if below else self.layout_
                 target.addLayout(self._build(control))
         self.layout_.addStretch(1)
         second.addStretch(1)

@@ -275,7 +275,7 @@ def run_models(args) -> int:
 
 
 def _turn_summary(done, metrics, engine) -> str:
-    from engine.metrics import DECODE_PHASES, decode_rate
+    from engine.metrics import DECODE_PHASES, decode_rate, speculation_summary
     decode = [m for m in metrics if m.phase in DECODE_PHASES]
     parts = [f"{done.n_new_tokens} tokens ({done.reason})", done.ttft_note]
     if decode:
@@ -287,12 +287,7 @@ def _turn_summary(done, metrics, engine) -> str:
         parts += [f"decode {decode_rate(decode):.1f} tok/s", f"{gbs:.1f} GB/s (model)",
                   f"MBU {100 * gbs / peak:.0f}% of {peak:.1f} GB/s",
                   f"ceiling {sum(m.tokens_out for m in target) / sum(m.floor_s for m in target):.0f} tok/s"]
-        verifies = [m for m in decode if m.phase == "verify"]
-        if verifies:
-            drafted = sum(m.draft_tokens for m in verifies)
-            accepted = sum(m.accepted_tokens for m in verifies)
-            parts.append(f"{engine.settings.speculation_label.removeprefix(' · ')}: {100 * accepted / drafted:.0f}% of "
-                         f"guesses accepted, {accepted / len(verifies):.2f} a step")
+        parts += speculation_summary(decode)
     return "[" + " · ".join(parts) + "]"
 
 

@@ -247,6 +247,19 @@ def decode_rate(steps: list[StepMetrics]) -> float:
     return sum(s.tokens_out for s in steps) / seconds if seconds > 0 else 0.0
 
 
+def speculation_summary(steps: list[StepMetrics]) -> list[str]:
+    """A reply's speculation in words (nothing when it did not speculate): guesses kept, and the
+    tokens each read of the target's weights produced."""
+    verifies = [s for s in steps if s.phase == "verify"]
+    if not verifies:
+        return []
+    drafted = sum(s.draft_tokens for s in verifies)
+    accepted = sum(s.accepted_tokens for s in verifies)
+    target = [s for s in steps if s.phase in ("decode", "verify")]
+    return [f"speculation: {100 * accepted / drafted:.0f}% of guesses kept ({accepted / len(verifies):.2f} a step), "
+            f"{sum(s.tokens_out for s in target) / len(target):.2f} tokens per weight read"]
+
+
 def decode_ceiling_tokens_per_s(weight_bytes: float, bandwidth_bps: float, kv_bytes: float = 0.0) -> float:
     """Batch-1 decode ceiling: every weight (and the KV cache) read once per token."""
     return bandwidth_bps / (weight_bytes + kv_bytes)

@@ -107,7 +107,7 @@ def test_chat_speculates_and_says_how_many_guesses_landed(capsys):
                              "--greedy", "--max-tokens", "12", "--max-context", "512", "--speculate", "ngram",
                              "--draft-tokens", "3")
     assert code == 0 and out.strip()
-    assert "spec prompt lookup k3:" in err and "of guesses accepted" in err
+    assert "speculation: " in err and "of guesses kept" in err and "tokens per weight read" in err
 
 
 @pytest.mark.parametrize("args,needle", [
