@@ -99,11 +99,12 @@ CONTROLS: tuple[Choice | Toggle | Slider | Number, ...] = (
            "what followed the last match of the text's final words in the conversation; Draft asks the model "
            "itself at the draft weights below"),
     Number("draft_tokens", "Draft k", 1, 8, 1, tooltip="tokens guessed per speculative step"),
-    Choice("draft_weights", "Draft weights", (("fp", "FP"), ("int8", "INT8"), ("int4", "INT4")), "",
+    # (an fp draft, the model itself, guesses right but costs as much as the model: `membound chat` has it)
+    Choice("draft_weights", "Draft weights", (("int8", "INT8"), ("int4", "INT4")), "",
            "the draft model's weights (the model itself, quantised: fewer bytes per guess)", second_row=True),
-    Toggle("cuda_graphs", "Captured step", "Shift+F1",
+    Toggle("cuda_graphs", "Captured", "Shift+F1",
            "the overhead lever: decode steps replayed from a captured CUDA graph instead of hundreds of kernel "
-           "launches (small models are launch-bound on a GPU); off: every step eager", second_row=True),
+           "launches (small models are launch-bound on a GPU); off: every step eager"),
     Number("max_new_tokens", "Max tokens", 1, 8192, 32, tooltip="longest reply, in tokens"),
     Number("sampling.temperature", "Temperature", 0.0, 2.0, 0.1, 2, "0 = greedy (always the likeliest token)"),
     Number("sampling.top_p", "Top-p", 0.05, 1.0, 0.05, 2, "sample from the smallest set of tokens holding this mass"),
