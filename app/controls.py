@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QAbstractSpinBox,
@@ -134,6 +134,18 @@ def with_field(settings: Any, path: str, value: Any) -> Any:
     return dataclasses.replace(settings, **{head: with_field(getattr(settings, head), rest, value)})
 
 
+class OptionButton(QPushButton):
+    """A switch's button: at least 64 pixels wide and never narrower than its text (a fixed minimum
+    width would let the layout clip the text in large fonts)."""
+
+    def sizeHint(self) -> QSize:
+        hint = super().sizeHint()
+        return QSize(max(64, hint.width()), hint.height())
+
+    def minimumSizeHint(self) -> QSize:
+        return self.sizeHint()
+
+
 class ControlsBar(QFrame):
     """Shows the settings the engine confirmed (`settings`) and marks the options asked for but not
     confirmed yet (`pending`: dashed outline, "→ value"). A user's change emits
@@ -163,9 +175,9 @@ class ControlsBar(QFrame):
         rows.setContentsMargins(10, 6, 10, 6)
         rows.setSpacing(6)
         self.layout_ = QHBoxLayout()
-        self.layout_.setSpacing(14)
+        self.layout_.setSpacing(10)
         second = QHBoxLayout()
-        second.setSpacing(14)
+        second.setSpacing(10)
         for control in CONTROLS:
             if has_field(self.settings, control.field):
                 below = isinstance(control, (Number, Slider)) or getattr(control, "second_row", False)
@@ -205,9 +217,8 @@ class ControlsBar(QFrame):
             group = QButtonGroup(self)
             group.setExclusive(True)
             for value, text in control.options:
-                button = QPushButton(text)
+                button = OptionButton(text)
                 button.setCheckable(True)
-                button.setMinimumWidth(64)
                 button.setToolTip(control.tooltip)
                 button.value = value
                 group.addButton(button)
@@ -217,9 +228,8 @@ class ControlsBar(QFrame):
             column.addLayout(row)
             self._add_shortcut(shortcut, lambda c=control: self.cycle(c.field))
         elif isinstance(control, Toggle):
-            button = QPushButton()
+            button = OptionButton()
             button.setCheckable(True)
-            button.setMinimumWidth(110)
             button.setToolTip(control.tooltip)
             button.clicked.connect(lambda _checked, c=control: self._changed(c))
             self.widgets[control.field] = button
@@ -232,7 +242,7 @@ class ControlsBar(QFrame):
             slider.setRange(control.minimum, control.maximum)
             slider.setTracking(False)  # one change when the drag ends, not one per pixel
             slider.setPageStep(4)
-            slider.setMinimumWidth(200)
+            slider.setMinimumWidth(120)
             slider.setToolTip(control.tooltip)
             slider.valueChanged.connect(lambda _v, c=control: self._changed(c))
             slider.sliderMoved.connect(lambda v, c=control: self._show_slider_value(c, v))
@@ -444,13 +454,13 @@ class ControlsBar(QFrame):
                         button.setStyleSheet(style)
                 elif isinstance(control, Toggle):
                     widget.setChecked(bool(value))
-                    widget.setText(f"{control.label}: {'ON' if value else 'OFF'}"
-                                   + (f" → {'ON' if asked else 'OFF'}…" if waiting else ""))
+                    widget.setText(f"{'ON' if value else 'OFF'}" + (f" → {'ON' if asked else 'OFF'}…" if waiting else ""))
                     widget.setToolTip(self._option_tooltip(control, not value))
                     colour = self.colours.colour(settings.label)
                     border = "dashed" if waiting else "solid"
                     widget.setStyleSheet(f"QPushButton {{ font-weight: bold; border: 2px {border} {colour}; "
-                                         f"color: {colour}; }}")
+                                         f"color: {colour}; }} QPushButton:disabled {{ border: 1px solid "
+                                         f"{self.theme.border}; color: {self.theme.muted}; font-weight: normal; }}")
                 elif isinstance(control, Slider):
                     widget.setValue(int(value))
                     self.slider_values[control.field].setText(str(int(value)) + (f" → {asked}" if waiting else ""))

@@ -147,3 +147,23 @@ def test_the_captured_step_switch_is_greyed_on_a_cpu_with_the_reason(make_window
     button = window.controls.widgets["cuda_graphs"]
     assert window.settings.cuda_graphs is False and not button.isChecked()
     assert not button.isEnabled() and "compiled decode step measured no faster" in button.toolTip()
+
+
+def test_every_switch_shows_its_whole_text_and_the_bar_fits_the_window(make_window, qtbot):
+    """Two more switches filled the bar: at 1600 pixels (normal fonts) no button may be squeezed
+    below its text, and in large fonts the window grows to the bar rather than clipping it."""
+    from PySide6.QtWidgets import QPushButton
+
+    window = make_window()
+    window.show()
+    for large in (False, True):
+        window.set_large_fonts(large)
+        window.resize(1600, 960)
+        qtbot.wait(50)
+        buttons = [b for b in window.controls.findChildren(QPushButton) if b.isVisible()]
+        assert len(buttons) > 20
+        clipped = [(b.text(), b.width(), b.sizeHint().width()) for b in buttons if b.width() < b.sizeHint().width()]
+        assert not clipped, (large, clipped)
+        if not large:
+            assert window.width() == 1600
+    assert window.controls.widgets["cuda_graphs"].text() == "OFF"  # its caption names it
