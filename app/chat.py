@@ -84,7 +84,31 @@ class ChatPanel(QWidget):
         self.input.setPlaceholderText(text)
 
     def set_theme(self, theme: Theme) -> None:
-        self.theme = theme
+        """The transcript so far takes the new theme's colours and type size too (left as it was,
+        dark-theme text is all but invisible on the light theme's white)."""
+        old, self.theme = self.theme, theme
+        roles = ("text", "muted", "accent", "error", "verify")  # the colours the transcript is written in
+        colours = {QColor(getattr(old, r)).name(): QColor(getattr(theme, r)) for r in roles}
+        scale = theme.font_pt / old.font_pt
+        document = self.transcript.document()
+        block = document.begin()
+        while block.isValid():
+            it = block.begin()
+            while not it.atEnd():
+                fragment = it.fragment()
+                if fragment.isValid():
+                    fmt = fragment.charFormat()
+                    colour = colours.get(fmt.foreground().color().name())
+                    if colour is not None:
+                        fmt.setForeground(colour)
+                    if fmt.fontPointSize() > 0:
+                        fmt.setFontPointSize(fmt.fontPointSize() * scale)
+                    cursor = QTextCursor(document)
+                    cursor.setPosition(fragment.position())
+                    cursor.setPosition(fragment.position() + fragment.length(), QTextCursor.MoveMode.KeepAnchor)
+                    cursor.setCharFormat(fmt)
+                it += 1
+            block = block.next()
 
     def _send(self) -> None:
         text = self.input.text()

@@ -1,7 +1,8 @@
 """Speculative decoding in the window: the plots fed by hand with draft and verify steps (tokens/s
 over both, the timeline's two colours, acceptance over time and by guess position), accepted
 guesses tinted in the chat, and on the tiny model the F1 switch, a speculative reply end to end,
-and the captured-step switch greyed on a CPU with the engine's reason."""
+and the captured-step switch greyed on a CPU with the engine's reason; the switches' bar with two
+more switches clips no text; the transcript (tints included) follows a theme change."""
 from __future__ import annotations
 
 import dataclasses
@@ -167,3 +168,27 @@ def test_every_switch_shows_its_whole_text_and_the_bar_fits_the_window(make_wind
         if not large:
             assert window.width() == 1600
     assert window.controls.widgets["cuda_graphs"].text() == "OFF"  # its caption names it
+
+
+def test_the_transcript_takes_a_new_theme_s_colours_and_type_size(qtbot):
+    from app.theme import LIGHT, themed
+
+    chat = ChatPanel(DARK)
+    qtbot.addWidget(chat)
+    chat.add_message("user", "hello")
+    chat.begin_reply()
+    chat.append_reply([("The ", False), ("lamp", True)])
+    chat.end_reply("— 2 tokens")
+    text = chat.plain_text()
+
+    def at(word: str):
+        cursor = QTextCursor(chat.transcript.document())
+        cursor.setPosition(text.index(word) + 1)
+        return cursor.charFormat()
+
+    size = at("The").fontPointSize()
+    chat.set_theme(themed("light", large_fonts=True))
+    assert at("hello").foreground().color().name() == at("The").foreground().color().name() == QColor(LIGHT.text).name()
+    assert at("lamp").foreground().color().name() == QColor(LIGHT.verify).name()
+    assert at("tokens").foreground().color().name() == QColor(LIGHT.muted).name()
+    assert at("The").fontPointSize() > size
