@@ -133,10 +133,12 @@ def test_bench_sweep_speculative_writes_its_results(capsys, tmp_path):
     path = tmp_path / "s.json"
     code, out, err = run_cli(capsys, "bench", "--sweep", "speculative", "--model", str(tmp_path),
                              "--prompts", "1", "--decode-tokens", "4", "--draft-lengths", "2", "--sources",
-                             "oracle", "--max-context", "512", "--json", str(path))
+                             "oracle", "--max-context", "512", "--repeats", "2", "--json", str(path))
     assert code == 0, err
-    assert "oracle*" in out and "upper bound" in out and "vs k = 0" in out
-    results = json.loads(path.read_text())["results"]
+    assert "oracle*" in out and "upper bound" in out and "vs k = 0" in out and "fastest of 2 runs" in out
+    payload = json.loads(path.read_text())
+    results = payload["results"]
+    assert payload["repeats"] == 2
     assert {(r["source"], r["k"], r["sampling"]) for r in results} == {
         (s, k, m) for s, k in (("none", 0), ("oracle", 2)) for m in ("greedy", "sampled")}
     for r in results:
