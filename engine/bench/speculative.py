@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import platform
+import statistics
 import sys
 from dataclasses import asdict, dataclass, replace
 
@@ -66,6 +67,7 @@ class SpecPoint:
     mean_accepted: float  # guesses kept per verify step
     tokens_per_weight_read: float  # tokens per target step (1 at k = 0)
     draft_time_share: float  # of decode time, in draft-model steps
+    target_step_ms: float  # median time of the target's steps (decode at k = 0, else verify: k + 1 tokens)
     tokens: int  # decode tokens over the workload
     label: str = ""
 
@@ -206,6 +208,7 @@ def _point(key, runs, baseline) -> SpecPoint:
         mean_accepted=accepted / len(verifies) if verifies else float("nan"),
         tokens_per_weight_read=sum(s.tokens_out for s in target_steps) / max(1, len(target_steps)),
         draft_time_share=sum(s.step_s for s in steps if s.phase == "draft") / decode_s if decode_s else 0.0,
+        target_step_ms=1e3 * statistics.median(s.step_s for s in target_steps) if target_steps else float("nan"),
         tokens=tokens, label=_label(key))
 
 
@@ -221,6 +224,7 @@ def format_speculative(points: list[SpecPoint]) -> str:
         ("acceptance", lambda p: _or_dash(p.k and f"{100 * p.acceptance_rate:.0f}%", p.acceptance_rate)),
         ("mean accepted", lambda p: _or_dash(p.k and f"{p.mean_accepted:.2f}", p.mean_accepted)),
         ("tokens / weight read", lambda p: f"{p.tokens_per_weight_read:.2f}"),
+        ("target step (median)", lambda p: f"{p.target_step_ms:.1f} ms"),
         ("draft time", lambda p: f"{100 * p.draft_time_share:.0f}%" if p.source == "draft" else ""),
         ("tokens", lambda p: f"{p.tokens}"),
     ]
