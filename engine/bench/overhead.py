@@ -31,6 +31,7 @@ class OverheadPoint:
     captured: str  # "CUDA graph", "compiled step", or why the capture did not run
     matmul_share: float = float("nan")  # CPU: fraction of the eager step in matmul kernels (profiler)
     bytes_per_step: int = 0
+    capture_s: float = 0.0  # seconds of the calls that compiled and captured the step (the warm-up's)
 
 
 def run_overhead_sweep(args, progress) -> int:
@@ -144,7 +145,8 @@ def _point(shape: str, eager_steps: list, captured_steps: list, captured_engine,
         model=shape, eager_step_ms=1e3 * e, captured_step_ms=1e3 * c, gain=e / c, floor_ms=1e3 * floor,
         eager_overhead_ms=1e3 * max(0.0, e - floor), captured_overhead_ms=1e3 * max(0.0, c - c_floor),
         captured=captured_engine.graphs.kind if ran else captured_engine.graphs.unavailable or "did not run",
-        matmul_share=share, bytes_per_step=int(statistics.median(s.total_bytes for s in eager_steps)))
+        matmul_share=share, bytes_per_step=int(statistics.median(s.total_bytes for s in eager_steps)),
+        capture_s=captured_engine.graphs.capture_s)
 
 
 def format_overhead(points: list[OverheadPoint]) -> str:
@@ -156,6 +158,7 @@ def format_overhead(points: list[OverheadPoint]) -> str:
         ("overhead, eager", lambda p: f"{p.eager_overhead_ms:.2f} ms"),
         ("overhead, captured", lambda p: f"{p.captured_overhead_ms:.2f} ms"),
         ("bytes a step", lambda p: f"{p.bytes_per_step / 1e6:,.1f} MB"),
+        ("compile + capture", lambda p: f"{p.capture_s:.1f} s"),
     ]
     if any(p.matmul_share == p.matmul_share for p in points):
         rows.append(("eager: matmul share", lambda p: f"{100 * p.matmul_share:.0f}%"))
