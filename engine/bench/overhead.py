@@ -162,7 +162,7 @@ def format_overhead(points: list[OverheadPoint]) -> str:
     ]
     if any(p.matmul_share == p.matmul_share for p in points):
         rows.append(("eager: matmul share", lambda p: f"{100 * p.matmul_share:.0f}%"))
-    names = [p.model.removeprefix("synthetic:") for p in points]
+    names = [p.model.removeprefix("synthetic:").rsplit("/", 1)[-1] for p in points]  # a file: its name
     lines = side_by_side("", names, rows_of(points, rows), 24, max(14, *(len(n) + 2 for n in names)))
     lines += [f"captured ({p.model}): {p.captured}" for p in points if p.captured not in ("CUDA graph", "compiled step")]
     return "\n".join(lines)
