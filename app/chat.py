@@ -1,5 +1,6 @@
 """The chat panel: a transcript that streams the reply as it is generated, an input line, and the
-Send / Stop / New chat buttons. It shows the messages only (the chat template stays hidden)."""
+Send / Stop / New chat buttons. It shows the messages only (the chat template stays hidden). Tokens
+that were speculative guesses the model kept are tinted, so the audience sees the guesses land."""
 from __future__ import annotations
 
 from PySide6.QtCore import Signal
@@ -83,7 +84,31 @@ class ChatPanel(QWidget):
         self.input.setPlaceholderText(text)
 
     def set_theme(self, theme: Theme) -> None:
-        self.theme = theme
+        """The transcript so far takes the new theme's colours and type size too (left as it was,
+        dark-theme text is all but invisible on the light theme's white)."""
+        old, self.theme = self.theme, theme
+        roles = ("text", "muted", "accent", "error", "verify")  # the colours the transcript is written in
+        colours = {QColor(getattr(old, r)).name(): QColor(getattr(theme, r)) for r in roles}
+        scale = theme.font_pt / old.font_pt
+        document = self.transcript.document()
+        block = document.begin()
+        while block.isValid():
+            it = block.begin()
+            while not it.atEnd():
+                fragment = it.fragment()
+                if fragment.isValid():
+                    fmt = fragment.charFormat()
+                    colour = colours.get(fmt.foreground().color().name())
+                    if colour is not None:
+                        fmt.setForeground(colour)
+                    if fmt.fontPointSize() > 0:
+                        fmt.setFontPointSize(fmt.fontPointSize() * scale)
+                    cursor = QTextCursor(document)
+                    cursor.setPosition(fragment.position())
+                    cursor.setPosition(fragment.position() + fragment.length(), QTextCursor.MoveMode.KeepAnchor)
+                    cursor.setCharFormat(fmt)
+                it += 1
+            block = block.next()
 
     def _send(self) -> None:
         text = self.input.text()
@@ -144,13 +169,25 @@ class ChatPanel(QWidget):
         cursor.insertBlock()
         self._keep_scrolled(at_bottom)
 
-    def append_reply(self, text: str) -> None:
-        """Streamed text of the reply: one insertion per batch of tokens."""
-        if not text:
+    def append_reply(self, text: "str | list[tuple[str, bool]]") -> None:
+        """Streamed text of the reply: one insertion per batch of tokens, or per run of (text,
+        drafted) pieces alike (drafted: an accepted speculative guess, tinted)."""
+        pieces = [(text, False)] if isinstance(text, str) else text
+        runs: list[list] = []
+        for piece, drafted in pieces:
+            if not piece:
+                continue
+            if runs and runs[-1][1] == drafted:
+                runs[-1][0] += piece
+            else:
+                runs.append([piece, drafted])
+        if not runs:
             return
         at_bottom = self._at_bottom()
-        self.reply_text += text
-        self._cursor_at_end().insertText(text, self._format(self.theme.text))
+        cursor = self._cursor_at_end()
+        for piece, drafted in runs:
+            self.reply_text += piece
+            cursor.insertText(piece, self._format(self.theme.verify if drafted else self.theme.text))
         self._keep_scrolled(at_bottom)
 
     def end_reply(self, summary: str) -> None:

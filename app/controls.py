@@ -3,15 +3,16 @@ shortcut, built from the declarative `CONTROLS` table. A later setting (weights 
 attention backend, KV layout, batching) is one more entry there; an entry whose field the
 engine's Settings lacks is left out, and options the device refuses are greyed with the reason.
 Shortcuts are function keys: they work while the chat input has the focus and clash with no
-text-editing key (F2 KV cache, F3 precision, F4 weights, F5 attention, F6 KV layout, F7 INT4 group,
-F12 batching policy); the simulated-users slider steps with Alt+Up / Alt+Down (text boxes keep Ctrl+arrows)."""
+text-editing key (F1 speculation, Shift+F1 captured decode step, F2 KV cache, F3 precision, F4 weights,
+F5 attention, F6 KV layout, F7 INT4 group, F12 batching policy); the simulated-users slider steps with
+Alt+Up / Alt+Down (text boxes keep Ctrl+arrows)."""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QAbstractSpinBox,
@@ -36,8 +37,9 @@ class Choice:
     field: str  # dotted path into Settings, e.g. "dtype"
     label: str
     options: tuple[tuple[Any, str], ...]  # (value, button text)
-    shortcut: str  # cycles through the options
+    shortcut: str  # cycles through the options ("": none)
     tooltip: str = ""
+    second_row: bool = False  # below, with the numbers (the switches' row is full)
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class Toggle:
     label: str
     shortcut: str
     tooltip: str = ""
+    second_row: bool = False
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,18 @@ CONTROLS: tuple[Choice | Toggle | Slider | Number, ...] = (
     Choice("policy", "Batching", (("continuous", "Contin."), ("static", "Static")), "F12",
            "continuous: requests join and leave the batch at every step; static: a batch forms, runs until "
            "its longest member ends, then the next forms"),
+    Choice("speculate", "Speculate", (("off", "Off"), ("ngram", "Lookup"), ("draft", "Draft")), "F1",
+           "speculative decoding: guess k tokens cheaply, check them all in one step of the model (one read of "
+           "the weights for up to k + 1 tokens; the reply is exactly what it would have been). Lookup copies "
+           "what followed the last match of the text's final words in the conversation; Draft asks the model "
+           "itself at the draft weights below"),
+    Number("draft_tokens", "Draft k", 1, 8, 1, tooltip="tokens guessed per speculative step"),
+    # (an fp draft, the model itself, guesses right but costs as much as the model: `membound chat` has it)
+    Choice("draft_weights", "Draft weights", (("int8", "INT8"), ("int4", "INT4")), "",
+           "the draft model's weights (the model itself, quantised: fewer bytes per guess)", second_row=True),
+    Toggle("cuda_graphs", "Captured", "Shift+F1",
+           "the overhead lever: decode steps replayed from a captured CUDA graph instead of hundreds of kernel "
+           "launches (small models are launch-bound on a GPU); off: every step eager"),
     Number("max_new_tokens", "Max tokens", 1, 8192, 32, tooltip="longest reply, in tokens"),
     Number("sampling.temperature", "Temperature", 0.0, 2.0, 0.1, 2, "0 = greedy (always the likeliest token)"),
     Number("sampling.top_p", "Top-p", 0.05, 1.0, 0.05, 2, "sample from the smallest set of tokens holding this mass"),
@@ -117,6 +132,18 @@ def with_field(settings: Any, path: str, value: Any) -> Any:
     if not rest:
         return dataclasses.replace(settings, **{head: value})
     return dataclasses.replace(settings, **{head: with_field(getattr(settings, head), rest, value)})
+
+
+class OptionButton(QPushButton):
+    """A switch's button: at least 64 pixels wide and never narrower than its text (a fixed minimum
+    width would let the layout clip the text in large fonts)."""
+
+    def sizeHint(self) -> QSize:
+        hint = super().sizeHint()
+        return QSize(max(64, hint.width()), hint.height())
+
+    def minimumSizeHint(self) -> QSize:
+        return self.sizeHint()
 
 
 class ControlsBar(QFrame):
@@ -148,12 +175,13 @@ class ControlsBar(QFrame):
         rows.setContentsMargins(10, 6, 10, 6)
         rows.setSpacing(6)
         self.layout_ = QHBoxLayout()
-        self.layout_.setSpacing(14)
+        self.layout_.setSpacing(10)
         second = QHBoxLayout()
-        second.setSpacing(14)
+        second.setSpacing(10)
         for control in CONTROLS:
             if has_field(self.settings, control.field):
-                target = second if isinstance(control, (Number, Slider)) else self.layout_
+                below = isinstance(control, (Number, Slider)) or getattr(control, "second_row", False)
+                target = second if below else self.layout_
                 target.addLayout(self._build(control))
         self.layout_.addStretch(1)
         second.addStretch(1)
@@ -189,9 +217,8 @@ class ControlsBar(QFrame):
             group = QButtonGroup(self)
             group.setExclusive(True)
             for value, text in control.options:
-                button = QPushButton(text)
+                button = OptionButton(text)
                 button.setCheckable(True)
-                button.setMinimumWidth(64)
                 button.setToolTip(control.tooltip)
                 button.value = value
                 group.addButton(button)
@@ -201,9 +228,8 @@ class ControlsBar(QFrame):
             column.addLayout(row)
             self._add_shortcut(shortcut, lambda c=control: self.cycle(c.field))
         elif isinstance(control, Toggle):
-            button = QPushButton()
+            button = OptionButton()
             button.setCheckable(True)
-            button.setMinimumWidth(110)
             button.setToolTip(control.tooltip)
             button.clicked.connect(lambda _checked, c=control: self._changed(c))
             self.widgets[control.field] = button
@@ -216,7 +242,7 @@ class ControlsBar(QFrame):
             slider.setRange(control.minimum, control.maximum)
             slider.setTracking(False)  # one change when the drag ends, not one per pixel
             slider.setPageStep(4)
-            slider.setMinimumWidth(200)
+            slider.setMinimumWidth(120)
             slider.setToolTip(control.tooltip)
             slider.valueChanged.connect(lambda _v, c=control: self._changed(c))
             slider.sliderMoved.connect(lambda v, c=control: self._show_slider_value(c, v))
@@ -428,13 +454,13 @@ class ControlsBar(QFrame):
                         button.setStyleSheet(style)
                 elif isinstance(control, Toggle):
                     widget.setChecked(bool(value))
-                    widget.setText(f"{control.label}: {'ON' if value else 'OFF'}"
-                                   + (f" → {'ON' if asked else 'OFF'}…" if waiting else ""))
+                    widget.setText(f"{'ON' if value else 'OFF'}" + (f" → {'ON' if asked else 'OFF'}…" if waiting else ""))
                     widget.setToolTip(self._option_tooltip(control, not value))
                     colour = self.colours.colour(settings.label)
                     border = "dashed" if waiting else "solid"
                     widget.setStyleSheet(f"QPushButton {{ font-weight: bold; border: 2px {border} {colour}; "
-                                         f"color: {colour}; }}")
+                                         f"color: {colour}; }} QPushButton:disabled {{ border: 1px solid "
+                                         f"{self.theme.border}; color: {self.theme.muted}; font-weight: normal; }}")
                 elif isinstance(control, Slider):
                     widget.setValue(int(value))
                     self.slider_values[control.field].setText(str(int(value)) + (f" → {asked}" if waiting else ""))

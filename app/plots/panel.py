@@ -1,6 +1,7 @@
 """`PlotsPanel`: the grid of the five live plots (and an extra widget, the seed table, in the sixth
-cell). The window's timer calls `refresh`, which redraws every plot from one `StepWindow` only when
-`LiveData` has changed, and `update_readouts` a few times a second."""
+cell), and a row of speculation plots (acceptance over time and by guess position) that shows while
+the data holds speculative steps. The window's timer calls `refresh`, which redraws every plot from
+one `StepWindow` only when `LiveData` has changed, and `update_readouts` a few times a second."""
 from __future__ import annotations
 
 import math
@@ -9,6 +10,7 @@ import numpy as np
 from PySide6.QtWidgets import QGridLayout, QWidget
 
 from app.live_data import LiveData
+from app.plots.acceptance import AcceptancePlot, PositionPlot
 from app.plots.compute import ComputePlot
 from app.plots.memory import MemoryPlot
 from app.plots.roofline import RooflinePlot
@@ -31,8 +33,11 @@ class PlotsPanel(QWidget):
         self.compute = ComputePlot(data, theme, colours)
         self.roofline = RooflinePlot(data, theme, colours)
         self.timeline = TimelinePlot(data, theme, colours)
+        self.acceptance = AcceptancePlot(data, theme, colours)
+        self.positions = PositionPlot(data, theme, colours)
         self.views = {"tokens": self.tokens, "memory": self.memory, "compute": self.compute,
-                      "roofline": self.roofline, "timeline": self.timeline}
+                      "roofline": self.roofline, "timeline": self.timeline, "acceptance": self.acceptance,
+                      "positions": self.positions}
         self._drawn_version = -1
         self._readout_version = -1
         self.frames_drawn = 0
@@ -47,6 +52,9 @@ class PlotsPanel(QWidget):
         self._grid.addWidget(self.timeline, 2, 0)
         if extra is not None:
             self._grid.addWidget(extra, 2, 1)
+        self._grid.addWidget(self.acceptance, 3, 0)
+        self._grid.addWidget(self.positions, 3, 1)
+        self._set_speculation_visible(False)
         for row in range(3):
             self._grid.setRowStretch(row, 1)
         for col in range(2):
@@ -59,6 +67,13 @@ class PlotsPanel(QWidget):
         self.extra.setVisible(visible)
         self._grid.removeWidget(self.timeline)
         self._grid.addWidget(self.timeline, 2, 0, 1, 1 if visible else 2)
+
+    def _set_speculation_visible(self, visible: bool) -> None:
+        """The speculation row, only while the data holds speculative steps."""
+        self.speculation_visible = visible
+        self.acceptance.setVisible(visible)
+        self.positions.setVisible(visible)
+        self._grid.setRowStretch(3, 1 if visible else 0)
 
     def set_theme(self, theme: Theme) -> None:
         self.theme = theme
@@ -80,8 +95,12 @@ class PlotsPanel(QWidget):
             return False
         self._drawn_version = self.data.version
         frame = StepWindow(self.data)
-        for view in self.views.values():
-            view.draw(frame)
+        speculating = bool((self.data.steps.column("verify") > 0.5).any())
+        if speculating != self.speculation_visible:
+            self._set_speculation_visible(speculating)
+        for name, view in self.views.items():
+            if self.speculation_visible or name not in ("acceptance", "positions"):
+                view.draw(frame)
         self.frames_drawn += 1
         return True
 
@@ -95,7 +114,9 @@ class PlotsPanel(QWidget):
         if self.data.source != "model":
             self._server_readouts()
             return
-        for view in self.views.values():
+        for name, view in self.views.items():
+            if name in ("acceptance", "positions") and not self.speculation_visible:
+                continue
             readout = view.readout()
             if readout is not None:
                 view.show_readout(readout)
