@@ -53,10 +53,14 @@ class MainWindow(QMainWindow):
     model_ready = Signal(object)  # ModelInfo
     reply_finished = Signal(object)  # DoneEvent, or None when the reply failed
     error_shown = Signal(str)
+    # what the window did of its own accord, not in answer to the engine (a recording keeps it):
+    # ("send", (text, ignore_eos)), ("new_chat", None), ("hardware", HardwareSample), and talk mode's own
+    action = Signal(str, object)
+    closing = Signal()  # shutdown has begun: helpers stop their timers
 
     def __init__(self, model="default", device: str = "auto", hardware=None, settings: Settings | None = None,
                  theme: str = "dark", large_fonts: bool = False, autoload: bool = True, max_context: int = 4096,
-                 engine_process: bool = False):
+                 engine_process: bool = False, worker=None, recorder=None):
         super().__init__()
         self.setWindowTitle("membound — watch decoding hit the memory wall")
         self.theme = themed(theme, large_fonts)
@@ -70,6 +74,7 @@ class MainWindow(QMainWindow):
         self.max_context = max_context
         self.settings: Settings | None = settings  # what the engine runs (as it last confirmed)
         self.model_info: ModelInfo | None = None
+        self.clock = time.monotonic  # the time of the window's own annotations (a replay's is the recording's)
         self.messages: list[dict[str, str]] = []  # the conversation (kept here too: it outlives the engine)
         self._turn_text = ""  # the user's turn in flight
         self._reply_text: list[str] = []  # the reply in flight, as streamed
@@ -147,8 +152,12 @@ class MainWindow(QMainWindow):
         self.resize(1600, 960)
         self.splitter.setSizes([520, 1080])
 
-        # ---- the worker thread: commands in through its queue, plain-data signals out (queued)
-        self.worker = EngineWorker(self, process=engine_process)
+        # ---- the worker thread: commands in through its queue, plain-data signals out (queued).
+        # A replay passes a worker that plays a recording; a recorder connects before the window
+        # does, so it sees every signal before the window acts on it.
+        self.worker = worker if worker is not None else EngineWorker(self, process=engine_process)
+        if recorder is not None:
+            recorder.attach(self)
         self.worker.progress.connect(self._on_progress)
         self.worker.model_loaded.connect(self._on_model_loaded)
         self.worker.events.connect(self._on_events)
@@ -219,7 +228,8 @@ class MainWindow(QMainWindow):
         self.worker.submit(Load(source, self.device, self.settings, self.hardware, self.max_context,
                                 messages=tuple(self.messages)))
 
-    def send(self, text: str) -> None:
+    def send(self, text: str, ignore_eos: bool = False) -> None:
+        """A turn of the chat; ignore_eos: the reply runs to its token budget (keep-decoding)."""
         if self.replying or self._closed:
             return
         if self.engine_dead:
@@ -235,7 +245,8 @@ class MainWindow(QMainWindow):
         self.chat.begin_reply()
         self.chat.set_ready(False)
         self.chat.set_streaming(True)
-        self.worker.submit(Chat(text))
+        self.action.emit("send", (text, ignore_eos))
+        self.worker.submit(Chat(text, ignore_eos=ignore_eos))
 
     def stop(self) -> None:
         if self.replying:
@@ -244,6 +255,7 @@ class MainWindow(QMainWindow):
     def new_chat(self) -> None:
         self.stop()
         self._messages_before_reset, self.messages = self.messages, []
+        self.action.emit("new_chat", None)
         if not self.engine_dead:
             self.worker.submit(Reset())
         self.chat.clear()
@@ -389,13 +401,13 @@ class MainWindow(QMainWindow):
         if restarted:
             self.chat.add_notice(f"the engine is back: {info.label}, {len(info.messages) // 2} turns of the "
                                  "conversation kept")
-            self.data.annotate("engine restarted", info.settings.label, time.monotonic())
+            self.data.annotate("engine restarted", info.settings.label, self.clock())
         else:
             self.data.clear()
             if not first:
                 self.chat.clear()
             self.chat.add_notice(f"loaded {info.label}")
-            self.data.annotate(f"start: {info.settings.label}", info.settings.label, time.monotonic())
+            self.data.annotate(f"start: {info.settings.label}", info.settings.label, self.clock())
         for note in dict.fromkeys(info.capabilities.notes.values()):
             self.chat.add_notice(note, error=True)
         self.hardware_strip.engine_pid = self.worker.pid
@@ -422,9 +434,12 @@ class MainWindow(QMainWindow):
                 self.nvml_timer.start()
 
     def _sample_hardware(self) -> None:
-        if self._sampler is None:
-            return
-        sample = self._sampler.sample()
+        if self._sampler is not None:
+            self.show_hardware_sample(self._sampler.sample())
+
+    def show_hardware_sample(self, sample) -> None:
+        """An NVML sample: the strip's memory figures and, while steps run, the plots' NVML series."""
+        self.action.emit("hardware", sample)
         self.hardware_strip.update_memory(sample)
         if self.replying or (self.settings is not None and self.settings.users > 0):
             self.data.add_hardware(sample)
@@ -597,6 +612,7 @@ class MainWindow(QMainWindow):
         if self._closed:
             return
         self._closed = True
+        self.closing.emit()
         self.frame_timer.stop()
         self.nvml_timer.stop()
         if not self.worker.shutdown():

@@ -37,6 +37,8 @@ class PlotsPanel(QWidget):
         self._readout_version = -1
         self.frames_drawn = 0
         self.extra = extra
+        self._extra_visible = True
+        self.shown: list[str] | None = None  # the presenter's plots (None: the grid)
         self._grid = QGridLayout(self)
         self._grid.setContentsMargins(0, 0, 0, 0)
         self._grid.setSpacing(6)
@@ -56,9 +58,42 @@ class PlotsPanel(QWidget):
         """Show or hide the sixth cell (the seed table); the timeline takes the row when hidden."""
         if self.extra is None:
             return
+        self._extra_visible = visible
+        if self.shown is not None:  # presenting: the choice applies when the grid comes back
+            return
         self.extra.setVisible(visible)
         self._grid.removeWidget(self.timeline)
         self._grid.addWidget(self.timeline, 2, 0, 1, 1 if visible else 2)
+
+    def arrange(self, shown: list[str] | None) -> None:
+        """None: the grid of five plots (and the extra cell). A list of one or two names of
+        `views` (or "extra"): only those, stacked, as large as the panel (the presenter layout)."""
+        cells = dict(self.views, extra=self.extra) if self.extra is not None else dict(self.views)
+        for widget in cells.values():
+            self._grid.removeWidget(widget)
+        for row in range(3):
+            self._grid.setRowStretch(row, 0)
+        for col in range(2):
+            self._grid.setColumnStretch(col, 0)
+        self.shown = list(shown) if shown else None
+        if self.shown is None:
+            for widget, (row, col) in zip(self.views.values(), ((0, 0), (0, 1), (1, 0), (1, 1), (2, 0))):
+                widget.setVisible(True)
+                self._grid.addWidget(widget, row, col)
+            if self.extra is not None:
+                self._grid.addWidget(self.extra, 2, 1)
+            for row in range(3):
+                self._grid.setRowStretch(row, 1)
+            for col in range(2):
+                self._grid.setColumnStretch(col, 1)
+            self.set_extra_visible(self._extra_visible)
+            return
+        for name, widget in cells.items():
+            widget.setVisible(name in self.shown)
+        for row, name in enumerate(self.shown):
+            self._grid.addWidget(cells[name], row, 0)
+            self._grid.setRowStretch(row, 1)
+        self._grid.setColumnStretch(0, 1)
 
     def set_theme(self, theme: Theme) -> None:
         self.theme = theme

@@ -1,0 +1,231 @@
+"""Talk mode put together on a window: the presenter layout (number keys), keep-decoding (Ctrl+K),
+export (Ctrl+E), and a tour with its caption over the window and a presentation clicker's keys
+(PageDown/Right next, PageUp/Left back, B or . the captions); in a replay, the recorded captions
+and layouts. `install(window, …)` returns the `Talk` that holds them."""
+from __future__ import annotations
+
+from PySide6.QtCore import QEvent, QObject, Qt, QTimer
+from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtWidgets import (
+    QAbstractSpinBox,
+    QApplication,
+    QFileDialog,
+    QFrame,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QTextEdit,
+    QVBoxLayout,
+)
+
+from app.keep_decoding import KeepDecoding
+from app.presenter import Presenter
+
+NEXT_KEYS = {Qt.Key.Key_PageDown, Qt.Key.Key_Right}
+BACK_KEYS = {Qt.Key.Key_PageUp, Qt.Key.Key_Left}
+CAPTION_KEYS = {Qt.Key.Key_B, Qt.Key.Key_Period}  # clickers' "blank screen" button sends one of them
+ALWAYS = {Qt.Key.Key_PageDown, Qt.Key.Key_PageUp}  # keys no text field uses: the tour's even while typing
+DIGITS = {getattr(Qt.Key, f"Key_{n}"): n for n in range(10)}
+OVERLAY_WIDTH = 0.82  # of the window's width
+HINTS = {"en": "PageDown ▸ next · PageUp ◂ back · B hides the captions",
+         "es": "AvPág ▸ siguiente · RePág ◂ atrás · B oculta los subtítulos"}
+
+
+class CaptionOverlay(QFrame):
+    """The tour's caption, large, over the lower part of the window (B hides and shows it)."""
+
+    def __init__(self, window, lang: str = "en"):
+        super().__init__(window)
+        self.window_ = window
+        self.lang = lang
+        self.setObjectName("caption_overlay")
+        self.where = QLabel()
+        self.title = QLabel()
+        self.text = QLabel()
+        for label in (self.where, self.title, self.text):
+            label.setWordWrap(True)
+            label.setTextFormat(Qt.TextFormat.PlainText)
+        column = QVBoxLayout(self)
+        column.setContentsMargins(22, 12, 22, 14)
+        column.setSpacing(4)
+        column.addWidget(self.where)
+        column.addWidget(self.title)
+        column.addWidget(self.text)
+        self.wanted = True  # the person's choice (B); hidden too while there is no caption
+        self.setVisible(False)
+        window.installEventFilter(self)
+        self._style()
+
+    def show_step(self, step, index: int, count: int) -> None:
+        self.show_text(step.title, step.caption, f"{index + 1} / {count}  ·  {HINTS.get(self.lang, HINTS['en'])}")
+
+    def show_text(self, title: str, caption: str, where: str = "") -> None:
+        self.where.setText(where)
+        self.title.setText(title)
+        self.text.setText(caption)
+        self.window_.action.emit("caption", (title, caption, where))
+        self._place()
+        self.setVisible(self.wanted and bool(title or caption))
+        self.raise_()
+
+    def toggle(self) -> None:
+        self.set_wanted(not self.wanted)
+
+    def set_wanted(self, wanted: bool) -> None:
+        self.wanted = wanted
+        self.window_.action.emit("captions", (wanted,))
+        self.setVisible(wanted and bool(self.title.text() or self.text.text()))
+        if self.isVisible():
+            self._place()
+            self.raise_()
+
+    def _style(self) -> None:
+        t = self.window_.theme
+        self.setStyleSheet(
+            f"QFrame#caption_overlay {{ background: {t.panel}; border: 3px solid {t.accent}; border-radius: 12px; }}"
+            f"QLabel {{ background: transparent; border: 0px; color: {t.text}; }}")
+        self.where.setStyleSheet(f"color: {t.muted}; font-size: {max(t.font_pt - 1, 9)}pt;")
+        self.title.setStyleSheet(f"color: {t.text}; font-weight: bold; font-size: {round(t.font_pt * 2.0)}pt;")
+        self.text.setStyleSheet(f"color: {t.text}; font-size: {round(t.font_pt * 1.35)}pt;")
+
+    def _place(self) -> None:
+        window = self.window_
+        width = int(window.width() * OVERLAY_WIDTH)
+        self.setFixedWidth(width)
+        self.adjustSize()
+        height = self.sizeHint().height()
+        strip = window.hardware_strip
+        bottom = strip.mapTo(window, strip.rect().topLeft()).y() - 10 if strip.isVisible() else window.height() - 10
+        self.setGeometry((window.width() - width) // 2, max(0, bottom - height), width, height)
+
+    def eventFilter(self, watched, event) -> bool:
+        if watched is self.window_:
+            if event.type() == QEvent.Type.Resize and self.isVisible():
+                self._place()
+            elif event.type() == QEvent.Type.StyleChange:  # the theme or the font size changed
+                self._style()
+                if self.isVisible():
+                    self._place()
+        return False
+
+
+class TalkKeys(QObject):
+    """The clicker's and the presenter's keys, seen before any widget: an application event filter,
+    active only for keys pressed in `talk.window`. Keys a text field uses go to it while it has the focus."""
+
+    def __init__(self, talk: "Talk"):
+        super().__init__(talk)
+        self.talk = talk
+        QApplication.instance().installEventFilter(self)
+        talk.window.closing.connect(self.remove)
+
+    def remove(self) -> None:
+        app = QApplication.instance()
+        if app is not None:
+            app.removeEventFilter(self)
+
+    def eventFilter(self, watched, event) -> bool:
+        if event.type() != QEvent.Type.KeyPress or event.isAutoRepeat():
+            return False
+        window = self.talk.window
+        if not isinstance(watched, QObject) or not hasattr(watched, "window") or watched.window() is not window:
+            return False
+        return self.handle(event.key(), event.modifiers())
+
+    def handle(self, key, modifiers) -> bool:
+        talk = self.talk
+        mods = modifiers & ~Qt.KeyboardModifier.KeypadModifier
+        plain = mods == Qt.KeyboardModifier.NoModifier
+        typing = _typing()
+        if talk.runner is not None and plain and (key in ALWAYS or not typing):
+            if key in NEXT_KEYS:
+                talk.runner.next()
+                return True
+            if key in BACK_KEYS:
+                talk.runner.back()
+                return True
+        if talk.overlay is not None and plain and not typing and key in CAPTION_KEYS:
+            talk.overlay.toggle()
+            return True
+        if key in DIGITS and ((plain and not typing) or mods == Qt.KeyboardModifier.ControlModifier):
+            if DIGITS[key] <= 6:
+                talk.presenter.press(DIGITS[key])
+                return True
+        return False
+
+
+def _typing() -> bool:
+    focus = QApplication.focusWidget()
+    return isinstance(focus, (QLineEdit, QTextEdit, QPlainTextEdit, QAbstractSpinBox)) and \
+        not getattr(focus, "isReadOnly", lambda: False)()
+
+
+class Talk(QObject):
+    def __init__(self, window, lang: str = "en"):
+        super().__init__(window)
+        self.window = window
+        self.lang = lang
+        self.presenter = Presenter(window)
+        self.overlay = CaptionOverlay(window, lang)
+        self.keep: KeepDecoding | None = None
+        self.runner = None
+        self.keys = TalkKeys(self)
+        self.shortcuts: list[QShortcut] = []
+
+    def add_shortcut(self, keys: str, action) -> None:
+        shortcut = QShortcut(QKeySequence(keys), self.window)
+        shortcut.activated.connect(action)
+        self.shortcuts.append(shortcut)
+
+
+def install(window, *, tour=None, lang: str = "en", keep_decoding: bool = False, autoplay: bool = False,
+            player=None) -> Talk:
+    """Talk mode on `window`. tour: an app.tour.Tour to run (it starts once the model is loaded);
+    player: an app.recording.Player (a replay: recorded captions and layouts, nothing that drives)."""
+    talk = Talk(window, lang)
+    window.talk = talk
+    if player is not None:
+        player.handlers["layout"] = talk.presenter.show
+        player.handlers["caption"] = talk.overlay.show_text
+        player.handlers["captions"] = talk.overlay.set_wanted
+        return talk
+    talk.keep = KeepDecoding(window, lang)
+    keep_button = QPushButton("Keep decoding  Ctrl+K")
+    keep_button.setCheckable(True)
+    keep_button.setToolTip("the model keeps talking until stopped (Esc): each reply runs to its token budget, "
+                           "then a follow-up; when the context fills, a new chat starts")
+    keep_button.clicked.connect(lambda _checked: talk.keep.toggle())
+    talk.keep.changed.connect(keep_button.setChecked)
+    export_button = QPushButton("Export…  Ctrl+E")
+    export_button.setToolTip("the window and each plot as PNG and SVG, the steps as CSV, a one-page report")
+    export_button.clicked.connect(lambda: export_dialog(window))
+    window.controls.extra.insertWidget(0, keep_button)
+    window.controls.extra.insertWidget(1, export_button)
+    talk.keep_button, talk.export_button = keep_button, export_button
+    talk.add_shortcut("Ctrl+K", talk.keep.toggle)
+    talk.add_shortcut("Ctrl+E", lambda: export_dialog(window))
+    if tour is not None:
+        from app.tour import TourRunner
+
+        talk.runner = TourRunner(window, tour, talk.presenter, talk.overlay, talk.keep, autoplay=autoplay)
+        if tour.large_fonts and not window.theme.large:
+            window.set_large_fonts(True)
+        QTimer.singleShot(0, talk.runner, talk.runner.start)
+    elif keep_decoding:
+        talk.keep.start()
+    return talk
+
+
+def export_dialog(window) -> None:
+    from app.export import export_session
+
+    folder = QFileDialog.getExistingDirectory(window, "Export the session into a folder")
+    if not folder:
+        return
+    try:
+        written = export_session(window, folder)
+    except (OSError, ValueError) as error:
+        window.show_error(f"export failed: {error}")
+        return
+    window.chat.add_notice(f"exported {len(written)} files to {folder} (report.md, steps.csv, PNG and SVG)")
