@@ -20,9 +20,10 @@ class ChatPanel(QWidget):
         super().__init__(parent)
         self.theme = theme
         self.reply_text = ""  # the reply streaming now (or the last one)
+        self._entries: list[list] = []  # [kind, text, extra] per block: what the transcript is drawn from
         self._streaming = False
 
-        title = QLabel("Chat")
+        self.title = title = QLabel("Chat")
         title.setObjectName("title")
         self.model_label = QLabel("no model loaded")
         self.model_label.setObjectName("caption")
@@ -82,8 +83,17 @@ class ChatPanel(QWidget):
             text = "waiting for the model…"
         self.input.setPlaceholderText(text)
 
+    def set_compact(self, compact: bool) -> None:
+        """Compact (the presenter layout): no title and no Stop / New chat row (Esc and Ctrl+N work)."""
+        for widget in (self.title, self.stop_button, self.new_button):
+            widget.setVisible(not compact)
+
     def set_theme(self, theme: Theme) -> None:
+        """New colours and type size for every line already there, and for what follows."""
+        changed = theme != self.theme
         self.theme = theme
+        if changed and self._entries:
+            self._redraw()
 
     def _send(self) -> None:
         text = self.input.text()
@@ -93,6 +103,9 @@ class ChatPanel(QWidget):
         self.send_requested.emit(text)
 
     # ---- transcript ---------------------------------------------------------------------------
+    # The transcript is kept as entries and drawn from them, so a change of theme or font size
+    # redraws every line in the new colours (text written in the dark theme's light grey would
+    # otherwise stay on the light theme's white).
     def _cursor_at_end(self) -> QTextCursor:
         cursor = self.transcript.textCursor()
         cursor.movePosition(QTextCursor.MoveOperation.End)
@@ -123,26 +136,52 @@ class ChatPanel(QWidget):
         bar = self.transcript.verticalScrollBar()
         return bar.value() >= bar.maximum() - 4
 
-    def add_message(self, role: str, text: str) -> None:
-        at_bottom = self._at_bottom()
+    def _draw(self, entry: list) -> None:
+        """One entry at the end of the document: [kind, text, extra]."""
+        kind, text, extra = entry
         cursor = self._cursor_at_end()
-        names = {"user": ("You", self.theme.accent), "assistant": ("Model", self.theme.text),
-                 "system": ("membound", self.theme.muted)}
-        name, colour = names.get(role, (role, self.theme.text))
-        self._new_block(cursor, 10)
-        cursor.insertText(name, self._format(colour, bold=True, scale=0.85))
-        cursor.insertBlock()
-        cursor.insertText(text, self._format(self.theme.text))
+        t = self.theme
+        if kind == "message":
+            names = {"user": ("You", t.accent), "assistant": ("Model", t.text), "system": ("membound", t.muted)}
+            name, colour = names.get(extra, (extra, t.text))
+            self._new_block(cursor, 10)
+            cursor.insertText(name, self._format(colour, bold=True, scale=0.85))
+            cursor.insertBlock()
+            cursor.insertText(text, self._format(t.text))
+        elif kind == "reply":
+            self._new_block(cursor, 10)
+            cursor.insertText("Model", self._format(t.muted, bold=True, scale=0.85))
+            cursor.insertBlock()
+            if text:
+                cursor.insertText(text, self._format(t.text))
+        elif kind == "summary":
+            cursor.insertBlock()
+            cursor.insertText(text, self._format(t.muted, italic=True, scale=0.85))
+        elif kind == "notice":
+            self._new_block(cursor, 8)
+            colour = t.error if extra else t.muted
+            cursor.insertText(("⚠ " if extra else "") + text, self._format(colour, bold=bool(extra), scale=0.9))
+
+    def _add(self, kind: str, text: str = "", extra=None) -> None:
+        at_bottom = self._at_bottom()
+        entry = [kind, text, extra]
+        self._entries.append(entry)
+        self._draw(entry)
         self._keep_scrolled(at_bottom)
+
+    def _redraw(self) -> None:
+        at_bottom = self._at_bottom()
+        self.transcript.clear()
+        for entry in self._entries:
+            self._draw(entry)
+        self._keep_scrolled(at_bottom)
+
+    def add_message(self, role: str, text: str) -> None:
+        self._add("message", text, role)
 
     def begin_reply(self) -> None:
         self.reply_text = ""
-        at_bottom = self._at_bottom()
-        cursor = self._cursor_at_end()
-        self._new_block(cursor, 10)
-        cursor.insertText("Model", self._format(self.theme.muted, bold=True, scale=0.85))
-        cursor.insertBlock()
-        self._keep_scrolled(at_bottom)
+        self._add("reply")
 
     def append_reply(self, text: str) -> None:
         """Streamed text of the reply: one insertion per batch of tokens."""
@@ -150,26 +189,20 @@ class ChatPanel(QWidget):
             return
         at_bottom = self._at_bottom()
         self.reply_text += text
+        if self._entries and self._entries[-1][0] == "reply":
+            self._entries[-1][1] += text
         self._cursor_at_end().insertText(text, self._format(self.theme.text))
         self._keep_scrolled(at_bottom)
 
     def end_reply(self, summary: str) -> None:
-        at_bottom = self._at_bottom()
-        cursor = self._cursor_at_end()
-        cursor.insertBlock()
-        cursor.insertText(summary, self._format(self.theme.muted, italic=True, scale=0.85))
-        self._keep_scrolled(at_bottom)
+        self._add("summary", summary)
 
     def add_notice(self, text: str, error: bool = False) -> None:
-        at_bottom = self._at_bottom()
-        cursor = self._cursor_at_end()
-        self._new_block(cursor, 8)
-        colour = self.theme.error if error else self.theme.muted
-        cursor.insertText(("⚠ " if error else "") + text, self._format(colour, bold=error, scale=0.9))
-        self._keep_scrolled(at_bottom)
+        self._add("notice", text, error)
 
     def clear(self) -> None:
         self.transcript.clear()
+        self._entries = []
         self.reply_text = ""
 
     def plain_text(self) -> str:

@@ -24,8 +24,10 @@ from PySide6.QtWidgets import (
     QSlider,
     QSpinBox,
     QVBoxLayout,
+    QWidget,
 )
 
+from app.flow_layout import FlowLayout
 from app.theme import SettingColours, Theme
 from engine.protocol import with_changes
 from engine.settings import Settings
@@ -97,6 +99,26 @@ CONTROLS: tuple[Choice | Toggle | Slider | Number, ...] = (
 
 
 
+class _Tail:
+    """The buttons at the end of a flow layout: addWidget / insertWidget(index) among themselves."""
+
+    def __init__(self, flow: FlowLayout):
+        self.flow, self.first = flow, flow.count()
+
+    def count(self) -> int:
+        return self.flow.count() - self.first
+
+    def indexOf(self, widget) -> int:
+        index = self.flow.indexOf(widget)
+        return index - self.first if index >= self.first else -1
+
+    def addWidget(self, widget) -> None:
+        self.flow.addWidget(widget)
+
+    def insertWidget(self, index: int, widget) -> None:
+        self.flow.insertWidget(self.first + index, widget)
+
+
 def get_field(settings: Any, path: str) -> Any:
     for part in path.split("."):
         settings = getattr(settings, part)
@@ -142,24 +164,24 @@ class ControlsBar(QFrame):
         self.widgets: dict[str, Any] = {}  # field -> widget (QButtonGroup for a Choice)
         self.slider_values: dict[str, QLabel] = {}  # a slider's number beside it
         self.shortcuts: list[QShortcut] = []
-        # two rows: the switches (each with its stage shortcut) above; the numbers and the
-        # window's own buttons below, so the bar stays narrower than a 1680-pixel screen
+        # two groups: the switches (each with its stage shortcut) above; the numbers and the
+        # window's own buttons below. Each wraps onto another line where the window is narrow
+        # (1280 pixels with projector fonts).
         rows = QVBoxLayout(self)
         rows.setContentsMargins(10, 6, 10, 6)
         rows.setSpacing(6)
-        self.layout_ = QHBoxLayout()
-        self.layout_.setSpacing(14)
-        second = QHBoxLayout()
-        second.setSpacing(14)
+        self.layout_ = FlowLayout(spacing=14, line_spacing=6)
+        second = FlowLayout(spacing=14, line_spacing=6)
         for control in CONTROLS:
             if has_field(self.settings, control.field):
                 target = second if isinstance(control, (Number, Slider)) else self.layout_
-                target.addLayout(self._build(control))
-        self.layout_.addStretch(1)
-        second.addStretch(1)
-        self.extra = QHBoxLayout()  # the window adds its own buttons (model, theme) here
-        self.extra.setSpacing(8)
-        second.addLayout(self.extra)
+                cell = QWidget()
+                cell.setLayout(self._build(control))
+                cell.layout().setContentsMargins(0, 0, 0, 0)
+                target.addWidget(cell)
+        self.extra = _Tail(second)  # the window adds its own buttons (model, theme) here
+        self._second = second
+        self._hidden_by_compact: list = []
         rows.addLayout(self.layout_)
         rows.addLayout(second)
         self.set_enabled(False)
@@ -265,6 +287,19 @@ class ControlsBar(QFrame):
         shortcut.setContext(Qt.ShortcutContext.WindowShortcut)
         shortcut.activated.connect(action)
         self.shortcuts.append(shortcut)
+
+    def set_compact(self, compact: bool) -> None:
+        """Compact (the presenter layout): the switches only; the numbers and the window's buttons
+        go (their keys still work) and come back as they were."""
+        if compact and not self._hidden_by_compact:
+            items = [self._second.itemAt(i).widget() for i in range(self._second.count())]
+            self._hidden_by_compact = [w for w in items if w is not None and not w.isHidden()]
+            for widget in self._hidden_by_compact:
+                widget.setVisible(False)
+        elif not compact:
+            for widget in self._hidden_by_compact:
+                widget.setVisible(True)
+            self._hidden_by_compact = []
 
     # ---- reading and showing ------------------------------------------------------------------
     def _value(self, control) -> Any:

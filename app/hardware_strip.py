@@ -68,6 +68,8 @@ class HardwareStrip(QFrame):
         self.live_label = QLabel("")
         for label in (self.bandwidth_label, self.compute_label, self.memory_label, self.live_label):
             label.setObjectName("caption")
+        for label in (self.device_label, self.bandwidth_label, self.compute_label, self.memory_label, self.live_label):
+            label.setWordWrap(True)  # a 1280-pixel window with projector fonts wraps them rather than widening
         self.progress = QProgressBar()
         self.progress.setRange(0, 1000)
         self.progress.setMaximumWidth(420)
@@ -94,6 +96,11 @@ class HardwareStrip(QFrame):
         layout.setContentsMargins(10, 4, 10, 4)
         layout.addLayout(left, 3)
         layout.addLayout(right, 2)
+
+    def set_compact(self, compact: bool) -> None:
+        """Compact (the presenter layout): the device line only; notes and progress still show."""
+        for label in (self.bandwidth_label, self.compute_label, self.memory_label, self.live_label):
+            label.setVisible(not compact)
 
     def set_progress(self, fraction: float, message: str) -> None:
         busy = fraction < 1.0

@@ -10,7 +10,7 @@ PLOT_KEYS = {1: "tokens", 2: "memory", 3: "compute", 4: "roofline", 5: "timeline
 # names a tour may use for the side panel's tabs: each brings the panel forward on that tab
 SIDE_TABS = {"table": 0, "kv": 1, "serving": 2}
 PLOT_NAMES = tuple(PLOT_KEYS.values())[:-1] + tuple(SIDE_TABS)
-CHAT_SHARE = 0.34  # of the window's width, in the presenter layout
+CHAT_SHARE = 0.36  # of the window's width, in the presenter layout
 
 
 class Presenter(QObject):
@@ -54,6 +54,8 @@ class Presenter(QObject):
         if was_grid and self.shown is not None:
             self._grid_sizes = window.splitter.sizes()
         window.plots.arrange(self.shown)
+        for part in (window.controls, window.hardware_strip, window.chat):  # the essentials, large
+            part.set_compact(self.shown is not None)
         total = sum(window.splitter.sizes()) or window.width()
         if self.shown is not None:
             window.splitter.setSizes([int(total * CHAT_SHARE), total - int(total * CHAT_SHARE)])

@@ -1,5 +1,5 @@
 """Talk mode put together on a window: the presenter layout (number keys), keep-decoding (Ctrl+K),
-export (Ctrl+E), and a tour with its caption over the window and a presentation clicker's keys
+export (Ctrl+E), and a tour with its caption in large type and a presentation clicker's keys
 (PageDown/Right next, PageUp/Left back, B or . the captions); in a replay, the recorded captions
 and layouts. `install(window, …)` returns the `Talk` that holds them."""
 from __future__ import annotations
@@ -27,19 +27,18 @@ BACK_KEYS = {Qt.Key.Key_PageUp, Qt.Key.Key_Left}
 CAPTION_KEYS = {Qt.Key.Key_B, Qt.Key.Key_Period}  # clickers' "blank screen" button sends one of them
 ALWAYS = {Qt.Key.Key_PageDown, Qt.Key.Key_PageUp}  # keys no text field uses: the tour's even while typing
 DIGITS = {getattr(Qt.Key, f"Key_{n}"): n for n in range(10)}
-OVERLAY_WIDTH = 0.82  # of the window's width
-HINTS = {"en": "PageDown ▸ next · PageUp ◂ back · B hides the captions",
-         "es": "AvPág ▸ siguiente · RePág ◂ atrás · B oculta los subtítulos"}
+HINTS = {"en": "PgDn next · PgUp back · B captions", "es": "AvPág sigue · RePág atrás · B subtítulos"}
 
 
-class CaptionOverlay(QFrame):
-    """The tour's caption, large, over the lower part of the window (B hides and shows it)."""
+class CaptionBanner(QFrame):
+    """The tour's caption in large type, at the top of the chat column (it takes room from the
+    transcript, never from the plots or over them); B hides and shows it."""
 
     def __init__(self, window, lang: str = "en"):
         super().__init__(window)
         self.window_ = window
         self.lang = lang
-        self.setObjectName("caption_overlay")
+        self.setObjectName("caption_banner")
         self.where = QLabel()
         self.title = QLabel()
         self.text = QLabel()
@@ -47,13 +46,14 @@ class CaptionOverlay(QFrame):
             label.setWordWrap(True)
             label.setTextFormat(Qt.TextFormat.PlainText)
         column = QVBoxLayout(self)
-        column.setContentsMargins(22, 12, 22, 14)
-        column.setSpacing(4)
+        column.setContentsMargins(12, 8, 12, 10)
+        column.setSpacing(2)
         column.addWidget(self.where)
         column.addWidget(self.title)
         column.addWidget(self.text)
         self.wanted = True  # the person's choice (B); hidden too while there is no caption
         self.setVisible(False)
+        window.chat.layout().insertWidget(1, self)
         window.installEventFilter(self)
         self._style()
 
@@ -65,9 +65,7 @@ class CaptionOverlay(QFrame):
         self.title.setText(title)
         self.text.setText(caption)
         self.window_.action.emit("caption", (title, caption, where))
-        self._place()
         self.setVisible(self.wanted and bool(title or caption))
-        self.raise_()
 
     def toggle(self) -> None:
         self.set_wanted(not self.wanted)
@@ -76,37 +74,19 @@ class CaptionOverlay(QFrame):
         self.wanted = wanted
         self.window_.action.emit("captions", (wanted,))
         self.setVisible(wanted and bool(self.title.text() or self.text.text()))
-        if self.isVisible():
-            self._place()
-            self.raise_()
 
     def _style(self) -> None:
         t = self.window_.theme
         self.setStyleSheet(
-            f"QFrame#caption_overlay {{ background: {t.panel}; border: 3px solid {t.accent}; border-radius: 12px; }}"
-            f"QLabel {{ background: transparent; border: 0px; color: {t.text}; }}")
-        self.where.setStyleSheet(f"color: {t.muted}; font-size: {max(t.font_pt - 1, 9)}pt;")
-        self.title.setStyleSheet(f"color: {t.text}; font-weight: bold; font-size: {round(t.font_pt * 2.0)}pt;")
-        self.text.setStyleSheet(f"color: {t.text}; font-size: {round(t.font_pt * 1.35)}pt;")
-
-    def _place(self) -> None:
-        window = self.window_
-        width = int(window.width() * OVERLAY_WIDTH)
-        self.setFixedWidth(width)
-        self.adjustSize()
-        height = self.sizeHint().height()
-        strip = window.hardware_strip
-        bottom = strip.mapTo(window, strip.rect().topLeft()).y() - 10 if strip.isVisible() else window.height() - 10
-        self.setGeometry((window.width() - width) // 2, max(0, bottom - height), width, height)
+            f"QFrame#caption_banner {{ background: {t.panel}; border: 3px solid {t.accent}; border-radius: 10px; }}"
+            f"QLabel {{ background: transparent; border: 0px; }}")
+        self.where.setStyleSheet(f"color: {t.muted}; font-size: {max(t.font_pt - 2, 9)}pt;")
+        self.title.setStyleSheet(f"color: {t.text}; font-weight: bold; font-size: {round(t.font_pt * 1.4)}pt;")
+        self.text.setStyleSheet(f"color: {t.text}; font-size: {t.font_pt}pt;")
 
     def eventFilter(self, watched, event) -> bool:
-        if watched is self.window_:
-            if event.type() == QEvent.Type.Resize and self.isVisible():
-                self._place()
-            elif event.type() == QEvent.Type.StyleChange:  # the theme or the font size changed
-                self._style()
-                if self.isVisible():
-                    self._place()
+        if watched is self.window_ and event.type() == QEvent.Type.StyleChange:  # the theme or font size changed
+            self._style()
         return False
 
 
@@ -167,7 +147,7 @@ class Talk(QObject):
         self.window = window
         self.lang = lang
         self.presenter = Presenter(window)
-        self.overlay = CaptionOverlay(window, lang)
+        self.overlay = CaptionBanner(window, lang)
         self.keep: KeepDecoding | None = None
         self.runner = None
         self.keys = TalkKeys(self)

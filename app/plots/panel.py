@@ -117,6 +117,7 @@ class PlotsPanel(QWidget):
         frame = StepWindow(self.data)
         for view in self.views.values():
             view.draw(frame)
+            view.fit_legend()  # (a new settings label may have joined the legend)
         self.frames_drawn += 1
         return True
 

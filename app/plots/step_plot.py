@@ -72,15 +72,19 @@ class StepPlot(PlotView):
 
     def draw_series(self, frame: StepWindow, values: np.ndarray, mask: np.ndarray | None = None) -> None:
         """One line per settings label in view, of `values` where `mask` (all steps if None)."""
+        legend = self.plot.legend
         for code, item in self.series.items():
             if code not in frame.present and self._set_keys.get(id(item)) != "empty":
-                item.setData(x=[], y=[])  # scrolled out of view: cleared once
+                item.setData(x=[], y=[])  # scrolled out of view: cleared once, and out of the legend
                 self._set_keys[id(item)] = "empty"
+                legend.removeItem(item)
         for code in frame.present:
             shown = frame.labels == code
             if mask is not None:
                 shown &= mask
             item = self._label_series(code)
+            if legend.getLabel(item) is None:  # back in view
+                legend.addItem(item, self.data.labels[code])
             item.setData(x=frame.x, y=np.where(shown, values, np.nan))
             self._set_keys[id(item)] = None
 
@@ -97,3 +101,4 @@ class StepPlot(PlotView):
     def draw_step_axis(self, frame: StepWindow) -> None:
         self.sync_annotations(frame.notes)
         self.set_range("x", frame.x_lo, frame.x_hi)
+        self.place_annotation_labels()

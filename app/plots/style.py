@@ -52,6 +52,8 @@ def style_plot(widget: pg.PlotWidget, theme: Theme, left: str, bottom: str, lege
     plot = widget.getPlotItem()
     plot.clear()
     if plot.legend is not None:
+        if plot.legend in _layout_items(plot):
+            plot.layout.removeItem(plot.legend)
         plot.legend.scene() and plot.legend.scene().removeItem(plot.legend)
         plot.legend = None
     tick_font = QFont()
@@ -67,11 +69,60 @@ def style_plot(widget: pg.PlotWidget, theme: Theme, left: str, bottom: str, lege
     plot.getAxis("left").setWidth(int(3.6 * t.font_pt + 12))
     plot.hideButtons()
     plot.getViewBox().setMouseEnabled(x=False, y=False)
-    legend = plot.addLegend(offset=legend_offset, labelTextColor=QColor(t.text),
-                            labelTextSize=f"{t.font_pt - legend_smaller}pt", brush=with_alpha(t.panel, 200),
-                            pen=pen(t.border, 1), verSpacing=-6, colCount=legend_columns)
-    legend.setZValue(50)
+    # The legend sits in the plot's own layout, in the row above the data (the title's, unused):
+    # it takes room from the view box and so never covers a curve, at any font size.
+    legend = _Legend(offset=None, labelTextColor=QColor(t.text), labelTextSize=f"{t.font_pt - legend_smaller}pt",
+                           brush=with_alpha(t.panel, 0), pen=pg.mkPen(None), verSpacing=-6, horSpacing=4,
+                           colCount=legend_columns, frame=False)
+    legend.setParentItem(plot)
+    plot.legend = legend
+    if plot.titleLabel in _layout_items(plot):
+        plot.layout.removeItem(plot.titleLabel)
+        plot.titleLabel.setVisible(False)
+    plot.layout.addItem(legend, 0, 1, alignment=Qt.AlignmentFlag.AlignLeft)
+    plot.layout.setRowMinimumHeight(0, 0)
+    plot.layout.setRowMaximumHeight(0, 10_000)
     return plot
+
+
+class _Legend(pg.LegendItem):
+    """A legend placed by its plot's layout: a change of entries asks that layout for room again
+    (pyqtgraph's own legend, anchored over the data, sets its geometry itself). Entries fill rows
+    of `columnCount`, in the order they came, and close up when one leaves."""
+
+    def updateSize(self) -> None:
+        self.layout.invalidate()
+        self.updateGeometry()
+
+    def _addItemToLayout(self, sample, label) -> None:
+        self._relayout()
+
+    def removeItem(self, item) -> None:
+        super().removeItem(item)
+        self._relayout()
+
+    def setColumnCount(self, columnCount: int) -> None:
+        self.columnCount = max(1, int(columnCount))
+        self._relayout()
+
+    def _relayout(self) -> None:
+        placed = getattr(self, "_placed", set())
+        for sample, label in self.items:
+            if id(sample) in placed:
+                self.layout.removeItem(sample)
+                self.layout.removeItem(label)
+        self._placed = {id(sample) for sample, _ in self.items}
+        for i, (sample, label) in enumerate(self.items):
+            row, col = divmod(i, self.columnCount)
+            self.layout.addItem(sample, row, 2 * col, alignment=Qt.AlignmentFlag.AlignVCenter)
+            self.layout.addItem(label, row, 2 * col + 1)
+        self.rowCount = -(-len(self.items) // self.columnCount)
+        self.updateSize()
+
+
+def _layout_items(plot: pg.PlotItem) -> list:
+    layout = plot.layout
+    return [layout.itemAt(i) for i in range(layout.count())]
 
 
 def flops_unit(peak_flops: float) -> tuple[float, str]:

@@ -80,6 +80,7 @@ class TimelinePlot(PlotView):
             end = float(np.nanmax(steps.column("t_s")[in_reply]) - t0)
             self.set_range("x", 0, nice_ceiling(max(end, 0.05) * 1.03))
             self.set_range("y", 0, nice_ceiling(float(np.nanmax(step_ms[in_reply])) * 1.35))
+        self.place_annotation_labels()
 
     def _bar_item(self, key) -> pg.PlotDataItem:
         t = self.theme

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QFrame, QLabel, QVBoxLayout
 
@@ -27,7 +27,7 @@ class PlotView(QFrame):
         self.hardware = None  # DeviceSpec, once a model is loaded
         self.setObjectName("panel")
         self.widget = pg.PlotWidget()
-        self.widget.setMinimumSize(200, 140)
+        self.widget.setMinimumSize(200, 90)  # small enough for a 720-pixel screen with projector fonts
         self.widget.setMenuEnabled(False)
         # The title is a Qt label above the plot: it wraps in large-font mode, where a pyqtgraph
         # title wider than its plot would push the axes out of view.
@@ -159,11 +159,11 @@ class PlotView(QFrame):
         for line in self.annotation_lines or []:
             self.plot.removeItem(line)
         self.annotation_lines = []
-        for i, note in enumerate(notes):
+        for note in notes:
             colour = self.colours.colour(note.label)
             line = pg.InfiniteLine(pos=note.x - 0.5, angle=90, pen=pen(colour, 2), movable=False,
                                    label=f"▸ {note.text}",
-                                   labelOpts={"position": (0.6, 0.47, 0.34)[i % 3], "color": QColor(colour),
+                                   labelOpts={"position": 0.9, "color": QColor(colour),
                                               "fill": with_alpha(self.theme.panel, 220),
                                               "anchors": [(0, 0.5), (0, 0.5)]})
             line.setZValue(40)
@@ -172,3 +172,63 @@ class PlotView(QFrame):
             self.plot.addItem(line, ignoreBounds=True)
             self.annotation_lines.append(line)
         self._drawn_notes = notes
+
+    def place_annotation_labels(self) -> None:
+        """Lay the setting-change labels out in rows from the top so that no two overlap: the newest
+        first, each in the highest row with room; a label that would run past the right edge hangs
+        left of its line; one that finds no room is hidden (its line stays)."""
+        lines = [line for line in self.annotation_lines or [] if line.isVisible()]
+        view = self.plot.getViewBox()
+        rect = view.sceneBoundingRect()
+        (x_lo, x_hi), _ = view.viewRange()
+        key = (tuple((id(line), line.value()) for line in lines), x_lo, x_hi, rect.width(), rect.height())
+        if not lines or self._set_keys.get("annotation_labels") == key or rect.width() < 20 or x_hi <= x_lo:
+            return
+        self._set_keys["annotation_labels"] = key
+        gap = 6.0
+        label_h = max(line.label.boundingRect().height() for line in lines)
+        rows = max(1, int(0.92 * rect.height() // (label_h + 2)))
+        free_left = [math.inf] * rows  # per row, where the labels already placed (to the right) begin
+        for line in sorted(lines, key=lambda line: line.value(), reverse=True):
+            width = line.label.boundingRect().width()
+            x_px = rect.left() + (line.value() - x_lo) / (x_hi - x_lo) * rect.width()
+            hang_left = x_px + width > rect.right() - 2 and x_px - width >= rect.left()
+            start, end = (x_px - width, x_px) if hang_left else (x_px, x_px + width)
+            row = next((r for r in range(rows) if end + gap <= free_left[r]), None)
+            if row is None:
+                line.label.setVisible(False)
+                continue
+            free_left[row] = start
+            anchor = (1, 0.5) if hang_left else (0, 0.5)
+            line.label.anchors = [anchor, anchor]
+            line.label.setVisible(True)
+            line.label.setPosition(1 - ((row + 0.5) * (label_h + 2) + 4) / rect.height())
+
+    def fit_legend(self) -> None:
+        """As many legend columns as the plot's width holds (fewer rows: more height for the data)."""
+        legend = self.plot.legend
+        if legend is None or not legend.items:
+            return
+        key = (tuple(label.text for _, label in legend.items), self.widget.width(), self.theme.font_pt)
+        if self._set_keys.get("legend") == key:
+            return
+        self._set_keys["legend"] = key
+        widths = [sample.boundingRect().width() + label.item.boundingRect().width() + 16
+                  for sample, label in legend.items]
+        room = self.plot.getViewBox().width() or self.widget.width() - 80
+        columns = 1
+        for n in range(len(widths), 1, -1):  # the most columns whose widest entries fit side by side
+            if sum(max(widths[col::n]) for col in range(n)) <= room:
+                columns = n
+                break
+        if columns != legend.columnCount:
+            legend.setColumnCount(columns)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        QTimer.singleShot(0, self, self._after_resize)
+
+    def _after_resize(self) -> None:
+        self.fit_legend()
+        if self.annotation_lines:
+            self.place_annotation_labels()
