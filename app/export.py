@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pyqtgraph.exporters as pg_exporters
-from PySide6.QtCore import QRect, QSize
+from PySide6.QtCore import QPoint, QRect, QSize
 from PySide6.QtGui import QPainter
 from PySide6.QtSvg import QSvgGenerator
 
@@ -26,8 +26,12 @@ def export_plot(view, path: str | Path) -> Path:
     """One plot (an app.plots PlotView) as .png or .svg, by the path's suffix."""
     path = Path(path)
     if path.suffix.lower() == ".svg":
-        exporter = pg_exporters.SVGExporter(view.plot)
-    elif path.suffix.lower() == ".png":
+        try:
+            pg_exporters.SVGExporter(view.plot).export(str(path))
+        except ValueError:  # pyqtgraph 0.14's exporter cannot rewrite some paths' coordinates: Qt's own SVG
+            _render_svg(view, path)
+        return path
+    if path.suffix.lower() == ".png":
         exporter = pg_exporters.ImageExporter(view.plot)
         exporter.parameters()["width"] = PLOT_PNG_WIDTH
     else:
@@ -44,17 +48,22 @@ def export_window(window, path: str | Path) -> Path:
         if not window.grab().save(str(path), "PNG"):
             raise OSError(f"could not write {path}")
     elif path.suffix.lower() == ".svg":
-        generator = QSvgGenerator()
-        generator.setFileName(str(path))
-        generator.setSize(QSize(window.width(), window.height()))
-        generator.setViewBox(QRect(0, 0, window.width(), window.height()))
-        generator.setTitle(window.windowTitle())
-        painter = QPainter(generator)
-        window.render(painter)
-        painter.end()
+        _render_svg(window, path)
     else:
         raise ValueError(f"{path}: export the window as .png or .svg")
     return path
+
+
+def _render_svg(widget, path: Path) -> None:
+    """A widget drawn into an SVG file by Qt (vector where the widget paints vectors)."""
+    generator = QSvgGenerator()
+    generator.setFileName(str(path))
+    generator.setSize(QSize(widget.width(), widget.height()))
+    generator.setViewBox(QRect(0, 0, widget.width(), widget.height()))
+    generator.setTitle(widget.windowTitle() or "membound")
+    painter = QPainter(generator)
+    widget.render(painter, QPoint(0, 0))
+    painter.end()
 
 
 def write_steps_csv(data, path: str | Path) -> Path:
@@ -114,7 +123,8 @@ def report_markdown(window, pictures: dict[str, str], replay: str = "") -> str:
     for note in data.annotations:
         lines.append(f"| {note.x:.0f} | {note.t_s - t0:,.1f} | {note.text} | {note.label} |")
     lines += ["", "## Decode, per setting (medians over its steps)", "",
-              "| settings | steps | tokens/s | ceiling tokens/s | GB/s | MBU | MFU |", "|---|---:|---:|---:|---:|---:|---:|"]
+              "| settings | steps | tokens/s | ceiling tokens/s | GB/s | MBU | MFU |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
     for row in decode_summary(data):
         mfu = f"{row['mfu_pct']:.1f}%" if math.isfinite(row["mfu_pct"]) else "–"
         lines.append(f"| {row['settings']} | {row['steps']} | {row['tokens_per_s']:,.1f} | "

@@ -21,6 +21,8 @@ from app.theme import SettingColours, Theme
 from engine.hardware.ceilings import (
     BYTES_PER_WEIGHT,
     REFERENCE_GPUS,
+    TP_DEGREES,
+    TP_GPU,
     Chip,
     ModelSize,
     device_chip,
@@ -29,6 +31,7 @@ from engine.hardware.ceilings import (
     model_size,
     reference_models,
     seed_table,
+    tp_ceiling,
 )
 
 
@@ -111,17 +114,28 @@ class SeedTable(QFrame):
         models = ([self.model] if self.model else []) + reference_models()
         chips = ([self.device] if self.device else []) + [gpu_chip(label) for label in REFERENCE_GPUS]
         cells = seed_table(models, chips, self.weight_format)
+        tp_gpu = gpu_chip(TP_GPU)
+        for model, row in zip(models, cells):  # tensor parallelism: n GPUs, each reads 1/n of the weights
+            row += [tp_ceiling(model, tp_gpu, n, self.weight_format) for n in TP_DEGREES]
         device = f"{self.device.label} {self.device.source}, " if self.device else ""
         self.caption.setText("max batch-1 decode tokens/s = bandwidth ÷ weight bytes per token (model); OOM: the "
-                             f"weights alone exceed the chip's memory. Bandwidth: {device}GPUs from datasheets.")
+                             f"weights alone exceed the chip's memory. Bandwidth: {device}GPUs from datasheets. "
+                             f"TP n: n × {short_chip(TP_GPU)}, each reading 1/n of the weights, plus two all-reduces "
+                             f"per layer at NVLink bandwidth ({tp_gpu.link_gbs:.0f} GB/s; latency not counted).")
         self.table.clear()
         self.table.setRowCount(len(models))
-        self.table.setColumnCount(len(chips))
-        self.table.setHorizontalHeaderLabels([f"{short_chip(c.label)}\n{format_bandwidth(c.bandwidth_gbs)}" for c in chips])
+        self.table.setColumnCount(len(chips) + len(TP_DEGREES))
+        self.table.setHorizontalHeaderLabels([f"{short_chip(c.label)}\n{format_bandwidth(c.bandwidth_gbs)}" for c in chips]
+                                             + [f"TP {n}\n{n}×{short_chip(TP_GPU)}" for n in TP_DEGREES])
         for i, chip in enumerate(chips):
             memory = f", {chip.memory_bytes / 1e9:.0f} GB" if chip.memory_bytes else ""
             self.table.horizontalHeaderItem(i).setToolTip(
                 f"{chip.label}: {chip.bandwidth_gbs:,.1f} GB/s ({chip.source}){memory}")
+        for i, n in enumerate(TP_DEGREES, len(chips)):
+            self.table.horizontalHeaderItem(i).setToolTip(
+                f"tensor parallelism over {n} {TP_GPU}: {n * tp_gpu.memory_bytes / 1e9:.0f} GB together; each GPU "
+                f"reads its 1/{n} of every weight matrix at {tp_gpu.bandwidth_gbs:,.0f} GB/s, and every layer "
+                f"all-reduces its hidden vector twice over NVLink ({tp_gpu.link_gbs:.0f} GB/s both ways)")
         self.table.setVerticalHeaderLabels([f"{m.label}  {format_params(m.stored_params)}" for m in models])
         if self.model:
             loaded = self.table.verticalHeaderItem(0)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
