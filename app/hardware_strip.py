@@ -101,6 +101,7 @@ class HardwareStrip(QFrame):
         """Compact (the presenter layout): the device line only; notes and progress still show."""
         for label in (self.bandwidth_label, self.compute_label, self.memory_label, self.live_label):
             label.setVisible(not compact)
+        self.layout().setStretch(1, 0 if compact else 2)  # the device line takes the width
 
     def set_progress(self, fraction: float, message: str) -> None:
         busy = fraction < 1.0

@@ -72,21 +72,32 @@ class StepPlot(PlotView):
 
     def draw_series(self, frame: StepWindow, values: np.ndarray, mask: np.ndarray | None = None) -> None:
         """One line per settings label in view, of `values` where `mask` (all steps if None)."""
-        legend = self.plot.legend
         for code, item in self.series.items():
             if code not in frame.present and self._set_keys.get(id(item)) != "empty":
-                item.setData(x=[], y=[])  # scrolled out of view: cleared once, and out of the legend
+                item.setData(x=[], y=[])  # scrolled out of view: cleared once
                 self._set_keys[id(item)] = "empty"
-                legend.removeItem(item)
         for code in frame.present:
             shown = frame.labels == code
             if mask is not None:
                 shown &= mask
             item = self._label_series(code)
-            if legend.getLabel(item) is None:  # back in view
-                legend.addItem(item, self.data.labels[code])
             item.setData(x=frame.x, y=np.where(shown, values, np.nan))
             self._set_keys[id(item)] = None
+        self._legend_codes = sorted(frame.present)
+        self.trim_legend()
+
+    def trim_legend(self) -> None:
+        """The legend names the settings in view, the newest first to stay when room runs out."""
+        legend = self.plot.legend
+        fixed = sum(1 for sample, _ in legend.items if sample.item not in self.series.values())
+        codes = getattr(self, "_legend_codes", [])
+        keep = set(codes[-max(1, self.legend_capacity - fixed):])
+        for code, item in self.series.items():
+            listed = legend.getLabel(item) is not None
+            if listed and code not in keep:
+                legend.removeItem(item)
+            elif not listed and code in keep:
+                legend.addItem(item, self.data.labels[code])
 
     def _label_series(self, code: int) -> pg.PlotDataItem:
         if code not in self.series:

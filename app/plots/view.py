@@ -16,8 +16,12 @@ from app.plots.style import label_font, pen, style_plot, title_html, with_alpha
 from app.theme import SettingColours, Theme
 
 
+LEGEND_SHARE = 0.3  # of a plot's height, the most its legend may take
+
+
 class PlotView(QFrame):
     title = ""
+    legend_capacity = 1_000  # entries the legend has room for (fit_legend measures it)
 
     def __init__(self, data: LiveData, theme: Theme, colours: SettingColours, parent=None):
         super().__init__(parent)
@@ -189,12 +193,14 @@ class PlotView(QFrame):
         label_h = max(line.label.boundingRect().height() for line in lines)
         rows = max(1, int(0.92 * rect.height() // (label_h + 2)))
         free_left = [math.inf] * rows  # per row, where the labels already placed (to the right) begin
+        blocked = self._peak_label_spans(rect, label_h)  # per row, the peak lines' labels (x spans)
         for line in sorted(lines, key=lambda line: line.value(), reverse=True):
             width = line.label.boundingRect().width()
             x_px = rect.left() + (line.value() - x_lo) / (x_hi - x_lo) * rect.width()
             hang_left = x_px + width > rect.right() - 2 and x_px - width >= rect.left()
             start, end = (x_px - width, x_px) if hang_left else (x_px, x_px + width)
-            row = next((r for r in range(rows) if end + gap <= free_left[r]), None)
+            row = next((r for r in range(rows) if end + gap <= free_left[r] and not any(
+                start < b_end and b_start < end for b_start, b_end in blocked.get(r, ()))), None)
             if row is None:
                 line.label.setVisible(False)
                 continue
@@ -204,12 +210,33 @@ class PlotView(QFrame):
             line.label.setVisible(True)
             line.label.setPosition(1 - ((row + 0.5) * (label_h + 2) + 4) / rect.height())
 
+    def _peak_label_spans(self, rect, label_h: float) -> dict[int, list[tuple[float, float]]]:
+        """The rows (as place_annotation_labels counts them) a peak line's label sits in, with its
+        x span in pixels: a setting's label never lands on one."""
+        spans: dict[int, list[tuple[float, float]]] = {}
+        (_, _), (y_lo, y_hi) = self.plot.getViewBox().viewRange()
+        log_y = self.plot.getAxis("left").logMode
+        for line in self._peak_lines.values():
+            if not line.isVisible() or y_hi <= y_lo:
+                continue
+            y = math.log10(line.value()) if log_y and line.value() > 0 else line.value()
+            bottom = rect.top() + (y_hi - y) / (y_hi - y_lo) * rect.height()  # the label sits above its line
+            width = line.label.boundingRect().width()
+            right = rect.left() + 0.98 * rect.width()
+            for row in range(int(max(0, bottom - line.label.boundingRect().height() - rect.top() - 4) // (label_h + 2)),
+                             int(max(0, bottom - rect.top() - 4) // (label_h + 2)) + 1):
+                spans.setdefault(row, []).append((right - width, right))
+        return spans
+
     def fit_legend(self) -> None:
-        """As many legend columns as the plot's width holds (fewer rows: more height for the data)."""
+        """As many legend columns as the plot's width holds (fewer rows: more height for the data),
+        and no more rows than LEGEND_SHARE of the plot's height: past that, `trim_legend` drops
+        the entries a plot can spare (the oldest settings' lines keep their labelled change lines)."""
         legend = self.plot.legend
         if legend is None or not legend.items:
             return
-        key = (tuple(label.text for _, label in legend.items), self.widget.width(), self.theme.font_pt)
+        key = (tuple(label.text for _, label in legend.items), self.widget.width(), self.widget.height(),
+               self.theme.font_pt)
         if self._set_keys.get("legend") == key:
             return
         self._set_keys["legend"] = key
@@ -223,6 +250,14 @@ class PlotView(QFrame):
                 break
         if columns != legend.columnCount:
             legend.setColumnCount(columns)
+        row_px = max(max(label.item.boundingRect().height() for _, label in legend.items) - 4, 10)
+        rows = max(1, int(LEGEND_SHARE * self.widget.height() // row_px))
+        self.legend_capacity = rows * columns
+        if len(legend.items) > self.legend_capacity:
+            self.trim_legend()
+
+    def trim_legend(self) -> None:
+        """Drop legend entries beyond `legend_capacity` (a plot with spare entries overrides this)."""
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
