@@ -14,7 +14,7 @@ endif
 TORCH_INDEX ?=
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: run test bench setup clean chat screenshot peers
+.PHONY: run test bench setup clean chat screenshot screenshots peers
 
 setup: $(STAMP)
 
@@ -44,6 +44,11 @@ peers: $(STAMP)
 # the README's picture: the app answers a prompt offscreen and saves the whole window
 screenshot: $(STAMP)
 	QT_QPA_PLATFORM=offscreen $(BIN)/membound --screenshot assets/screenshot.png
+
+# a picture of each step of the default tour (docs/tour/, 1280x720: a projector) and the bundled
+# recording of it (assets/tour-default.membound), from the default model offscreen (~5 min on 2 cores)
+screenshots: $(STAMP)
+	QT_QPA_PLATFORM=offscreen $(BIN)/python scripts/tour_screenshots.py --out docs/tour --record assets/tour-default.membound
 
 bench: $(STAMP)
 	$(BIN)/membound bench --compare hf

@@ -32,6 +32,7 @@ FLUSH_MS = 1000
 TICK_MS = 30
 SPEEDS = (0.5, 1.0, 2.0, 4.0)
 SEEK_STEP_S = 10.0
+KV_SNAPSHOT_EVERY_S = 0.5  # the KV panel's pictures kept in a recording (the plots' data: every one)
 
 # the worker signals a recording keeps (app/worker.py), with what each carries
 WORKER_SIGNALS = ("progress", "model_loaded", "events", "reply_started", "busy_changed", "failed", "kv_snapshot",
@@ -133,8 +134,8 @@ class Recording:
         entry = self.first("model_loaded")
         return entry.args[0] if entry is not None else None
 
-    def describe(self) -> str:
-        """'recorded 2025-11-30 14:02 · NVIDIA H200 · SmolLM2-135M…' for the replay's banner."""
+    def describe(self, model: bool = True) -> str:
+        """'recorded 2025-11-30 14:02 · NVIDIA H200 · SmolLM2-135M…' (model=False: the date alone)."""
         parts = []
         created = self.header.get("created")
         if created:
@@ -143,7 +144,7 @@ class Recording:
             except ValueError:
                 parts.append(f"recorded {created}")
         info = self.model_info
-        if info is not None:
+        if info is not None and model:
             parts += [info.hardware.name, info.label.split(" (")[0]]
         return " · ".join(parts)
 
@@ -206,6 +207,7 @@ class Recorder(QObject):
             raise RecordingError(f"cannot record to {self.path}: {error.strerror or error}") from None
         self._t0 = time.monotonic()
         self._pending: list[str] = []
+        self._last_snapshot_s = -math.inf
         self.count = 0
         self._taps: list[_Tap] = []
         self._timer: QTimer | None = None
@@ -232,6 +234,10 @@ class Recorder(QObject):
         if self._file is None:
             return
         now = time.monotonic()
+        if kind == "kv_snapshot":  # a GPU's pool has ~10^5 blocks: a few pictures a second are plenty
+            if now - self._last_snapshot_s < KV_SNAPSHOT_EVERY_S:
+                return
+            self._last_snapshot_s = now
         self._pending.append(json.dumps([round(now - self._t0, 6), now, kind, [encode(a) for a in args]]))
         self.count += 1
 
@@ -460,8 +466,13 @@ class ReplayBar(QFrame):
         self.setObjectName("replay")
         row = QHBoxLayout(self)
         row.setContentsMargins(10, 4, 10, 4)
-        self.label = QLabel(f"<b>REPLAY</b> — {player.recording.describe()} — no engine is running")
+        recording = player.recording
+        info = recording.model_info
+        where = " · ".join(p for p in (info.hardware.name if info else "", recording.describe(model=False)) if p)
+        self.label = QLabel(f"<b>REPLAY</b> of {where} — no engine is running")
+        self.label.setToolTip(f"{recording.path}: {recording.describe()}")
         self.label.setObjectName("replay_label")
+        self.label.setWordWrap(True)  # a narrow window wraps it rather than widening
         self.play_button = QPushButton("Play  Space")
         self.play_button.clicked.connect(player.toggle)
         self.speed_box = QComboBox()

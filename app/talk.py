@@ -152,6 +152,21 @@ class Talk(QObject):
         self.runner = None
         self.keys = TalkKeys(self)
         self.shortcuts: list[QShortcut] = []
+        self._look = None
+        window.installEventFilter(self)
+        self._note_look()
+
+    def _note_look(self) -> None:
+        """The theme and type size, recorded when they change (a replay looks as the talk did)."""
+        look = (self.window.theme.name, self.window.theme.large)
+        if look != self._look:
+            self._look = look
+            self.window.action.emit("look", look)
+
+    def eventFilter(self, watched, event) -> bool:
+        if watched is self.window and event.type() == QEvent.Type.StyleChange:
+            self._note_look()
+        return False
 
     def add_shortcut(self, keys: str, action) -> None:
         shortcut = QShortcut(QKeySequence(keys), self.window)
@@ -169,6 +184,7 @@ def install(window, *, tour=None, lang: str = "en", keep_decoding: bool = False,
         player.handlers["layout"] = talk.presenter.show
         player.handlers["caption"] = talk.overlay.show_text
         player.handlers["captions"] = talk.overlay.set_wanted
+        player.handlers["look"] = lambda name, large: set_look(window, name, large)
         return talk
     talk.keep = KeepDecoding(window, lang)
     keep_button = QPushButton("Keep decoding  Ctrl+K")
@@ -195,6 +211,13 @@ def install(window, *, tour=None, lang: str = "en", keep_decoding: bool = False,
     elif keep_decoding:
         talk.keep.start()
     return talk
+
+
+def set_look(window, name: str, large: bool) -> None:
+    if window.theme.name != name:
+        window.toggle_theme()
+    if window.theme.large != large:
+        window.set_large_fonts(large)
 
 
 def export_dialog(window) -> None:

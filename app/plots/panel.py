@@ -92,7 +92,7 @@ class PlotsPanel(QWidget):
             widget.setVisible(name in self.shown)
         for row, name in enumerate(self.shown):
             self._grid.addWidget(cells[name], row, 0)
-            self._grid.setRowStretch(row, 3 if name == "extra" else 2)  # the side panel holds two plots and text
+            self._grid.setRowStretch(row, 2 if name == "extra" else 1)  # the side panel holds two plots and text
         self._grid.setColumnStretch(0, 1)
 
     def set_theme(self, theme: Theme) -> None:

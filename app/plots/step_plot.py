@@ -83,21 +83,30 @@ class StepPlot(PlotView):
             item = self._label_series(code)
             item.setData(x=frame.x, y=np.where(shown, values, np.nan))
             self._set_keys[id(item)] = None
-        self._legend_codes = sorted(frame.present)
-        self.trim_legend()
+        self._legend_codes = tuple(sorted(frame.present))
+        self.fit_legend()
 
-    def trim_legend(self) -> None:
-        """The legend names the settings in view, the newest first to stay when room runs out."""
+    # the legend names the settings in view; when room runs out, the newest stay
+    def legend_wanted(self) -> tuple:
+        return getattr(self, "_legend_codes", ())
+
+    def show_legend_entries(self) -> None:
         legend = self.plot.legend
-        fixed = sum(1 for sample, _ in legend.items if sample.item not in self.series.values())
-        codes = getattr(self, "_legend_codes", [])
-        keep = set(codes[-max(1, self.legend_capacity - fixed):])
+        wanted = set(self.legend_wanted())
         for code, item in self.series.items():
             listed = legend.getLabel(item) is not None
-            if listed and code not in keep:
+            if listed and code not in wanted:
                 legend.removeItem(item)
-            elif not listed and code in keep:
+            elif not listed and code in wanted:
                 legend.addItem(item, self.data.labels[code])
+
+    def spare_legend_entry(self) -> bool:
+        legend = self.plot.legend
+        listed = sorted(code for code, item in self.series.items() if legend.getLabel(item) is not None)
+        if len(listed) <= 1:
+            return False
+        legend.removeItem(self.series[listed[0]])
+        return True
 
     def _label_series(self, code: int) -> pg.PlotDataItem:
         if code not in self.series:

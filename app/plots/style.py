@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pyqtgraph as pg
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QColor, QFont
 
 from app.theme import Theme
@@ -86,38 +86,54 @@ def style_plot(widget: pg.PlotWidget, theme: Theme, left: str, bottom: str, lege
 
 
 class _Legend(pg.LegendItem):
-    """A legend placed by its plot's layout: a change of entries asks that layout for room again
-    (pyqtgraph's own legend, anchored over the data, sets its geometry itself). Entries fill rows
-    of `columnCount`, in the order they came, and close up when one leaves."""
+    """A legend placed by its plot's layout, in the row above the data, its entries flowing left to
+    right and wrapping at `room_px` (a long settings label takes a line, short ones share one).
+    Entries are placed by hand, not by the legend's grid; its height is what they take."""
+    room_px = 10_000.0
+    GAP_PX = 14.0
 
     def updateSize(self) -> None:
-        self.layout.invalidate()
         self.updateGeometry()
 
     def _addItemToLayout(self, sample, label) -> None:
-        self._relayout()
+        sample.setParentItem(self)
+        label.setParentItem(self)
+        self.relayout()
+
+    def _removeItemFromLayout(self, *items) -> None:
+        for item in items:
+            item.close()
+            scene = item.scene()
+            if scene:
+                scene.removeItem(item)
 
     def removeItem(self, item) -> None:
         super().removeItem(item)
-        self._relayout()
+        self.relayout()
 
     def setColumnCount(self, columnCount: int) -> None:
         self.columnCount = max(1, int(columnCount))
-        self._relayout()
 
-    def _relayout(self) -> None:
-        placed = getattr(self, "_placed", set())
+    def relayout(self) -> None:
+        x = y = row_h = 0.0
+        rows = 0
         for sample, label in self.items:
-            if id(sample) in placed:
-                self.layout.removeItem(sample)
-                self.layout.removeItem(label)
-        self._placed = {id(sample) for sample, _ in self.items}
-        for i, (sample, label) in enumerate(self.items):
-            row, col = divmod(i, self.columnCount)
-            self.layout.addItem(sample, row, 2 * col, alignment=Qt.AlignmentFlag.AlignVCenter)
-            self.layout.addItem(label, row, 2 * col + 1)
-        self.rowCount = -(-len(self.items) // self.columnCount)
-        self.updateSize()
+            text = label.item.boundingRect()
+            width = 20 + 4 + text.width()
+            if x > 0 and x + width > self.room_px:
+                x, y, rows = 0.0, y + row_h, rows + 1
+                row_h = 0.0
+            height = max(text.height(), 20.0)
+            sample.setPos(x, y + (height - 20) / 2)
+            label.setGeometry(QRectF(x + 24, y, text.width() + 4, height))
+            x += width + self.GAP_PX
+            row_h = max(row_h, height - 4)
+        self.rowCount = rows + 1 if self.items else 0
+        height = y + row_h + 2 if self.items else 0.0
+        self.setMinimumHeight(height)
+        self.setMaximumHeight(height)
+        self.setPreferredHeight(height)
+        self.updateGeometry()
 
 
 def _layout_items(plot: pg.PlotItem) -> list:

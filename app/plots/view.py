@@ -21,7 +21,6 @@ LEGEND_SHARE = 0.3  # of a plot's height, the most its legend may take
 
 class PlotView(QFrame):
     title = ""
-    legend_capacity = 1_000  # entries the legend has room for (fit_legend measures it)
 
     def __init__(self, data: LiveData, theme: Theme, colours: SettingColours, parent=None):
         super().__init__(parent)
@@ -229,35 +228,36 @@ class PlotView(QFrame):
         return spans
 
     def fit_legend(self) -> None:
-        """As many legend columns as the plot's width holds (fewer rows: more height for the data),
-        and no more rows than LEGEND_SHARE of the plot's height: past that, `trim_legend` drops
-        the entries a plot can spare (the oldest settings' lines keep their labelled change lines)."""
+        """Flow the legend's entries into the plot's width, in at most LEGEND_SHARE of its height:
+        past that, `spare_legend_entry` takes out what the plot can spare (the oldest settings: their
+        labelled change lines stay)."""
         legend = self.plot.legend
-        if legend is None or not legend.items:
+        if legend is None:
             return
-        key = (tuple(label.text for _, label in legend.items), self.widget.width(), self.widget.height(),
+        room = self.plot.getViewBox().width() or self.widget.width() - 80
+        key = (self.legend_wanted(), tuple(label.text for _, label in legend.items), room, self.widget.height(),
                self.theme.font_pt)
         if self._set_keys.get("legend") == key:
             return
+        self.show_legend_entries()
+        legend.room_px = max(room, 100.0)
+        legend.relayout()
+        while legend.maximumHeight() > LEGEND_SHARE * self.widget.height() and self.spare_legend_entry():
+            legend.relayout()
+        key = (self.legend_wanted(), tuple(label.text for _, label in legend.items), room, self.widget.height(),
+               self.theme.font_pt)
         self._set_keys["legend"] = key
-        widths = [sample.boundingRect().width() + label.item.boundingRect().width() + 16
-                  for sample, label in legend.items]
-        room = self.plot.getViewBox().width() or self.widget.width() - 80
-        columns = 1
-        for n in range(len(widths), 1, -1):  # the most columns whose widest entries fit side by side
-            if sum(max(widths[col::n]) for col in range(n)) <= room:
-                columns = n
-                break
-        if columns != legend.columnCount:
-            legend.setColumnCount(columns)
-        row_px = max(max(label.item.boundingRect().height() for _, label in legend.items) - 4, 10)
-        rows = max(1, int(LEGEND_SHARE * self.widget.height() // row_px))
-        self.legend_capacity = rows * columns
-        if len(legend.items) > self.legend_capacity:
-            self.trim_legend()
 
-    def trim_legend(self) -> None:
-        """Drop legend entries beyond `legend_capacity` (a plot with spare entries overrides this)."""
+    def legend_wanted(self) -> tuple:
+        """What the legend should list beyond its fixed entries (a plot with changing entries overrides)."""
+        return ()
+
+    def show_legend_entries(self) -> None:
+        """Put every wanted entry in the legend (before fit_legend spares any)."""
+
+    def spare_legend_entry(self) -> bool:
+        """Take one entry out of a legend too tall for its plot; False: none can go."""
+        return False
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
