@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import sys
 import time
 
@@ -30,7 +31,7 @@ from app.worker import EngineWorker
 from engine.events import BatchStats, DoneEvent, SettingsApplied, SettingsRefused, TokenEvent
 from engine.metrics import StepMetrics
 from engine.protocol import Apply, Chat, Load, MeasureQuality, ModelInfo, Reset, settings_delta
-from engine.settings import Settings
+from engine.settings import Settings, weights_label
 
 FRAME_MS = 33  # ~30 fps redraw
 READOUT_EVERY_FRAMES = 8  # numbers in titles and the strip: ~4 Hz
@@ -302,10 +303,24 @@ class MainWindow(QMainWindow):
             self._pending.pop(request_id, None)
         self.controls.set_settings(event.settings)
         self._show_pending()
+        self._show_model_line()
         if event.changes:  # marks the step at which it took effect
             self.data.annotate(", ".join(event.changes), event.settings.label, event.t_s)
         if event.settings.users > 0 and (old is None or old.users == 0) and self.side_tabs.isVisibleTo(self):
             self.side_tabs.setCurrentWidget(self.serving_panel)  # where the batch shows
+
+    def _show_model_line(self) -> None:
+        """The model line with the precision and weights the engine runs now (the loader's line says
+        what it loaded at)."""
+        info, settings = self.model_info, self.settings
+        if info is None or settings is None:
+            return
+        params = info.cfg.n_params
+        size = f"{params / 1e9:.1f} B" if params >= 1e9 else f"{params / 1e6:.0f} M"
+        weights = "" if settings.weights == "fp" else f", {weights_label(settings.weights, settings.group_size)}"
+        runs = settings.dtype + weights
+        label = re.sub(r"→ (fp32|bf16|fp16)", f"→ {runs}", info.label, count=1)
+        self.chat.model_label.setText(f"{label} · {size} parameters · {info.device}")
 
     def _on_settings_refused(self, event: SettingsRefused) -> None:
         self._pending.pop(event.request_id, None)
@@ -395,9 +410,7 @@ class MainWindow(QMainWindow):
         self.controls.set_device(info.device)
         self.controls.set_capabilities(info.capabilities)
         self.controls.set_settings(info.settings)
-        params = info.cfg.n_params
-        size = f"{params / 1e9:.1f} B" if params >= 1e9 else f"{params / 1e6:.0f} M"
-        self.chat.model_label.setText(f"{info.label} · {size} parameters · {info.device}")
+        self._show_model_line()
         if restarted:
             self.chat.add_notice(f"the engine is back: {info.label}, {len(info.messages) // 2} turns of the "
                                  "conversation kept")

@@ -24,7 +24,7 @@ TINY = ModelConfig(name="tiny", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn
 @pytest.fixture(scope="session")
 def tiny_model() -> LoadedWeights:
     return LoadedWeights(TINY, synthetic_weights(TINY, torch.float32, "cpu"), ByteTokenizer(TINY.vocab_size),
-                         "synthetic", "tiny (random weights)", "fp32")
+                         "synthetic", "tiny (random weights → fp32)", "fp32")
 
 
 @pytest.fixture
@@ -52,7 +52,9 @@ def find_leaks(threads_before: set[threading.Thread]) -> list[str]:
     leaks = [f"thread {t.name!r}" for t in threading.enumerate()
              if t not in threads_before and t.is_alive() and not isinstance(t, threading._DummyThread)]
     leaks += [f"worker QThread {w.objectName()!r}" for w in running_workers()]
-    owners = [app] + list(app.allWidgets()) if app is not None else []
+    # top-level widgets only: findChildren searches their trees on the C++ side and wraps just the
+    # timers and threads (wrapping every widget, as allWidgets() does, crashed now and then under load)
+    owners = [app] + list(app.topLevelWidgets()) if app is not None else []
     seen = set()
     for owner in owners:
         for thread in owner.findChildren(QThread):

@@ -91,6 +91,7 @@ def test_a_setting_changed_between_replies_is_annotated_at_once(make_window, qtb
     assert window.settings.dtype == "fp32" and window.settings_pending  # shown once the engine confirms
     confirmed(window, qtbot)
     assert window.settings.dtype == "bf16" and window.controls.widgets["dtype"].checkedButton().value == "bf16"
+    assert "→ bf16" in window.chat.model_label.text() and "fp32" not in window.chat.model_label.text()
     assert len(window.data.annotations) == before + 1 and window.data.annotations[-1].text == "bf16"
     fp16 = next(b for b in window.controls.widgets["dtype"].buttons() if b.value == "fp16")
     assert not fp16.isEnabled() and "fp16" in fp16.toolTip()
