@@ -66,6 +66,7 @@ class CaptionBanner(QFrame):
         self.text.setText(caption)
         self.window_.action.emit("caption", (title, caption, where))
         self.setVisible(self.wanted and bool(title or caption))
+        self._fit()
 
     def toggle(self) -> None:
         self.set_wanted(not self.wanted)
@@ -87,7 +88,20 @@ class CaptionBanner(QFrame):
     def eventFilter(self, watched, event) -> bool:
         if watched is self.window_ and event.type() == QEvent.Type.StyleChange:  # the theme or font size changed
             self._style()
+            self._fit()
         return False
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        if event.size().width() != event.oldSize().width():
+            self._fit()
+
+    def _fit(self) -> None:
+        """As tall as the wrapped caption needs at this width (the transcript below gives way): a
+        squeezed caption would draw its lines over each other."""
+        height = self.layout().totalHeightForWidth(self.width())
+        if height > 0 and height != self.minimumHeight():
+            self.setMinimumHeight(height)
 
 
 class TalkKeys(QObject):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from PySide6.QtWidgets import QGridLayout, QWidget
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QGridLayout, QSplitter, QWidget
 
 from app.live_data import LiveData
 from app.plots.compute import ComputePlot
@@ -39,6 +40,9 @@ class PlotsPanel(QWidget):
         self.extra = extra
         self._extra_visible = True
         self.shown: list[str] | None = None  # the presenter's plots (None: the grid)
+        self._stack = QSplitter(Qt.Orientation.Vertical, self)  # the presenter's one or two cells
+        self._stack.setChildrenCollapsible(False)
+        self._stack.setVisible(False)
         self._grid = QGridLayout(self)
         self._grid.setContentsMargins(0, 0, 0, 0)
         self._grid.setSpacing(6)
@@ -49,6 +53,7 @@ class PlotsPanel(QWidget):
         self._grid.addWidget(self.timeline, 2, 0)
         if extra is not None:
             self._grid.addWidget(extra, 2, 1)
+        self._grid.addWidget(self._stack, 0, 0, 3, 2)
         for row in range(3):
             self._grid.setRowStretch(row, 1)
         for col in range(2):
@@ -67,33 +72,31 @@ class PlotsPanel(QWidget):
 
     def arrange(self, shown: list[str] | None) -> None:
         """None: the grid of five plots (and the extra cell). A list of one or two names of
-        `views` (or "extra"): only those, stacked, as large as the panel (the presenter layout)."""
+        `views` (or "extra"): only those, stacked in a splitter as large as the panel (the presenter
+        layout; the side panel, with its text, gets a little more height than a plot)."""
         cells = dict(self.views, extra=self.extra) if self.extra is not None else dict(self.views)
         for widget in cells.values():
             self._grid.removeWidget(widget)
-        for row in range(3):
-            self._grid.setRowStretch(row, 0)
-        for col in range(2):
-            self._grid.setColumnStretch(col, 0)
+            if widget.parent() is self._stack:
+                widget.setParent(self)
         self.shown = list(shown) if shown else None
         if self.shown is None:
+            self._stack.setVisible(False)
             for widget, (row, col) in zip(self.views.values(), ((0, 0), (0, 1), (1, 0), (1, 1), (2, 0))):
-                widget.setVisible(True)
                 self._grid.addWidget(widget, row, col)
+                widget.setVisible(True)
             if self.extra is not None:
                 self._grid.addWidget(self.extra, 2, 1)
-            for row in range(3):
-                self._grid.setRowStretch(row, 1)
-            for col in range(2):
-                self._grid.setColumnStretch(col, 1)
             self.set_extra_visible(self._extra_visible)
             return
         for name, widget in cells.items():
-            widget.setVisible(name in self.shown)
-        for row, name in enumerate(self.shown):
-            self._grid.addWidget(cells[name], row, 0)
-            self._grid.setRowStretch(row, 2 if name == "extra" else 1)  # the side panel holds two plots and text
-        self._grid.setColumnStretch(0, 1)
+            if name not in self.shown:
+                widget.setVisible(False)
+        for name in self.shown:
+            self._stack.addWidget(cells[name])
+            cells[name].setVisible(True)
+        self._stack.setSizes([1300 if name == "extra" else 1000 for name in self.shown])
+        self._stack.setVisible(True)
 
     def set_theme(self, theme: Theme) -> None:
         self.theme = theme
