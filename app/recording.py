@@ -13,6 +13,7 @@ import gzip
 import importlib
 import json
 import math
+import sys
 import time
 import zlib
 from dataclasses import dataclass
@@ -208,6 +209,7 @@ class Recorder(QObject):
         self._t0 = time.monotonic()
         self._pending: list[str] = []
         self._last_snapshot_s = -math.inf
+        self.skipped: set[str] = set()  # kinds with a value a recording cannot hold
         self.count = 0
         self._taps: list[_Tap] = []
         self._timer: QTimer | None = None
@@ -238,7 +240,14 @@ class Recorder(QObject):
             if now - self._last_snapshot_s < KV_SNAPSHOT_EVERY_S:
                 return
             self._last_snapshot_s = now
-        self._pending.append(json.dumps([round(now - self._t0, 6), now, kind, [encode(a) for a in args]]))
+        try:
+            line = json.dumps([round(now - self._t0, 6), now, kind, [encode(a) for a in args]])
+        except TypeError as error:  # a value outside the contract: the window showed it, the file says so once
+            if kind not in self.skipped:
+                self.skipped.add(kind)
+                print(f"membound: recording leaves out {kind!r}: {error}", file=sys.stderr)
+            return
+        self._pending.append(line)
         self.count += 1
 
     def flush(self) -> None:
@@ -417,10 +426,21 @@ class Player(QObject):
                     if settings is not None:
                         self.worker.settings = settings
             getattr(self.worker, entry.kind).emit(*entry.args)
+            if entry.kind == "model_loaded":
+                self._no_local_sampler()
             return
         handler = self.handlers.get(entry.kind)
         if handler is not None:  # an action this version does not know is passed over
             handler(*entry.args)
+
+    def _no_local_sampler(self) -> None:
+        """A recording of an NVML-equipped GPU makes the window start sampling NVML: here that would
+        be this machine's GPU. Its samples come from the recording instead."""
+        window = self.window
+        window.nvml_timer.stop()
+        if window._sampler is not None:
+            window._sampler.close()
+            window._sampler = None
 
     def _start_over(self) -> None:
         """The window as before the first entry: no reply streaming, nothing pending, empty plots."""

@@ -114,6 +114,39 @@ def test_replay_plays_in_real_time_at_the_chosen_speed(make_window, qtbot, tmp_p
     window.close()
 
 
+def test_a_replay_of_a_gpu_never_samples_this_machines_gpu(make_window, qtbot, tmp_path, monkeypatch):
+    path = tmp_path / "cpu.membound"
+    live = make_window(max_new_tokens=10, recorder=Recorder(path))
+    send_and_wait(live, qtbot, "hi")
+    live.close()
+    lines = gzip.decompress(path.read_bytes()).decode().splitlines()
+    for i, line in enumerate(lines[1:], 1):  # the session, as if it had run on an H200 with NVML
+        entry = json.loads(line)
+        if entry[2] == "model_loaded":
+            entry[3][0]["hardware"].update({"name": "NVIDIA H200", "kind": "cuda", "nvml": True, "nvml_index": 0})
+            lines[i] = json.dumps(entry)
+    gpu = tmp_path / "h200.membound"
+    gpu.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    started = []
+
+    class LocalGpu:  # what NVML would answer on a laptop that has a GPU of its own
+        def __init__(self, index):
+            started.append(index)
+            self.available = True
+
+        def close(self):
+            started.append("closed")
+
+    monkeypatch.setattr("engine.hardware.nvml.NvmlSampler", LocalGpu)
+    window, player = open_replay(str(gpu))
+    qtbot.addWidget(window)
+    player.play_all()
+    assert "NVIDIA H200" in window.hardware_strip.device_label.text()
+    assert window._sampler is None and not window.nvml_timer.isActive()
+    assert started in ([], [0, "closed"])
+    window.close()
+
+
 BLOCK_TORCH = """
 import sys
 class NoTorch:
