@@ -14,7 +14,7 @@ endif
 TORCH_INDEX ?=
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: run test bench setup clean chat screenshot screenshots peers
+.PHONY: run test bench setup clean chat screenshot screenshots peers translations
 
 setup: $(STAMP)
 
@@ -55,3 +55,10 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# the UI's Spanish: the strings marked in app/ into app/translations/membound_es.ts (translate it with
+# pyside6-linguist), compiled to the .qm the app loads (both are committed)
+translations: $(STAMP)
+	$(BIN)/pyside6-lupdate -no-obsolete -locations none -source-language en -target-language es \
+		app/*.py app/plots/*.py -ts app/translations/membound_es.ts
+	$(BIN)/pyside6-lrelease app/translations/membound_es.ts -qm app/translations/membound_es.qm

@@ -6,9 +6,10 @@ from PySide6.QtCore import Signal
 from PySide6.QtGui import QColor, QFont, QTextBlockFormat, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QLineEdit, QPushButton, QTextBrowser, QVBoxLayout, QWidget
 
+from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.theme import Theme
 
-PLACEHOLDER = "Ask something… (Enter sends, Esc stops)"
+PLACEHOLDER = QT_TRANSLATE_NOOP("Chat", "Ask something… (Enter sends, Esc stops)")
 
 
 class ChatPanel(QWidget):
@@ -23,25 +24,25 @@ class ChatPanel(QWidget):
         self._entries: list[list] = []  # [kind, text, extra] per block: what the transcript is drawn from
         self._streaming = False
 
-        self.title = title = QLabel("Chat")
+        self.title = title = QLabel(translate("Chat", "Chat"))
         title.setObjectName("title")
-        self.model_label = QLabel("no model loaded")
+        self.model_label = QLabel(translate("Chat", "no model loaded"))
         self.model_label.setObjectName("caption")
         self.model_label.setWordWrap(True)
         self.transcript = QTextBrowser()
         self.transcript.setOpenExternalLinks(False)
         self.transcript.setObjectName("transcript")
         self.input = QLineEdit()
-        self.input.setPlaceholderText(PLACEHOLDER)
+        self.input.setPlaceholderText(translate("Chat", PLACEHOLDER))
         self.input.returnPressed.connect(self._send)
-        self.send_button = QPushButton("Send")
+        self.send_button = QPushButton(translate("Chat", "Send"))
         self.send_button.setObjectName("send")
         self.send_button.clicked.connect(self._send)
-        self.stop_button = QPushButton("Stop  (Esc)")
+        self.stop_button = QPushButton(translate("Chat", "Stop  (Esc)"))
         self.stop_button.setObjectName("stop")
         self.stop_button.setEnabled(False)
         self.stop_button.clicked.connect(self.stop_requested)
-        self.new_button = QPushButton("New chat  (Ctrl+N)")
+        self.new_button = QPushButton(translate("Chat", "New chat  (Ctrl+N)"))
         self.new_button.clicked.connect(self.new_chat_requested)
 
         header = QVBoxLayout()
@@ -76,11 +77,11 @@ class ChatPanel(QWidget):
 
     def _update_placeholder(self) -> None:
         if self.send_button.isEnabled():
-            text = PLACEHOLDER
+            text = translate("Chat", PLACEHOLDER)
         elif self._streaming:
-            text = "the model is replying… (Esc stops)"
+            text = translate("Chat", "the model is replying… (Esc stops)")
         else:
-            text = "waiting for the model…"
+            text = translate("Chat", "waiting for the model…")
         self.input.setPlaceholderText(text)
 
     def set_compact(self, compact: bool) -> None:
@@ -142,7 +143,8 @@ class ChatPanel(QWidget):
         cursor = self._cursor_at_end()
         t = self.theme
         if kind == "message":
-            names = {"user": ("You", t.accent), "assistant": ("Model", t.text), "system": ("membound", t.muted)}
+            names = {"user": (translate("Chat", "You"), t.accent), "assistant": (translate("Chat", "Model"), t.text),
+                     "system": ("membound", t.muted)}
             name, colour = names.get(extra, (extra, t.text))
             self._new_block(cursor, 10)
             cursor.insertText(name, self._format(colour, bold=True, scale=0.85))
@@ -150,7 +152,7 @@ class ChatPanel(QWidget):
             cursor.insertText(text, self._format(t.text))
         elif kind == "reply":
             self._new_block(cursor, 10)
-            cursor.insertText("Model", self._format(t.muted, bold=True, scale=0.85))
+            cursor.insertText(translate("Chat", "Model"), self._format(t.muted, bold=True, scale=0.85))
             cursor.insertBlock()
             if text:
                 cursor.insertText(text, self._format(t.text))

@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.flow_layout import FlowLayout
+from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.theme import SettingColours, Theme
 from engine.protocol import with_changes
 from engine.settings import Settings
@@ -72,29 +73,44 @@ class Number:
 
 
 CONTROLS: tuple[Choice | Toggle | Slider | Number, ...] = (
-    Choice("dtype", "Precision", (("fp32", "FP32"), ("bf16", "BF16"), ("fp16", "FP16")), "F3",
-           "bytes per weight read every step: fp32 = 4, bf16/fp16 = 2"),
-    Toggle("kv_cache", "KV cache", "F2",
-           "off: every step recomputes the whole context (tokens/s falls as the context grows)"),
-    Choice("weights", "Weights", (("fp", "FP"), ("int8", "INT8"), ("int4", "INT4")), "F4",
-           "weight-only quantisation: INT8 = 1 byte per weight (+ a scale per row), INT4 = half a byte "
-           "(+ a scale and minimum per group); activations stay in the precision above"),
-    Choice("group_size", "INT4 group", ((32, "32"), (64, "64"), (128, "128")), "F7",
-           "INT4: inputs sharing one scale and minimum (smaller = more accurate, more scale bytes)"),
-    Choice("attention", "Attention", (("flash", "Flash"), ("naive", "Naive")), "F5",
-           "naive writes the score matrix to memory and reads it back; flash keeps it on chip"),
-    Choice("kv_layout", "KV layout", (("contiguous", "Contig."), ("paged", "Paged"), ("off", "Off")), "F6",
-           "contiguous reserves the whole context per sequence; paged takes blocks on demand; "
-           "off recomputes the context every step"),
-    Slider("users", "Users", 0, 64, ("Alt+Down", "Alt+Up"),
-           "simulated users sending requests beside your chat: the engine batches every running request "
-           "into one forward, so the weights are read once per step for all of them"),
-    Choice("policy", "Batching", (("continuous", "Contin."), ("static", "Static")), "F12",
-           "continuous: requests join and leave the batch at every step; static: a batch forms, runs until "
-           "its longest member ends, then the next forms"),
-    Number("max_new_tokens", "Max tokens", 1, 8192, 32, tooltip="longest reply, in tokens"),
-    Number("sampling.temperature", "Temperature", 0.0, 2.0, 0.1, 2, "0 = greedy (always the likeliest token)"),
-    Number("sampling.top_p", "Top-p", 0.05, 1.0, 0.05, 2, "sample from the smallest set of tokens holding this mass"),
+    Choice("dtype", QT_TRANSLATE_NOOP("Controls", "Precision"), (("fp32", "FP32"), ("bf16", "BF16"), ("fp16", "FP16")),
+           "F3", QT_TRANSLATE_NOOP("Controls", "bytes per weight read every step: fp32 = 4, bf16/fp16 = 2")),
+    Toggle("kv_cache", QT_TRANSLATE_NOOP("Controls", "KV cache"), "F2",
+           QT_TRANSLATE_NOOP("Controls", "off: every step recomputes the whole context "
+                                         "(tokens/s falls as the context grows)")),
+    Choice("weights", QT_TRANSLATE_NOOP("Controls", "Weights"), (("fp", "FP"), ("int8", "INT8"), ("int4", "INT4")),
+           "F4",
+           QT_TRANSLATE_NOOP("Controls", "weight-only quantisation: INT8 = 1 byte per weight (+ a scale per row), "
+                                         "INT4 = half a byte (+ a scale and minimum per group); activations stay "
+                                         "in the precision above")),
+    Choice("group_size", QT_TRANSLATE_NOOP("Controls", "INT4 group"), ((32, "32"), (64, "64"), (128, "128")), "F7",
+           QT_TRANSLATE_NOOP("Controls", "INT4: inputs sharing one scale and minimum (smaller = more accurate, "
+                                         "more scale bytes)")),
+    Choice("attention", QT_TRANSLATE_NOOP("Controls", "Attention"),
+           (("flash", "Flash"), ("naive", QT_TRANSLATE_NOOP("Controls", "Naive"))), "F5",
+           QT_TRANSLATE_NOOP("Controls", "naive writes the score matrix to memory and reads it back; "
+                                         "flash keeps it on chip")),
+    Choice("kv_layout", QT_TRANSLATE_NOOP("Controls", "KV layout"),
+           (("contiguous", QT_TRANSLATE_NOOP("Controls", "Contig.")), ("paged", QT_TRANSLATE_NOOP("Controls", "Paged")),
+            ("off", QT_TRANSLATE_NOOP("Controls", "Off"))), "F6",
+           QT_TRANSLATE_NOOP("Controls", "contiguous reserves the whole context per sequence; paged takes blocks "
+                                         "on demand; off recomputes the context every step")),
+    Slider("users", QT_TRANSLATE_NOOP("Controls", "Users"), 0, 64, ("Alt+Down", "Alt+Up"),
+           QT_TRANSLATE_NOOP("Controls", "simulated users sending requests beside your chat: the engine batches "
+                                         "every running request into one forward, so the weights are read once "
+                                         "per step for all of them")),
+    Choice("policy", QT_TRANSLATE_NOOP("Controls", "Batching"),
+           (("continuous", QT_TRANSLATE_NOOP("Controls", "Contin.")),
+            ("static", QT_TRANSLATE_NOOP("Controls", "Static"))),
+           "F12", QT_TRANSLATE_NOOP("Controls", "continuous: requests join and leave the batch at every step; static: "
+                                                "a batch forms, runs until its longest member ends, then the next "
+                                                "forms")),
+    Number("max_new_tokens", QT_TRANSLATE_NOOP("Controls", "Max tokens"), 1, 8192, 32,
+           tooltip=QT_TRANSLATE_NOOP("Controls", "longest reply, in tokens")),
+    Number("sampling.temperature", QT_TRANSLATE_NOOP("Controls", "Temperature"), 0.0, 2.0, 0.1, 2,
+           QT_TRANSLATE_NOOP("Controls", "0 = greedy (always the likeliest token)")),
+    Number("sampling.top_p", QT_TRANSLATE_NOOP("Controls", "Top-p"), 0.05, 1.0, 0.05, 2,
+           QT_TRANSLATE_NOOP("Controls", "sample from the smallest set of tokens holding this mass")),
 )
 
 
@@ -117,6 +133,11 @@ class _Tail:
 
     def insertWidget(self, index: int, widget) -> None:
         self.flow.insertWidget(self.first + index, widget)
+
+
+def _t(text: str) -> str:
+    """A CONTROLS string (marked with QT_TRANSLATE_NOOP) in the UI's language."""
+    return translate("Controls", text)
 
 
 def get_field(settings: Any, path: str) -> Any:
@@ -200,21 +221,21 @@ class ControlsBar(QFrame):
         if isinstance(control, Slider):  # "Alt+↓ ↑": the two keys that step it
             down, up = (QKeySequence(k).toString(QKeySequence.SequenceFormat.NativeText) for k in control.shortcuts)
             keys = f"{down}/{up.split('+')[-1]}".replace("Down", "↓").replace("Up", "↑")
-            caption = QLabel(f"{control.label}  <span style='color:{self.theme.muted}'>{keys}</span>")
+            caption = QLabel(f"{_t(control.label)}  <span style='color:{self.theme.muted}'>{keys}</span>")
             caption.setObjectName("caption")
             column.addWidget(caption)
         else:
-            column.addWidget(self._caption(control.label, shortcut))
+            column.addWidget(self._caption(_t(control.label), shortcut))
         if isinstance(control, Choice):
             row = QHBoxLayout()
             row.setSpacing(0)
             group = QButtonGroup(self)
             group.setExclusive(True)
             for value, text in control.options:
-                button = QPushButton(text)
+                button = QPushButton(_t(text))
                 button.setCheckable(True)
                 button.setMinimumWidth(64)
-                button.setToolTip(control.tooltip)
+                button.setToolTip(_t(control.tooltip))
                 button.value = value
                 group.addButton(button)
                 row.addWidget(button)
@@ -226,7 +247,7 @@ class ControlsBar(QFrame):
             button = QPushButton()
             button.setCheckable(True)
             button.setMinimumWidth(110)
-            button.setToolTip(control.tooltip)
+            button.setToolTip(_t(control.tooltip))
             button.clicked.connect(lambda _checked, c=control: self._changed(c))
             self.widgets[control.field] = button
             column.addWidget(button)
@@ -239,7 +260,7 @@ class ControlsBar(QFrame):
             slider.setTracking(False)  # one change when the drag ends, not one per pixel
             slider.setPageStep(4)
             slider.setMinimumWidth(200)
-            slider.setToolTip(control.tooltip)
+            slider.setToolTip(_t(control.tooltip))
             slider.valueChanged.connect(lambda _v, c=control: self._changed(c))
             slider.sliderMoved.connect(lambda v, c=control: self._show_slider_value(c, v))
             value = QLabel("0")
@@ -261,7 +282,7 @@ class ControlsBar(QFrame):
                 box.setDecimals(control.decimals)
             box.setKeyboardTracking(False)  # apply on Enter / arrows, not on every keystroke
             box.setButtonSymbols(QAbstractSpinBox.ButtonSymbols.UpDownArrows)
-            box.setToolTip(control.tooltip)
+            box.setToolTip(_t(control.tooltip))
             box.setMinimumWidth(90)
             box.valueChanged.connect(lambda _v, c=control: self._changed(c))
             self.widgets[control.field] = box
@@ -369,7 +390,8 @@ class ControlsBar(QFrame):
             slider.setMaximum(max(control.minimum, min(control.maximum, int(maximum))))
         finally:
             self._updating = updating
-        slider.setToolTip(control.tooltip + (f"<br><br>at most {slider.maximum()} here: {why}" if why else ""))
+        at_most = translate("Controls", "at most {n} here: {why}").format(n=slider.maximum(), why=why)
+        slider.setToolTip(_t(control.tooltip) + (f"<br><br>{at_most}" if why else ""))
 
     def _control(self, field: str):
         return next(c for c in CONTROLS if c.field == field)
@@ -417,7 +439,7 @@ class ControlsBar(QFrame):
             return refusal
         note = self.capabilities.note(control.field, value) if self.capabilities is not None else ""
         extra = self._extra_tips.get(control.field, "")
-        return control.tooltip + (f"<br><br>{note}" if note else "") + (f"<br><br>{extra}" if extra else "")
+        return _t(control.tooltip) + (f"<br><br>{note}" if note else "") + (f"<br><br>{extra}" if extra else "")
 
     def set_capabilities(self, capabilities) -> None:
         """What the loaded model and device can take (engine.protocol.Capabilities)."""
@@ -452,9 +474,9 @@ class ControlsBar(QFrame):
                 if isinstance(control, Choice):
                     for button in widget.buttons():
                         button.setChecked(button.value == value)
+                        asked_note = translate("Controls", "asked for: waiting for the engine")
                         button.setToolTip(self._option_tooltip(control, button.value)
-                                          + ("<br><br>asked for: waiting for the engine" if waiting and
-                                             button.value == asked else ""))
+                                          + (f"<br><br>{asked_note}" if waiting and button.value == asked else ""))
                         colour = self.colours.option_colour(str(button.value))
                         style = (f"QPushButton:checked {{ background: {colour}; color: {self.theme.background}; "
                                  f"font-weight: bold; }}" if colour else "")
@@ -463,8 +485,9 @@ class ControlsBar(QFrame):
                         button.setStyleSheet(style)
                 elif isinstance(control, Toggle):
                     widget.setChecked(bool(value))
-                    widget.setText(f"{control.label}: {'ON' if value else 'OFF'}"
-                                   + (f" → {'ON' if asked else 'OFF'}…" if waiting else ""))
+                    on, off = translate("Controls", "ON"), translate("Controls", "OFF")
+                    widget.setText(f"{_t(control.label)}: {on if value else off}"
+                                   + (f" → {on if asked else off}…" if waiting else ""))
                     widget.setToolTip(self._option_tooltip(control, not value))
                     colour = self.colours.colour(settings.label)
                     border = "dashed" if waiting else "solid"

@@ -38,13 +38,18 @@ def pyside_drops_none_references() -> bool:
     return sys.getrefcount(None) < before - 100
 
 
-def _application():
+def _application(lang: str = "en"):
+    """The QApplication, with the UI's strings in `lang` (app.i18n)."""
     from PySide6.QtWidgets import QApplication
+
+    from app import i18n
 
     app = QApplication.instance()
     if app is None:
         app = QApplication(sys.argv[:1])
         app.setApplicationName("membound")
+    i18n.uninstall(app, getattr(app, "translator", None))  # a second main() in one process (the tests)
+    app.translator = i18n.install(app, lang)
     return app
 
 
@@ -57,7 +62,9 @@ def main(args=None, *, model="default", device: str = "auto", hardware=None, set
     if getattr(args, "command", None) == "replay":
         return run_replay(args)
     tour = None
-    lang = getattr(args, "lang", None) or system_language()
+    from app.i18n import language
+
+    lang = language(getattr(args, "lang", None))
     if getattr(args, "tour", None):
         from app.tour import TourError, load_tour
 
@@ -87,7 +94,7 @@ def main(args=None, *, model="default", device: str = "auto", hardware=None, set
               "None's reference count and would crash the app; install another version: "
               "pip install 'PySide6-Essentials>=6.6,!=6.12.0'", file=sys.stderr)
         return 2
-    app = _application()
+    app = _application(lang)
     import pyqtgraph as pg
 
     pg.setConfigOptions(antialias=True)
@@ -129,13 +136,6 @@ def main(args=None, *, model="default", device: str = "auto", hardware=None, set
     return code
 
 
-def system_language() -> str:
-    """'es' where the system's locale is Spanish, else 'en' (the languages tours and the UI ship in)."""
-    from PySide6.QtCore import QLocale
-
-    return "es" if QLocale.system().name().startswith("es") else "en"
-
-
 def run_replay(args) -> int:
     """`membound replay FILE`: the window plays a recording, with no engine and no torch. With
     --screenshot or --export it plays it all at once, writes, and exits."""
@@ -150,7 +150,9 @@ def run_replay(args) -> int:
                   "writes the plots and a report instead", file=sys.stderr)
             return 2
         os.environ["QT_QPA_PLATFORM"] = "offscreen"
-    app = _application()
+    from app.i18n import language
+
+    app = _application(language(getattr(args, "lang", None)))
     import pyqtgraph as pg
 
     pg.setConfigOptions(antialias=True)

@@ -24,6 +24,7 @@ from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import QComboBox, QFrame, QHBoxLayout, QLabel, QPushButton, QSlider
 
+from app.i18n import translate
 from engine.events import SettingsRefused
 
 DEFAULT_RECORDING = Path(__file__).resolve().parents[1] / "assets" / "tour-default.membound"
@@ -141,9 +142,10 @@ class Recording:
         created = self.header.get("created")
         if created:
             try:
-                parts.append("recorded " + datetime.datetime.fromisoformat(created).strftime("%Y-%m-%d %H:%M"))
+                created = datetime.datetime.fromisoformat(created).strftime("%Y-%m-%d %H:%M")
             except ValueError:
-                parts.append(f"recorded {created}")
+                pass
+            parts.append(translate("Replay", "recorded {when}").format(when=created))
         info = self.model_info
         if info is not None and model:
             parts += [info.hardware.name, info.label.split(" (")[0]]
@@ -489,11 +491,11 @@ class ReplayBar(QFrame):
         recording = player.recording
         info = recording.model_info
         where = " · ".join(p for p in (info.hardware.name if info else "", recording.describe(model=False)) if p)
-        self.label = QLabel(f"<b>REPLAY</b> of {where} — no engine is running")
+        self.label = QLabel(translate("Replay", "<b>REPLAY</b> of {where} — no engine is running").format(where=where))
         self.label.setToolTip(f"{recording.path}: {recording.describe()}")
         self.label.setObjectName("replay_label")
         self.label.setWordWrap(True)  # a narrow window wraps it rather than widening
-        self.play_button = QPushButton("Play  Space")
+        self.play_button = QPushButton(translate("Replay", "Play  Space"))
         self.play_button.clicked.connect(player.toggle)
         self.speed_box = QComboBox()
         for speed in SPEEDS:
@@ -531,7 +533,8 @@ class ReplayBar(QFrame):
         self.speed_box.setCurrentIndex(index)
 
     def _show_state(self) -> None:
-        self.play_button.setText(("Pause" if self.player.playing else "Play") + "  Space")
+        playing = self.player.playing
+        self.play_button.setText(translate("Replay", "Pause  Space") if playing else translate("Replay", "Play  Space"))
         index = self.speed_box.findData(self.player.speed)
         if index >= 0 and index != self.speed_box.currentIndex():
             self.speed_box.setCurrentIndex(index)

@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
+from app.i18n import translate
 from app.theme import SettingColours, Theme
 from engine.hardware.ceilings import (
     BYTES_PER_WEIGHT,
@@ -60,14 +61,15 @@ class SeedTable(QFrame):
         self.model: ModelSize | None = None
         self.model_tooltip = ""
         self.device: Chip | None = None
-        title = QLabel("What the hardware allows")
+        title = QLabel(translate("SeedTable", "What the hardware allows"))
         title.setObjectName("title")
         self.format_box = QComboBox()
         for name in BYTES_PER_WEIGHT:
-            self.format_box.addItem(f"{name} weights", name)
+            self.format_box.addItem(translate("SeedTable", "{name} weights").format(name=name), name)
         self.format_box.setCurrentIndex(list(BYTES_PER_WEIGHT).index("bf16"))
         self.format_box.currentIndexChanged.connect(self.refresh)
-        self.format_box.setToolTip("bytes per weight the table assumes (INT4: group of 128, fp16 scale)")
+        self.format_box.setToolTip(translate("SeedTable", "bytes per weight the table assumes (INT4: group of 128, "
+                                                          "fp16 scale)"))
         self.caption = caption = QLabel()
         caption.setObjectName("caption")
         caption.setWordWrap(True)
@@ -118,14 +120,17 @@ class SeedTable(QFrame):
         for model, row in zip(models, cells):  # tensor parallelism: n GPUs, each reads 1/n of the weights
             row += [tp_ceiling(model, tp_gpu, n, self.weight_format) for n in TP_DEGREES]
         device = f"{self.device.label} {self.device.source}, " if self.device else ""
-        self.caption.setText("max batch-1 decode tokens/s = bandwidth ÷ weight bytes per token (model); OOM: the "
-                             f"weights alone exceed the chip's memory. Bandwidth: {device}GPUs from datasheets. "
-                             f"TP n: n × {short_chip(TP_GPU)}, each reading 1/n of the weights, plus two all-reduces "
-                             f"per layer at NVLink bandwidth ({tp_gpu.link_gbs:.0f} GB/s; latency not counted).")
+        self.caption.setText(translate(
+            "SeedTable", "max batch-1 decode tokens/s = bandwidth ÷ weight bytes per token (model); OOM: the "
+                         "weights alone exceed the chip's memory. Bandwidth: {device}GPUs from datasheets. "
+                         "TP n: n × {gpu}, each reading 1/n of the weights, plus two all-reduces per layer at NVLink "
+                         "bandwidth ({link_gbs} GB/s; latency not counted).").format(
+            device=device, gpu=short_chip(TP_GPU), link_gbs=f"{tp_gpu.link_gbs:.0f}"))
         self.table.clear()
         self.table.setRowCount(len(models))
         self.table.setColumnCount(len(chips) + len(TP_DEGREES))
-        self.table.setHorizontalHeaderLabels([f"{short_chip(c.label)}\n{format_bandwidth(c.bandwidth_gbs)}" for c in chips]
+        self.table.setHorizontalHeaderLabels([f"{short_chip(c.label)}\n{format_bandwidth(c.bandwidth_gbs)}"
+                                              for c in chips]
                                              + [f"TP {n}\n{n}×{short_chip(TP_GPU)}" for n in TP_DEGREES])
         for i, chip in enumerate(chips):
             memory = f", {chip.memory_bytes / 1e9:.0f} GB" if chip.memory_bytes else ""

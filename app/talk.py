@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
+from app.i18n import translate
 from app.keep_decoding import KeepDecoding
 from app.presenter import Presenter
 
@@ -201,14 +202,16 @@ def install(window, *, tour=None, lang: str = "en", keep_decoding: bool = False,
         player.handlers["look"] = lambda name, large: set_look(window, name, large)
         return talk
     talk.keep = KeepDecoding(window, lang)
-    keep_button = QPushButton("Keep decoding  Ctrl+K")
+    keep_button = QPushButton(translate("Talk", "Keep decoding  Ctrl+K"))
     keep_button.setCheckable(True)
-    keep_button.setToolTip("the model keeps talking until stopped (Esc): each reply runs to its token budget, "
-                           "then a follow-up; when the context fills, a new chat starts")
+    keep_button.setToolTip(translate("Talk", "the model keeps talking until stopped (Esc): each reply runs to its "
+                                             "token budget, then a follow-up; when the context fills, a new chat "
+                                             "starts"))
     keep_button.clicked.connect(lambda _checked: talk.keep.toggle())
     talk.keep.changed.connect(keep_button.setChecked)
-    export_button = QPushButton("Export…  Ctrl+E")
-    export_button.setToolTip("the window and each plot as PNG and SVG, the steps as CSV, a one-page report")
+    export_button = QPushButton(translate("Talk", "Export…  Ctrl+E"))
+    export_button.setToolTip(translate("Talk", "the window and each plot as PNG and SVG, the steps as CSV, "
+                                               "a one-page report"))
     export_button.clicked.connect(lambda: export_dialog(window))
     window.controls.extra.insertWidget(0, keep_button)
     window.controls.extra.insertWidget(1, export_button)
@@ -237,12 +240,13 @@ def set_look(window, name: str, large: bool) -> None:
 def export_dialog(window) -> None:
     from app.export import export_session
 
-    folder = QFileDialog.getExistingDirectory(window, "Export the session into a folder")
+    folder = QFileDialog.getExistingDirectory(window, translate("Talk", "Export the session into a folder"))
     if not folder:
         return
     try:
         written = export_session(window, folder)
     except (OSError, ValueError) as error:
-        window.show_error(f"export failed: {error}")
+        window.show_error(translate("Talk", "export failed: {error}").format(error=error))
         return
-    window.chat.add_notice(f"exported {len(written)} files to {folder} (report.md, steps.csv, PNG and SVG)")
+    window.chat.add_notice(translate("Talk", "exported {n} files to {folder} (report.md, steps.csv, PNG and SVG)")
+                           .format(n=len(written), folder=folder))

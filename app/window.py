@@ -22,6 +22,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QMainWindow, QPushButton, QSp
 from app.chat import ChatPanel
 from app.controls import ControlsBar
 from app.hardware_strip import HardwareStrip
+from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.kv_panel import KVCachePanel
 from app.plots import LiveData, PlotsPanel
 from app.seed_table import SeedTable
@@ -46,8 +47,10 @@ NVML_SAMPLE_MS = 250
 
 _finishing_workers: list = []  # workers still inside a step when their window closed
 
-DONE_WORDS = {"eos": "finished", "max_tokens": "hit max tokens", "stopped": "stopped",
-              "context_full": "context window full"}
+DONE_WORDS = {"eos": QT_TRANSLATE_NOOP("Window", "finished"),
+              "max_tokens": QT_TRANSLATE_NOOP("Window", "hit max tokens"),
+              "stopped": QT_TRANSLATE_NOOP("Window", "stopped"),
+              "context_full": QT_TRANSLATE_NOOP("Window", "context window full")}
 
 
 class MainWindow(QMainWindow):
@@ -63,7 +66,7 @@ class MainWindow(QMainWindow):
                  theme: str = "dark", large_fonts: bool = False, autoload: bool = True, max_context: int = 4096,
                  engine_process: bool = False, worker=None, recorder=None):
         super().__init__()
-        self.setWindowTitle("membound — watch decoding hit the memory wall")
+        self.setWindowTitle(translate("Window", "membound — watch decoding hit the memory wall"))
         self.theme = themed(theme, large_fonts)
         self.colours = SettingColours(self.theme)
         self.data = LiveData()
@@ -101,11 +104,11 @@ class MainWindow(QMainWindow):
 
         # ---- widgets
         self.controls = ControlsBar(self.theme, self.colours)
-        self.model_button = QPushButton("Model…  Ctrl+O")
-        self.theme_button = QPushButton("Light theme  F9")
-        self.fonts_button = QPushButton("Large fonts  F10")
+        self.model_button = QPushButton(translate("Window", "Model…  Ctrl+O"))
+        self.theme_button = QPushButton(translate("Window", "Light theme  F9"))
+        self.fonts_button = QPushButton(translate("Window", "Large fonts  F10"))
         self.fonts_button.setCheckable(True)
-        self.table_button = QPushButton("Hardware table  F8")
+        self.table_button = QPushButton(translate("Window", "Hardware table  F8"))
         self.table_button.setCheckable(True)
         self.table_button.setChecked(not large_fonts)
         for button in (self.model_button, self.table_button, self.theme_button, self.fonts_button):
@@ -117,16 +120,16 @@ class MainWindow(QMainWindow):
         self.seed_table = SeedTable(self.theme, self.colours)
         self.kv_panel = KVCachePanel(self.theme)
         self.side_tabs = QTabWidget()  # the sixth cell: the seed table, or the KV cache's blocks
-        self.side_tabs.addTab(self.seed_table, "What the hardware allows")
-        self.side_tabs.addTab(self.kv_panel, "KV cache")
+        self.side_tabs.addTab(self.seed_table, translate("Window", "What the hardware allows"))
+        self.side_tabs.addTab(self.kv_panel, translate("Window", "KV cache"))
         self.serving_panel = ServingPanel(self.data, self.theme)
-        self.side_tabs.addTab(self.serving_panel, "Serving")
+        self.side_tabs.addTab(self.serving_panel, translate("Window", "Serving"))
         self.plots = PlotsPanel(self.data, self.theme, self.colours, extra=self.side_tabs)
         self.hardware_strip = HardwareStrip(self.theme)
         self.error_label = QLabel("")
         self.error_label.setObjectName("error")
         self.error_label.setWordWrap(True)
-        self.error_close = QPushButton("Dismiss")
+        self.error_close = QPushButton(translate("Window", "Dismiss"))
         self.error_close.clicked.connect(self.clear_error)
         self.error_bar = QWidget()
         error_row = QHBoxLayout(self.error_bar)
@@ -214,7 +217,7 @@ class MainWindow(QMainWindow):
         self._model_source = model
         self.chat.set_ready(False)
         self.controls.set_enabled(False)
-        self.hardware_strip.set_progress(0.0, "starting…")
+        self.hardware_strip.set_progress(0.0, translate("Window", "starting…"))
         self.worker.submit(Load(model, device, settings, hardware, self.max_context))
 
     def _restart_engine(self) -> None:
@@ -260,7 +263,7 @@ class MainWindow(QMainWindow):
         if not self.engine_dead:
             self.worker.submit(Reset())
         self.chat.clear()
-        self.chat.add_notice("new chat")
+        self.chat.add_notice(translate("Window", "new chat"))
 
     def apply_settings(self, new: Settings) -> None:
         """Ask the engine for `new` (from the controls, mid-reply too). Only the changes from what is
@@ -328,7 +331,7 @@ class MainWindow(QMainWindow):
             self.settings = event.settings
             self.controls.set_settings(event.settings)
         self._show_pending()
-        self.show_error(f"not applied: {event.reason}")
+        self.show_error(translate("Window", "not applied: {reason}").format(reason=event.reason))
 
     def pick_model(self) -> None:
         from app.model_picker import ModelPicker
@@ -358,7 +361,9 @@ class MainWindow(QMainWindow):
         self.serving_panel.set_theme(self.theme)
         self.hardware_strip.set_theme(self.theme)
         self.plots.set_theme(self.theme)
-        self.theme_button.setText(("Dark" if self.theme.name == "light" else "Light") + " theme  F9")
+        light = self.theme.name == "light"
+        self.theme_button.setText(translate("Window", "Dark theme  F9") if light
+                                  else translate("Window", "Light theme  F9"))
         self.fonts_button.setChecked(self.theme.large)
 
     def toggle_theme(self) -> None:
@@ -419,7 +424,7 @@ class MainWindow(QMainWindow):
             self.data.clear()
             if not first:
                 self.chat.clear()
-            self.chat.add_notice(f"loaded {info.label}")
+            self.chat.add_notice(translate("Window", "loaded {model}").format(model=info.label))
             self.data.annotate(f"start: {info.settings.label}", info.settings.label, self.clock())
         for note in dict.fromkeys(info.capabilities.notes.values()):
             self.chat.add_notice(note, error=True)
@@ -499,7 +504,8 @@ class MainWindow(QMainWindow):
         if self.data.ttft_s is None and done.ttft_s > 0:  # a batched reply: its first token's own time
             self.data.ttft_s = done.ttft_s
             self.data.version += 1
-        parts = [f"{done.n_new_tokens} tokens, {DONE_WORDS.get(done.reason, done.reason)}",
+        how = translate("Window", DONE_WORDS[done.reason]) if done.reason in DONE_WORDS else done.reason
+        parts = [translate("Window", "{n} tokens, {how}").format(n=done.n_new_tokens, how=how),
                  done.ttft_note]
         decode = [m for m in self._reply_steps if m.phase == "decode"]
         if decode:

@@ -39,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtWidgets import QApplication
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
+    from app import i18n
+
+    translator = i18n.install(app, args.lang)  # noqa: F841 (kept alive while the window lives)
     import pyqtgraph as pg
 
     pg.setConfigOptions(antialias=True)

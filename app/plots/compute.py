@@ -7,21 +7,23 @@ import math
 import numpy as np
 import pyqtgraph as pg
 
+from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.plots.step_plot import StepPlot, StepWindow
 from app.plots.style import flops_unit, format_rate, nice_ceiling, pen
 
 
 class ComputePlot(StepPlot):
-    title = "Compute"
+    title = QT_TRANSLATE_NOOP("Plots", "Compute")
 
     def build(self) -> None:
         t = self.theme
-        plot = self.style("% of peak FLOP/s", self.data.x_label)
+        plot = self.style(QT_TRANSLATE_NOOP("Plots", "% of peak FLOP/s"), self.data.x_label)
         self.nvml = bool(self.hardware is not None and self.hardware.nvml)
         self.sm_item = pg.PlotDataItem(pen=pen(t.text, 2, dotted=True), connect="finite",
-                                       name="SM busy (NVML)" if self.nvml else None)
+                                       name=translate("Plots", "SM busy (NVML)") if self.nvml else None)
         self.tensor_item = pg.PlotDataItem(pen=pen(t.spec_peak, 2, dotted=True), connect="finite",
-                                           name="tensor cores busy (NVML GPM)" if self.nvml else None)
+                                           name=translate("Plots", "tensor cores busy (NVML GPM)")
+                                           if self.nvml else None)
         if self.nvml:
             plot.addItem(self.sm_item)
             plot.addItem(self.tensor_item)

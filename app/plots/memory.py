@@ -5,19 +5,20 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 
+from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.plots.step_plot import StepPlot, StepWindow
 from app.plots.style import nice_ceiling, pen
 
 
 class MemoryPlot(StepPlot):
-    title = "Memory traffic"
+    title = QT_TRANSLATE_NOOP("Plots", "Memory traffic")
 
     def build(self) -> None:
         plot = self.style("GB/s", self.data.x_label)
         # NVML series only where NVML answers: a CPU run shows what is modelled, and says so.
         self.nvml = bool(self.hardware is not None and self.hardware.nvml)
         self.dram_item = pg.PlotDataItem(pen=pen(self.theme.text, 2, dotted=True), connect="finite",
-                                         name="DRAM bandwidth (NVML GPM)" if self.nvml else None)
+                                         name=translate("Plots", "DRAM bandwidth (NVML GPM)") if self.nvml else None)
         if self.nvml:
             plot.addItem(self.dram_item)
 

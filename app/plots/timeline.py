@@ -6,6 +6,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtGui import QColor
 
+from app.i18n import QT_TRANSLATE_NOOP
 from app.plots.step_plot import StepWindow
 from app.plots.style import MIXED_NAME, label_font, nice_ceiling, pen, with_alpha
 from app.plots.view import PlotView
@@ -26,12 +27,14 @@ def merge_bars(x0: np.ndarray, step_ms: np.ndarray, max_bars: int = MAX_BARS):
 
 
 class TimelinePlot(PlotView):
-    title = "Phase timeline"
+    title = QT_TRANSLATE_NOOP("Plots", "Phase timeline")
 
     def build(self) -> None:
         t = self.theme
         # one legend column on the right: the TTFT line's label sits at the top left, where the reply starts
-        plot = self.style("step time (ms)", "time since send (s)", legend_offset=(-6, 4), legend_columns=1)
+        plot = self.style(QT_TRANSLATE_NOOP("Plots", "step time (ms)"),
+                          QT_TRANSLATE_NOOP("Plots", "time since send (s)"),
+                          legend_offset=(-6, 4), legend_columns=1)
         plot.setClipToView(False)
         plot.setDownsampling(auto=False)  # bar outlines: every corner counts
         self.bars: dict[object, pg.PlotDataItem] = {}  # "prefill", "mixed" or a settings label code

@@ -11,10 +11,10 @@ from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QFrame, QLabel, QVBoxLayout
 
+from app.i18n import translate
 from app.live_data import Annotation, LiveData
 from app.plots.style import label_font, pen, style_plot, title_html, with_alpha
 from app.theme import SettingColours, Theme
-
 
 LEGEND_SHARE = 0.3  # of a plot's height, the most its legend may take
 
@@ -81,10 +81,11 @@ class PlotView(QFrame):
         self.rebuild()
 
     def show_readout(self, readout: str = "") -> None:
-        self.title_label.setText(title_html(self.theme, self.title, readout))
+        self.title_label.setText(title_html(self.theme, translate("Plots", self.title), readout))
 
     def style(self, left: str, bottom: str, legend_offset=(6, 4), legend_columns: int = 2) -> pg.PlotItem:
-        plot = style_plot(self.widget, self.theme, left, bottom, legend_offset, legend_columns)
+        plot = style_plot(self.widget, self.theme, translate("Plots", left), translate("Plots", bottom), legend_offset,
+                          legend_columns)
         plot.setDownsampling(auto=True, mode="peak")
         plot.setClipToView(True)
         return plot
@@ -143,6 +144,7 @@ class PlotView(QFrame):
                                    labelOpts={"position": 0.98, "color": QColor(colour), "anchors": [(1, 1), (1, 1)],
                                               "fill": with_alpha(self.theme.panel, 200)})
             line.label.setFont(label_font(self.theme))
+            line.setZValue(45)  # its label over the setting-change lines (40) that cross it
             self.plot.addItem(line, ignoreBounds=False)
             self._peak_lines[key] = line
         if self._set_keys.get(id(line)) == (y, text):
