@@ -185,6 +185,7 @@ class ControlsBar(QFrame):
         self.widgets: dict[str, Any] = {}  # field -> widget (QButtonGroup for a Choice)
         self.slider_values: dict[str, QLabel] = {}  # a slider's number beside it
         self.shortcuts: list[QShortcut] = []
+        self._captions: list[tuple[QLabel, str, str]] = []  # (label, text, keys): redrawn in a new theme
         # two groups: the switches (each with its stage shortcut) above; the numbers and the
         # window's own buttons below. Each wraps onto another line where the window is narrow
         # (1280 pixels with projector fonts).
@@ -210,8 +211,10 @@ class ControlsBar(QFrame):
     # ---- building -----------------------------------------------------------------------------
     def _caption(self, text: str, shortcut: str | None = None) -> QLabel:
         keys = QKeySequence(shortcut).toString(QKeySequence.SequenceFormat.NativeText) if shortcut else ""
-        label = QLabel(f"{text}  <span style='color:{self.theme.muted}'>{keys}</span>" if keys else text)
+        label = QLabel()
         label.setObjectName("caption")
+        self._captions.append((label, text, keys))
+        self._show_caption(label, text, keys)
         return label
 
     def _build(self, control) -> QVBoxLayout:
@@ -221,8 +224,10 @@ class ControlsBar(QFrame):
         if isinstance(control, Slider):  # "Alt+↓ ↑": the two keys that step it
             down, up = (QKeySequence(k).toString(QKeySequence.SequenceFormat.NativeText) for k in control.shortcuts)
             keys = f"{down}/{up.split('+')[-1]}".replace("Down", "↓").replace("Up", "↑")
-            caption = QLabel(f"{_t(control.label)}  <span style='color:{self.theme.muted}'>{keys}</span>")
+            caption = QLabel()
             caption.setObjectName("caption")
+            self._captions.append((caption, _t(control.label), keys))
+            self._show_caption(caption, _t(control.label), keys)
             column.addWidget(caption)
         else:
             column.addWidget(self._caption(_t(control.label), shortcut))
@@ -507,4 +512,9 @@ class ControlsBar(QFrame):
 
     def set_theme(self, theme: Theme) -> None:
         self.theme = theme
+        for label, text, keys in self._captions:  # the keys' colour is the theme's
+            self._show_caption(label, text, keys)
         self._render()
+
+    def _show_caption(self, label: QLabel, text: str, keys: str) -> None:
+        label.setText(f"{text}  <span style='color:{self.theme.muted}'>{keys}</span>" if keys else text)

@@ -28,6 +28,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
+from app.i18n import translate
 from app.presenter import PLOT_NAMES
 from engine.events import TokenEvent
 from engine.protocol import with_changes
@@ -38,6 +39,12 @@ LANGUAGES = ("en", "es")
 STEP_FIELDS = ("title", "caption", "settings", "prompt", "plots", "wait_tokens", "wait_s", "requires")
 TOUR_FIELDS = ("title", "settings", "keep_decoding", "large_fonts", "optional")
 POLL_MS = 100
+
+
+def left_out_line(number: int, setting: str) -> str:
+    """Why step `number` is left out, in the UI's language."""
+    return translate("Tour", "step {number} needs the setting {setting}, which this engine does not have").format(
+        number=number, setting=repr(setting))
 
 
 class TourError(ValueError):
@@ -65,7 +72,7 @@ class Tour:
     base: tuple[tuple[str, Any], ...] = ()  # [tour.settings]
     keep_decoding: bool = True
     large_fonts: bool = True
-    left_out: tuple[str, ...] = ()  # steps this engine cannot run, with why
+    left_out: tuple[tuple[int, str], ...] = ()  # steps this engine cannot run: (step number, the setting it lacks)
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -155,7 +162,7 @@ def _parse(doc: dict, name: str, lang: str, settings_type: type) -> Tour:
         if not isinstance(requires, str):
             raise TourError(f"{where}: requires: must be the name of a setting")
         if requires and requires not in known:
-            left_out.append(f"step {number} needs the setting {requires!r}, which this engine does not have")
+            left_out.append((number, requires))
             continue
         step_settings = _settings(raw.get("settings", {}), f"{where}: settings", known, optional)
         current = with_changes(current, step_settings)
@@ -175,7 +182,7 @@ def _parse(doc: dict, name: str, lang: str, settings_type: type) -> Tour:
             wait_tokens=_number(raw, "wait_tokens", where, whole=True),
             wait_s=_number(raw, "wait_s", where, whole=False)))
     if not steps:
-        raise TourError(f"{name}: every step was left out: {left_out[0]}")
+        raise TourError(f"{name}: every step was left out: {left_out_line(*left_out[0])}")
     return Tour(name, lang, title, tuple(steps), base, keep, large, tuple(left_out))
 
 
@@ -340,9 +347,10 @@ class TourRunner(QObject):
         for step, target in zip(self.tour.steps, self.targets):
             refusal = info.capabilities.refusal(with_changes(info.settings, target.items()))
             if refusal:
-                notice(self.window, f"tour step {step.number} ({step.title}) will be refused here: {refusal}")
-        for line in self.tour.left_out:
-            notice(self.window, f"tour: {line}: left out")
+                notice(self.window, translate("Tour", "tour step {number} ({title}) will be refused here: {why}")
+                       .format(number=step.number, title=step.title, why=refusal))
+        for number, setting in self.tour.left_out:
+            notice(self.window, translate("Tour", "tour: {what}: left out").format(what=left_out_line(number, setting)))
 
     def _count_tokens(self, batch: list) -> None:
         self._tokens += sum(1 for event in batch if isinstance(event, TokenEvent))

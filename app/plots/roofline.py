@@ -106,7 +106,8 @@ class RooflinePlot(PlotView):
     def readout(self) -> str | None:
         steps = self.data.steps
         ai = steps.last("ai")
-        bound = "compute-bound" if ai >= steps.last("peak_flops") / steps.last("peak_bps") else "memory-bound"
+        bound = translate("Plots", "compute-bound") if ai >= steps.last("peak_flops") / steps.last("peak_bps") \
+            else translate("Plots", "memory-bound")
         phase = MIXED_NAME if steps.last("mixed") > 0.5 else "prefill" if steps.last("prefill") > 0.5 \
             else "decode"
         return f"{phase} {ai:.2g} FLOP/B: {bound}"

@@ -6,7 +6,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtGui import QColor
 
-from app.i18n import QT_TRANSLATE_NOOP
+from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.plots.step_plot import StepWindow
 from app.plots.style import MIXED_NAME, label_font, nice_ceiling, pen, with_alpha
 from app.plots.view import PlotView
@@ -118,5 +118,5 @@ class TimelinePlot(PlotView):
         if self.data.ttft_s is not None:
             parts.append(f"TTFT {1e3 * self.data.ttft_s:.0f} ms")
         if len(inter):
-            parts.append(f"{np.median(inter):.0f} ms/token (median)")
+            parts.append(translate("Plots", "{ms} ms/token (median)").format(ms=f"{np.median(inter):.0f}"))
         return " · ".join(parts)

@@ -74,5 +74,5 @@ class TokensPlot(StepPlot):
         text = f"decode {np.mean(recent_tps):,.1f} tok/s"
         ceiling = steps.column("ceiling_tps", last=64)[decode][-1:]
         if len(ceiling):
-            text += f" · ceiling {ceiling[0]:,.0f} (model)"
+            text += " · " + translate("Plots", "ceiling {tps} (model)").format(tps=f"{ceiling[0]:,.0f}")
         return text

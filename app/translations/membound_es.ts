@@ -302,12 +302,40 @@
         <translation>tensor cores ocupados (NVML GPM)</translation>
     </message>
     <message>
+        <source>measured</source>
+        <translation>medido</translation>
+    </message>
+    <message>
+        <source>spec</source>
+        <translation>ficha</translation>
+    </message>
+    <message>
+        <source>peak {value} {unit} {dtype} ({origin})</source>
+        <translation>pico {value} {unit} {dtype} ({origin})</translation>
+    </message>
+    <message>
+        <source>{rate} (model) · MFU {mfu}%</source>
+        <translation>{rate} (modelo) · MFU {mfu}%</translation>
+    </message>
+    <message>
         <source>Memory traffic</source>
         <translation>Tráfico de memoria</translation>
     </message>
     <message>
         <source>DRAM bandwidth (NVML GPM)</source>
         <translation>ancho de banda DRAM (NVML GPM)</translation>
+    </message>
+    <message>
+        <source>measured peak {gbs} GB/s</source>
+        <translation>pico medido {gbs} GB/s</translation>
+    </message>
+    <message>
+        <source>spec peak {gbs} GB/s (datasheet)</source>
+        <translation>pico de ficha {gbs} GB/s (hoja de datos)</translation>
+    </message>
+    <message>
+        <source>{gbs} GB/s (model) · {pct}% of peak</source>
+        <translation>{gbs} GB/s (modelo) · {pct}% del pico</translation>
     </message>
     <message>
         <source>Roofline</source>
@@ -334,6 +362,14 @@
         <translation>último prefill</translation>
     </message>
     <message>
+        <source>compute-bound</source>
+        <translation>limitado por cómputo</translation>
+    </message>
+    <message>
+        <source>memory-bound</source>
+        <translation>limitado por memoria</translation>
+    </message>
+    <message>
         <source>Phase timeline</source>
         <translation>Fases en el tiempo</translation>
     </message>
@@ -344,6 +380,10 @@
     <message>
         <source>time since send (s)</source>
         <translation>tiempo desde el envío (s)</translation>
+    </message>
+    <message>
+        <source>{ms} ms/token (median)</source>
+        <translation>{ms} ms/token (mediana)</translation>
     </message>
     <message>
         <source>Tokens/s</source>
@@ -360,6 +400,10 @@
     <message>
         <source>ceiling, compute-bound</source>
         <translation>techo, limitado por cómputo</translation>
+    </message>
+    <message>
+        <source>ceiling {tps} (model)</source>
+        <translation>techo {tps} (modelo)</translation>
     </message>
 </context>
 <context>
@@ -472,6 +516,21 @@
     <message>
         <source>exported {n} files to {folder} (report.md, steps.csv, PNG and SVG)</source>
         <translation>{n} archivos exportados a {folder} (report.md, steps.csv, PNG y SVG)</translation>
+    </message>
+</context>
+<context>
+    <name>Tour</name>
+    <message>
+        <source>step {number} needs the setting {setting}, which this engine does not have</source>
+        <translation>el paso {number} necesita el ajuste {setting}, que este motor no tiene</translation>
+    </message>
+    <message>
+        <source>tour step {number} ({title}) will be refused here: {why}</source>
+        <translation>el paso {number} del recorrido ({title}) se rechazará aquí: {why}</translation>
+    </message>
+    <message>
+        <source>tour: {what}: left out</source>
+        <translation>recorrido: {what}: omitido</translation>
     </message>
 </context>
 <context>

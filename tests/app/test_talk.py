@@ -155,6 +155,10 @@ def test_the_chat_text_is_readable_after_a_theme_switch_mid_reply(make_window, q
                 it += 1
             block = block.next()
         assert checked > 3
+        # the switches' key hints ("F3") are drawn in the new theme's muted colour, not the old one's
+        hints = [label.text() for label, _text, keys in window.controls._captions if keys]
+        assert hints and all(f"color:{window.theme.muted}" in hint for hint in hints)
+        assert contrast(window.theme.muted, window.theme.panel) >= AA
     window.stop()
     qtbot.waitUntil(lambda: not window.replying, timeout=10_000)
 

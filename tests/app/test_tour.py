@@ -13,7 +13,7 @@ import pytest
 from app_test_helpers import fake_cpu
 
 from app.presenter import PLOT_NAMES
-from app.tour import LANGUAGES, TourError, load_tour
+from app.tour import LANGUAGES, TourError, left_out_line, load_tour
 from engine.protocol import with_changes
 from engine.settings import Settings
 
@@ -115,7 +115,8 @@ def test_a_step_that_needs_a_setting_the_engine_lacks_is_left_out(tmp_path):
     without = load_tour(str(path))
     assert [s.title for s in without.steps] == ["One", "Three"]
     assert without.steps[1].settings == (("attention", "naive"),)  # the optional setting dropped, the rest kept
-    assert without.left_out == ("step 2 needs the setting 'speculate', which this engine does not have",)
+    assert without.left_out == ((2, "speculate"),)
+    assert left_out_line(2, "speculate") == "step 2 needs the setting 'speculate', which this engine does not have"
     with_it = load_tour(str(path), settings_type=SettingsWithSpeculation)
     assert [s.title for s in with_it.steps] == ["One", "Guess", "Three"] and not with_it.left_out
     assert with_it.steps[1].settings == (("speculate", "ngram"),)
