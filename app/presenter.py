@@ -42,9 +42,11 @@ class Presenter(QObject):
         the side panel forward on that tab)."""
         window = self.window
         cells: list[str] = []
+        window.side_tab_chosen = False
         for name in names or []:
             if name in SIDE_TABS:
                 window.side_tabs.setCurrentIndex(SIDE_TABS[name])
+                window.side_tab_chosen = True
                 name = "extra"
             if name not in cells:
                 cells.append(name)
@@ -54,7 +56,8 @@ class Presenter(QObject):
         if was_grid and self.shown is not None:
             self._grid_sizes = window.splitter.sizes()
         window.plots.arrange(self.shown)
-        for part in (window.controls, window.hardware_strip, window.chat):  # the essentials, large
+        # the essentials, large
+        for part in (window.controls, window.hardware_strip, window.chat, window.seed_table, window.serving_panel):
             part.set_compact(self.shown is not None)
         total = sum(window.splitter.sizes()) or window.width()
         if self.shown is not None:

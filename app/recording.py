@@ -503,10 +503,10 @@ class ReplayBar(QFrame):
         self.speed_box.currentIndexChanged.connect(lambda i: player.set_speed(self.speed_box.itemData(i)))
         self.slider = QSlider(Qt.Orientation.Horizontal)
         self.slider.setRange(0, max(1, int(player.duration_s * 10)))
-        self.slider.setMinimumWidth(160)
+        self.slider.setMinimumWidth(120)
         self.slider.sliderReleased.connect(lambda: player.seek(self.slider.value() / 10))
         self.time_label = QLabel()
-        row.addWidget(self.label, 1)
+        row.addWidget(self.label, 3)  # the label's lines before the slider's width
         row.addWidget(self.play_button)
         row.addWidget(self.speed_box)
         row.addWidget(self.slider, 1)

@@ -60,8 +60,9 @@ class SeedTable(QFrame):
         self.colours = colours
         self.model: ModelSize | None = None
         self.model_tooltip = ""
+        self.compact = False
         self.device: Chip | None = None
-        title = QLabel(translate("SeedTable", "What the hardware allows"))
+        self.title = title = QLabel(translate("SeedTable", "What the hardware allows"))
         title.setObjectName("title")
         self.format_box = QComboBox()
         for name in BYTES_PER_WEIGHT:
@@ -108,6 +109,14 @@ class SeedTable(QFrame):
         self.theme = theme
         self.refresh()
 
+    def set_compact(self, compact: bool) -> None:
+        """Compact (the presenter layout): the table takes the caption's room; the caption becomes
+        the title's tooltip."""
+        self.compact = compact
+        self.caption.setVisible(not compact)
+        self.title.setToolTip(self.caption.text() if compact else "")
+        self.refresh()
+
     @property
     def weight_format(self) -> str:
         return self.format_box.currentData()
@@ -141,7 +150,9 @@ class SeedTable(QFrame):
                 f"tensor parallelism over {n} {TP_GPU}: {n * tp_gpu.memory_bytes / 1e9:.0f} GB together; each GPU "
                 f"reads its 1/{n} of every weight matrix at {tp_gpu.bandwidth_gbs:,.0f} GB/s, and every layer "
                 f"all-reduces its hidden vector twice over NVLink ({tp_gpu.link_gbs:.0f} GB/s both ways)")
-        self.table.setVerticalHeaderLabels([f"{m.label}  {format_params(m.stored_params)}" for m in models])
+        # compact: the size under the name, so the columns get the width (the rows have the height)
+        between = "\n" if self.compact else "  "
+        self.table.setVerticalHeaderLabels([f"{m.label}{between}{format_params(m.stored_params)}" for m in models])
         if self.model:
             loaded = self.table.verticalHeaderItem(0)
             loaded.setToolTip(self.model_tooltip)

@@ -120,6 +120,7 @@ class MainWindow(QMainWindow):
         self.seed_table = SeedTable(self.theme, self.colours)
         self.kv_panel = KVCachePanel(self.theme)
         self.side_tabs = QTabWidget()  # the sixth cell: the seed table, or the KV cache's blocks
+        self.side_tab_chosen = False  # a presenter layout named the tab: simulated users do not move it
         self.side_tabs.addTab(self.seed_table, translate("Window", "What the hardware allows"))
         self.side_tabs.addTab(self.kv_panel, translate("Window", "KV cache"))
         self.serving_panel = ServingPanel(self.data, self.theme)
@@ -309,7 +310,8 @@ class MainWindow(QMainWindow):
         self._show_model_line()
         if event.changes:  # marks the step at which it took effect
             self.data.annotate(", ".join(event.changes), event.settings.label, event.t_s)
-        if event.settings.users > 0 and (old is None or old.users == 0) and self.side_tabs.isVisibleTo(self):
+        if event.settings.users > 0 and (old is None or old.users == 0) and self.side_tabs.isVisibleTo(self) \
+                and not self.side_tab_chosen:
             self.side_tabs.setCurrentWidget(self.serving_panel)  # where the batch shows
 
     def _show_model_line(self) -> None:

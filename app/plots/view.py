@@ -17,6 +17,7 @@ from app.plots.style import label_font, pen, style_plot, title_html, with_alpha
 from app.theme import SettingColours, Theme
 
 LEGEND_SHARE = 0.3  # of a plot's height, the most its legend may take
+ANNOTATION_SHARE = 0.35  # of a plot's height, where setting-change labels go (at least two rows)
 
 
 class PlotView(QFrame):
@@ -179,9 +180,10 @@ class PlotView(QFrame):
         self._drawn_notes = notes
 
     def place_annotation_labels(self) -> None:
-        """Lay the setting-change labels out in rows from the top so that no two overlap: the newest
-        first, each in the highest row with room; a label that would run past the right edge hangs
-        left of its line; one that finds no room is hidden (its line stays)."""
+        """Lay the setting-change labels out in rows from the top (in ANNOTATION_SHARE of the plot)
+        so that no two overlap: the newest first, each in the highest row with room; a label that
+        would run past the right edge hangs left of its line; one that finds no room is hidden (its
+        line stays)."""
         lines = [line for line in self.annotation_lines or [] if line.isVisible()]
         view = self.plot.getViewBox()
         rect = view.sceneBoundingRect()
@@ -192,7 +194,8 @@ class PlotView(QFrame):
         self._set_keys["annotation_labels"] = key
         gap = 6.0
         label_h = max(line.label.boundingRect().height() for line in lines)
-        rows = max(1, int(0.92 * rect.height() // (label_h + 2)))
+        # the rows stay in the top of the plot, the headroom the y ranges leave above the data
+        rows = max(2, int(ANNOTATION_SHARE * rect.height() // (label_h + 2)))
         free_left = [math.inf] * rows  # per row, where the labels already placed (to the right) begin
         blocked = self._peak_label_spans(rect, label_h)  # per row, the peak lines' labels (x spans)
         for line in sorted(lines, key=lambda line: line.value(), reverse=True):

@@ -3,6 +3,7 @@ what each step asks for; number keys choose the presenter's plots; keep-decoding
 context window and starts over cleanly; every theme passes the contrast check, the chat's text too."""
 from __future__ import annotations
 
+import dataclasses
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from PySide6.QtGui import QColor
 from app import talk
 from app.contrast import AA, contrast, failures, text_pairs
 from app.keep_decoding import STARTING_OVER
+from app.plots.view import ANNOTATION_SHARE
 from app.theme import THEMES, themed
 from app.tour import load_tour
 from engine.io.byte_tokenizer import ByteTokenizer
@@ -105,6 +107,26 @@ def test_number_keys_choose_the_presenters_plots(make_window, qtbot):
     assert window.plots.shown == ["compute"]
 
 
+def test_the_presenters_side_tab_stays_when_users_start_and_panels_go_compact(make_window, qtbot):
+    window = make_window(max_new_tokens=8)
+    the_talk = talk.install(window)
+    the_talk.presenter.show(["kv", "memory"])  # the paged-KV step: the blocks, though users join
+    assert window.seed_table.compact and window.serving_panel.compact
+    assert not window.seed_table.caption.isVisibleTo(window) and window.seed_table.title.toolTip()
+    window.apply_settings(dataclasses.replace(window.settings, users=2))
+    qtbot.waitUntil(lambda: window.settings.users == 2, timeout=10_000)
+    assert window.side_tabs.currentWidget() is window.kv_panel
+    the_talk.presenter.show(None)  # the grid: the panels' full form
+    assert not window.seed_table.compact and not window.serving_panel.compact
+    window.apply_settings(dataclasses.replace(window.settings, users=0))
+    qtbot.waitUntil(lambda: window.settings.users == 0, timeout=10_000)
+    window.apply_settings(dataclasses.replace(window.settings, users=1))
+    qtbot.waitUntil(lambda: window.settings.users == 1, timeout=10_000)
+    assert window.side_tabs.currentWidget() is window.serving_panel  # no presenter choice: the batch shows
+    window.apply_settings(dataclasses.replace(window.settings, users=0))
+    qtbot.waitUntil(lambda: window.settings.users == 0, timeout=10_000)
+
+
 def test_keep_decoding_runs_past_the_context_window_and_starts_over(qtbot, make_window):
     short = ModelConfig(name="tiny", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=256,
                         tied_embeddings=True, max_seq_len=200)
@@ -194,5 +216,7 @@ def test_legends_sit_above_the_data_and_labels_never_overlap(make_window, qtbot)
                 assert len(labels) >= 2, (name, size)
             for i, a in enumerate(labels):
                 assert plot_area.adjusted(-1, -1, 1, 1).contains(a), (name, a, plot_area)
+                top_rows = max(ANNOTATION_SHARE * plot_area.height(), 2 * (a.height() + 2)) + 6
+                assert a.bottom() <= plot_area.top() + top_rows, (name, a)  # in the headroom, off the data
                 for b in labels[i + 1:]:
                     assert not a.intersects(b), (name, a, b)
