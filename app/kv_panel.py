@@ -92,6 +92,7 @@ class KVCachePanel(QFrame):
         self.numbers.setWordWrap(True)
         self.legend = QLabel("")
         self.legend.setTextFormat(Qt.TextFormat.RichText)
+        self.legend.setWordWrap(True)  # one entry per sequence: many users wrap rather than widen the window
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 6, 8, 6)
         layout.setSpacing(4)
