@@ -151,8 +151,10 @@ class SeedTable(QFrame):
                 f"reads its 1/{n} of every weight matrix at {tp_gpu.bandwidth_gbs:,.0f} GB/s, and every layer "
                 f"all-reduces its hidden vector twice over NVLink ({tp_gpu.link_gbs:.0f} GB/s both ways)")
         # compact: the size under the name, so the columns get the width (the rows have the height)
-        between = "\n" if self.compact else "  "
-        self.table.setVerticalHeaderLabels([f"{m.label}{between}{format_params(m.stored_params)}" for m in models])
+        between, width = ("\n", 12) if self.compact else ("  ", 16)
+        names = [m.label if len(m.label) <= width else m.label[: width - 1] + "…" for m in models]
+        self.table.setVerticalHeaderLabels([f"{name}{between}{format_params(m.stored_params)}"
+                                            for name, m in zip(names, models)])
         if self.model:
             loaded = self.table.verticalHeaderItem(0)
             loaded.setToolTip(self.model_tooltip)

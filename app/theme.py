@@ -111,7 +111,7 @@ QLabel#muted, QLabel#caption { color: $muted; }
 QLabel#caption { font-size: ${small}pt; }
 QLabel#title { font-weight: bold; font-size: ${big}pt; }
 QLabel#error { background: $error; color: $background; border-radius: 6px; padding: 6px 10px; font-weight: bold; }
-QHeaderView::section { background: $raised; color: $text; border: 0px; padding: 4px; font-weight: bold; }
+QHeaderView::section { background: $raised; color: $text; border: 0px; padding: 4px 1px; font-weight: bold; }
 QTableWidget { gridline-color: $border; font-size: ${small}pt; }
 QHeaderView::section { font-size: ${small}pt; }
 QProgressBar { border: 1px solid $border; border-radius: 6px; background: $panel; text-align: center; }
