@@ -1,5 +1,6 @@
 """The chat panel: a transcript that streams the reply as it is generated, an input line, and the
-Send / Stop / New chat buttons. It shows the messages only (the chat template stays hidden)."""
+Send / Stop / New chat buttons. It shows the messages only (the chat template stays hidden). Tokens
+that were speculative guesses the model kept are tinted, so the audience sees the guesses land."""
 from __future__ import annotations
 
 from PySide6.QtCore import Signal
@@ -21,7 +22,8 @@ class ChatPanel(QWidget):
         super().__init__(parent)
         self.theme = theme
         self.reply_text = ""  # the reply streaming now (or the last one)
-        self._entries: list[list] = []  # [kind, text, extra] per block: what the transcript is drawn from
+        # [kind, text, extra] per block: what the transcript is drawn from (a reply's text: its runs)
+        self._entries: list[list] = []
         self._streaming = False
 
         self.title = title = QLabel(translate("Chat", "Chat"))
@@ -154,8 +156,8 @@ class ChatPanel(QWidget):
             self._new_block(cursor, 10)
             cursor.insertText(translate("Chat", "Model"), self._format(t.muted, bold=True, scale=0.85))
             cursor.insertBlock()
-            if text:
-                cursor.insertText(text, self._format(t.text))
+            for piece, drafted in text:  # drafted: an accepted speculative guess, tinted
+                cursor.insertText(piece, self._format(t.verify if drafted else t.text))
         elif kind == "summary":
             cursor.insertBlock()
             cursor.insertText(text, self._format(t.muted, italic=True, scale=0.85))
@@ -183,17 +185,30 @@ class ChatPanel(QWidget):
 
     def begin_reply(self) -> None:
         self.reply_text = ""
-        self._add("reply")
+        self._add("reply", [])  # its text: (piece, drafted) runs
 
-    def append_reply(self, text: str) -> None:
-        """Streamed text of the reply: one insertion per batch of tokens."""
-        if not text:
+    def append_reply(self, text: "str | list[tuple[str, bool]]") -> None:
+        """Streamed text of the reply: one insertion per batch of tokens, or per run of (text,
+        drafted) pieces alike (drafted: an accepted speculative guess, tinted)."""
+        pieces = [(text, False)] if isinstance(text, str) else text
+        runs: list[list] = []
+        for piece, drafted in pieces:
+            if not piece:
+                continue
+            if runs and runs[-1][1] == drafted:
+                runs[-1][0] += piece
+            else:
+                runs.append([piece, drafted])
+        if not runs:
             return
         at_bottom = self._at_bottom()
-        self.reply_text += text
-        if self._entries and self._entries[-1][0] == "reply":
-            self._entries[-1][1] += text
-        self._cursor_at_end().insertText(text, self._format(self.theme.text))
+        cursor = self._cursor_at_end()
+        reply = self._entries[-1] if self._entries and self._entries[-1][0] == "reply" else None
+        for piece, drafted in runs:
+            self.reply_text += piece
+            if reply is not None:
+                reply[1].append((piece, drafted))
+            cursor.insertText(piece, self._format(self.theme.verify if drafted else self.theme.text))
         self._keep_scrolled(at_bottom)
 
     def end_reply(self, summary: str) -> None:

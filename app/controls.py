@@ -3,15 +3,16 @@ shortcut, built from the declarative `CONTROLS` table. A later setting (weights 
 attention backend, KV layout, batching) is one more entry there; an entry whose field the
 engine's Settings lacks is left out, and options the device refuses are greyed with the reason.
 Shortcuts are function keys: they work while the chat input has the focus and clash with no
-text-editing key (F2 KV cache, F3 precision, F4 weights, F5 attention, F6 KV layout, F7 INT4 group,
-F12 batching policy); the simulated-users slider steps with Alt+Up / Alt+Down (text boxes keep Ctrl+arrows)."""
+text-editing key (F1 speculation, Shift+F1 captured decode step, F2 KV cache, F3 precision, F4 weights,
+F5 attention, F6 KV layout, F7 INT4 group, F12 batching policy); the simulated-users slider steps with
+Alt+Up / Alt+Down (text boxes keep Ctrl+arrows)."""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QAbstractSpinBox,
@@ -39,8 +40,9 @@ class Choice:
     field: str  # dotted path into Settings, e.g. "dtype"
     label: str
     options: tuple[tuple[Any, str], ...]  # (value, button text)
-    shortcut: str  # cycles through the options
+    shortcut: str  # cycles through the options ("": none)
     tooltip: str = ""
+    second_row: bool = False  # below, with the numbers (the switches' row is full)
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class Toggle:
     label: str
     shortcut: str
     tooltip: str = ""
+    second_row: bool = False
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,25 @@ CONTROLS: tuple[Choice | Toggle | Slider | Number, ...] = (
            "F12", QT_TRANSLATE_NOOP("Controls", "continuous: requests join and leave the batch at every step; static: "
                                                 "a batch forms, runs until its longest member ends, then the next "
                                                 "forms")),
+    Choice("speculate", QT_TRANSLATE_NOOP("Controls", "Speculate"),
+           (("off", QT_TRANSLATE_NOOP("Controls", "Off")), ("ngram", QT_TRANSLATE_NOOP("Controls", "Lookup")),
+            ("draft", QT_TRANSLATE_NOOP("Controls", "Draft"))), "F1",
+           QT_TRANSLATE_NOOP("Controls", "speculative decoding: guess k tokens cheaply, check them all in one "
+                                         "step of the model (one read of the weights for up to k + 1 tokens; the "
+                                         "reply is exactly what it would have been). Lookup copies what followed "
+                                         "the last match of the text's final words in the conversation; Draft "
+                                         "asks the model itself at the draft weights below")),
+    Number("draft_tokens", QT_TRANSLATE_NOOP("Controls", "Draft k"), 1, 8, 1,
+           tooltip=QT_TRANSLATE_NOOP("Controls", "tokens guessed per speculative step")),
+    # (an fp draft, the model itself, guesses right but costs as much as the model: `membound chat` has it)
+    Choice("draft_weights", QT_TRANSLATE_NOOP("Controls", "Draft weights"), (("int8", "INT8"), ("int4", "INT4")), "",
+           QT_TRANSLATE_NOOP("Controls", "the draft model's weights (the model itself, quantised: fewer bytes "
+                                         "per guess)"),
+           second_row=True),
+    Toggle("cuda_graphs", QT_TRANSLATE_NOOP("Controls", "Captured"), "Shift+F1",
+           QT_TRANSLATE_NOOP("Controls", "the overhead lever: decode steps replayed from a captured CUDA graph "
+                                         "instead of hundreds of kernel launches (small models are launch-bound "
+                                         "on a GPU); off: every step eager")),
     Number("max_new_tokens", QT_TRANSLATE_NOOP("Controls", "Max tokens"), 1, 8192, 32,
            tooltip=QT_TRANSLATE_NOOP("Controls", "longest reply, in tokens")),
     Number("sampling.temperature", QT_TRANSLATE_NOOP("Controls", "Temperature"), 0.0, 2.0, 0.1, 2,
@@ -162,6 +184,18 @@ def with_field(settings: Any, path: str, value: Any) -> Any:
     return dataclasses.replace(settings, **{head: with_field(getattr(settings, head), rest, value)})
 
 
+class OptionButton(QPushButton):
+    """A switch's button: at least 64 pixels wide and never narrower than its text (a fixed minimum
+    width would let the layout clip the text in large fonts)."""
+
+    def sizeHint(self) -> QSize:
+        hint = super().sizeHint()
+        return QSize(max(64, hint.width()), hint.height())
+
+    def minimumSizeHint(self) -> QSize:
+        return self.sizeHint()
+
+
 class ControlsBar(QFrame):
     """Shows the settings the engine confirmed (`settings`) and marks the options asked for but not
     confirmed yet (`pending`: dashed outline, "→ value"). A user's change emits
@@ -196,7 +230,8 @@ class ControlsBar(QFrame):
         second = FlowLayout(spacing=14, line_spacing=6)
         for control in CONTROLS:
             if has_field(self.settings, control.field):
-                target = second if isinstance(control, (Number, Slider)) else self.layout_
+                below = isinstance(control, (Number, Slider)) or getattr(control, "second_row", False)
+                target = second if below else self.layout_
                 cell = QWidget()
                 cell.setLayout(self._build(control))
                 cell.layout().setContentsMargins(0, 0, 0, 0)
@@ -237,9 +272,8 @@ class ControlsBar(QFrame):
             group = QButtonGroup(self)
             group.setExclusive(True)
             for value, text in control.options:
-                button = QPushButton(_t(text))
+                button = OptionButton(_t(text))
                 button.setCheckable(True)
-                button.setMinimumWidth(64)
                 button.setToolTip(_t(control.tooltip))
                 button.value = value
                 group.addButton(button)
@@ -249,9 +283,8 @@ class ControlsBar(QFrame):
             column.addLayout(row)
             self._add_shortcut(shortcut, lambda c=control: self.cycle(c.field))
         elif isinstance(control, Toggle):
-            button = QPushButton()
+            button = OptionButton()
             button.setCheckable(True)
-            button.setMinimumWidth(110)
             button.setToolTip(_t(control.tooltip))
             button.clicked.connect(lambda _checked, c=control: self._changed(c))
             self.widgets[control.field] = button
@@ -264,7 +297,7 @@ class ControlsBar(QFrame):
             slider.setRange(control.minimum, control.maximum)
             slider.setTracking(False)  # one change when the drag ends, not one per pixel
             slider.setPageStep(4)
-            slider.setMinimumWidth(200)
+            slider.setMinimumWidth(120)
             slider.setToolTip(_t(control.tooltip))
             slider.valueChanged.connect(lambda _v, c=control: self._changed(c))
             slider.sliderMoved.connect(lambda v, c=control: self._show_slider_value(c, v))
@@ -491,13 +524,13 @@ class ControlsBar(QFrame):
                 elif isinstance(control, Toggle):
                     widget.setChecked(bool(value))
                     on, off = translate("Controls", "ON"), translate("Controls", "OFF")
-                    widget.setText(f"{_t(control.label)}: {on if value else off}"
-                                   + (f" → {on if asked else off}…" if waiting else ""))
+                    widget.setText(f"{on if value else off}" + (f" → {on if asked else off}…" if waiting else ""))
                     widget.setToolTip(self._option_tooltip(control, not value))
                     colour = self.colours.colour(settings.label)
                     border = "dashed" if waiting else "solid"
                     widget.setStyleSheet(f"QPushButton {{ font-weight: bold; border: 2px {border} {colour}; "
-                                         f"color: {colour}; }}")
+                                         f"color: {colour}; }} QPushButton:disabled {{ border: 1px solid "
+                                         f"{self.theme.border}; color: {self.theme.muted}; font-weight: normal; }}")
                 elif isinstance(control, Slider):
                     widget.setValue(int(value))
                     self.slider_values[control.field].setText(str(int(value)) + (f" → {asked}" if waiting else ""))

@@ -16,7 +16,10 @@ SERVING_CAPACITY = 8192
 MAX_ANNOTATIONS = 64
 
 STEP_COLUMNS = ("x", "t_s", "start_s", "prefill", "mixed", "label", "tokens_per_s", "ceiling_tps", "roof_tps", "gbs",
-                "flops", "mfu_pct", "ai", "step_ms", "peak_flops", "peak_bps")
+                "flops", "mfu_pct", "ai", "step_ms", "peak_flops", "peak_bps",
+                # speculative decoding: a draft step (the draft model's forwards), a verify step (the target's),
+                # its guesses and those kept; tokens produced; time beyond the step's bytes at peak bandwidth
+                "draft", "verify", "draft_tokens", "accepted", "tokens_out", "overhead_ms")
 HW_COLUMNS = ("x", "t_s", "sm_util_pct", "dram_bw_util_pct", "tensor_active_pct")
 SERVING_COLUMNS = ("x", "t_s", "users", "running", "waiting", "aggregate_tps", "per_request_tps", "ttft_p50_s",
                    "ttft_p95_s", "itl_p50_s", "itl_p95_s", "preempted")
@@ -51,6 +54,7 @@ class LiveData:
         # what one row of `steps` is (attach mode: one scrape of the server)
         self.x_label = QT_TRANSLATE_NOOP("Plots", "step")
         self.notes: dict[str, str] = {}  # plot name -> why it shows nothing (e.g. the flag to start a server with)
+        self._draft = None  # the draft step whose verify step comes next
 
     def label_code(self, label: str) -> int:
         if label not in self.labels:
@@ -62,19 +66,34 @@ class LiveData:
         return self.steps.total
 
     def add_step(self, m) -> None:
-        """m: an engine StepMetrics."""
-        prefill = m.phase != "decode"  # "prefill", or "mixed": prompt chunks with decode rows
+        """m: an engine StepMetrics. A speculative step's tokens/s and ceiling count its draft too: the
+        verify row carries the tokens it produced over the draft's and its own time and bytes; the
+        draft row has none (it produced no token) and is left out of the tokens/s line."""
+        prefill = m.phase in ("prefill", "mixed")  # "mixed": prompt chunks with decode rows
         # batched steps carry other requests' prefills: the person's TTFT then comes with its reply
         if prefill and m.batch_size == 1 and self.reply_t0 is not None and self.ttft_s is None:
             self.ttft_s = m.t_s - self.reply_t0
+        draft, self._draft = (self._draft if m.phase == "verify" else None), (m if m.phase == "draft" else None)
+        tokens_per_s, ceiling = m.tokens_per_s, m.memory_ceiling_tokens_per_s
+        roof = _finite_or_none(m.predicted_ceiling_tokens_per_s)
+        if m.phase == "draft":
+            tokens_per_s = ceiling = roof = None
+        elif draft is not None:
+            tokens_per_s = m.tokens_out / (m.step_s + draft.step_s)
+            ceiling = m.tokens_out * m.peak_bandwidth_bps / (m.total_bytes + draft.total_bytes)
+            roof = _finite_or_none(m.tokens_out / (max(m.floor_s, m.flops / m.peak_flops)
+                                                   + max(draft.floor_s, draft.flops / draft.peak_flops)))
         self.steps.append(
             x=self.steps.total, t_s=m.t_s, start_s=m.t_s - m.step_s, prefill=1.0 if prefill else 0.0,
             mixed=1.0 if m.phase == "mixed" else 0.0,
-            label=self.label_code(m.settings_label), tokens_per_s=m.tokens_per_s,
-            ceiling_tps=m.memory_ceiling_tokens_per_s, roof_tps=_finite_or_none(m.predicted_ceiling_tokens_per_s),
+            label=self.label_code(m.settings_label), tokens_per_s=tokens_per_s,
+            ceiling_tps=ceiling, roof_tps=roof,
             gbs=m.achieved_gbs, flops=m.flops / m.step_s,
             mfu_pct=100 * m.mfu if m.peak_flops == m.peak_flops and m.peak_flops > 0 else None,
-            ai=m.arithmetic_intensity, step_ms=1e3 * m.step_s, peak_flops=m.peak_flops, peak_bps=m.peak_bandwidth_bps)
+            ai=m.arithmetic_intensity, step_ms=1e3 * m.step_s, peak_flops=m.peak_flops, peak_bps=m.peak_bandwidth_bps,
+            draft=1.0 if m.phase == "draft" else 0.0, verify=1.0 if m.phase == "verify" else 0.0,
+            draft_tokens=m.draft_tokens, accepted=m.accepted_tokens if m.phase == "verify" else None,
+            tokens_out=m.tokens_out, overhead_ms=1e3 * m.overhead_s)
         self.version += 1
 
     def add_batch_stats(self, b) -> None:
@@ -123,6 +142,7 @@ class LiveData:
         return mask
 
     def clear(self) -> None:
+        self._draft = None
         self.steps.clear()
         self.hardware.clear()
         self.serving.clear()

@@ -1,15 +1,17 @@
 """The presenter layout: one or two plots as large as the window allows, beside the chat, chosen
 with number keys. 1–5 (or Ctrl+1–5 while typing) show tokens/s, memory, compute, roofline and
-the timeline; 6 the side panel (hardware table, KV cache, serving); a second number adds a second
+the timeline; 6 the side panel (hardware table, KV cache, serving); 7 and 8 speculative decoding's
+acceptance and accepted-per-position plots; a second number adds a second
 plot (the older of two goes), the number of a plot on show takes it away; 0 brings the grid back."""
 from __future__ import annotations
 
 from PySide6.QtCore import QObject, Signal
 
-PLOT_KEYS = {1: "tokens", 2: "memory", 3: "compute", 4: "roofline", 5: "timeline", 6: "extra"}
+PLOT_KEYS = {1: "tokens", 2: "memory", 3: "compute", 4: "roofline", 5: "timeline", 6: "extra", 7: "acceptance",
+             8: "positions"}
 # names a tour may use for the side panel's tabs: each brings the panel forward on that tab
 SIDE_TABS = {"table": 0, "kv": 1, "serving": 2}
-PLOT_NAMES = tuple(PLOT_KEYS.values())[:-1] + tuple(SIDE_TABS)
+PLOT_NAMES = tuple(name for name in PLOT_KEYS.values() if name != "extra") + tuple(SIDE_TABS)
 CHAT_SHARE = 0.36  # of the window's width, in the presenter layout
 
 

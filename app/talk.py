@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (
 
 from app.i18n import translate
 from app.keep_decoding import KeepDecoding
-from app.presenter import Presenter
+from app.presenter import PLOT_KEYS, Presenter
 
 NEXT_KEYS = {Qt.Key.Key_PageDown, Qt.Key.Key_Right}
 BACK_KEYS = {Qt.Key.Key_PageUp, Qt.Key.Key_Left}
@@ -144,7 +144,7 @@ class TalkKeys(QObject):
             talk.overlay.toggle()
             return True
         if key in DIGITS and ((plain and not typing) or mods == Qt.KeyboardModifier.ControlModifier):
-            if DIGITS[key] <= 6:
+            if DIGITS[key] in PLOT_KEYS or DIGITS[key] == 0:
                 talk.presenter.press(DIGITS[key])
                 return True
         return False

@@ -25,6 +25,9 @@ class Theme:
     setting_colours: tuple[tuple[str, str], ...]  # (token in the settings label, colour), first match wins
     spare_colours: tuple[str, ...]  # for settings no token names
     font_pt: int = 11
+    # speculative decoding's two phases; accepted guesses in the chat take the verify colour
+    draft: str = "#f8a5c2"  # the draft model's forwards
+    verify: str = "#63e6be"  # the target's step that checks the guesses
 
     @property
     def large(self) -> bool:
@@ -48,6 +51,7 @@ LIGHT = Theme(
     setting_colours=(("kv off", "#c2185b"), ("int4", "#187a29"), ("int8", "#b34700"), ("fp16", "#00838f"),
                      ("bf16", "#0050b3"), ("fp32", "#6a1b9a")),
     spare_colours=("#8e24aa", "#2e7d32", "#a04b00", "#37474f", "#ad1457", "#00695c"),
+    draft="#b0306a", verify="#00806a",
 )
 
 THEMES = {"dark": DARK, "light": LIGHT}

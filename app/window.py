@@ -30,7 +30,7 @@ from app.serving_panel import ServingPanel
 from app.theme import SettingColours, stylesheet, themed
 from app.worker import EngineWorker
 from engine.events import BatchStats, DoneEvent, SettingsApplied, SettingsRefused, TokenEvent
-from engine.metrics import StepMetrics
+from engine.metrics import DECODE_PHASES, StepMetrics, decode_rate, speculation_summary
 from engine.protocol import Apply, Chat, Load, MeasureQuality, ModelInfo, Reset, settings_delta
 from engine.settings import Settings, weights_label
 
@@ -480,24 +480,24 @@ class MainWindow(QMainWindow):
                 if self.replying:  # (with simulated users, steps also run between replies)
                     self._reply_steps.append(event)
             elif isinstance(event, TokenEvent):
-                text.append(event.text)
+                text.append((event.text, event.drafted))  # an accepted speculative guess is tinted
                 self._reply_text.append(event.text)
             elif isinstance(event, BatchStats):
                 self.data.add_batch_stats(event)
             elif isinstance(event, SettingsApplied):
                 if text:
-                    self.chat.append_reply("".join(text))
+                    self.chat.append_reply(text)
                     text = []
                 self._on_settings_applied(event)
             elif isinstance(event, SettingsRefused):
                 self._on_settings_refused(event)
             elif isinstance(event, DoneEvent):
                 if text:
-                    self.chat.append_reply("".join(text))
+                    self.chat.append_reply(text)
                     text = []
                 self._finish_reply(event)
         if text:
-            self.chat.append_reply("".join(text))
+            self.chat.append_reply(text)
 
     def _finish_reply(self, done: DoneEvent) -> None:
         self.last_done = done
@@ -509,7 +509,7 @@ class MainWindow(QMainWindow):
         how = translate("Window", DONE_WORDS[done.reason]) if done.reason in DONE_WORDS else done.reason
         parts = [translate("Window", "{n} tokens, {how}").format(n=done.n_new_tokens, how=how),
                  done.ttft_note]
-        decode = [m for m in self._reply_steps if m.phase == "decode"]
+        decode = [m for m in self._reply_steps if m.phase in DECODE_PHASES]
         if decode:
             step_s = sum(m.step_s for m in decode)
             gbs = sum(m.total_bytes for m in decode) / step_s / 1e9
@@ -517,9 +517,10 @@ class MainWindow(QMainWindow):
             batched = max(m.batch_size for m in decode) > 1
             # batched, steps also serve other requests (and may run while this one waits): this
             # reply's own rate is the engine's count of its tokens over its decode time
-            rate = done.decode_tokens_per_s if batched else len(decode) / step_s
+            rate = done.decode_tokens_per_s if batched else decode_rate(decode)
             parts += [f"decode {rate:.1f} tok/s" + (" (this reply, batched)" if batched else ""),
                       f"{gbs:.1f} GB/s (model) = {100 * gbs / peak:.0f}% of {peak:.0f} GB/s peak"]
+            parts += speculation_summary(decode)
         self.chat.end_reply("— " + " · ".join(parts))
         self.messages = self.messages + [{"role": "user", "content": self._turn_text},
                                          {"role": "assistant", "content": done.text}]

@@ -80,6 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--top-k", type=int, default=0)
     chat.add_argument("--seed", type=int, default=None)
     chat.add_argument("--no-kv-cache", action="store_true", help="recompute the whole context every step")
+    chat.add_argument("--speculate", default="off", metavar="SOURCE",
+                      help="speculative decoding: off, ngram (prompt lookup), draft (the model itself at "
+                           "--draft-weights), draft:MODEL (default, a .gguf, an HF folder, synthetic:SHAPE), "
+                           "or oracle (the model's own greedy reply computed first: the upper bound)")
+    chat.add_argument("--draft-tokens", type=int, default=4, help="tokens guessed per step, 1..8 (default 4)")
+    chat.add_argument("--draft-weights", choices=["fp", "int8", "int4"], default="int4",
+                      help="the draft model's weights (default int4)")
+    chat.add_argument("--eager", action="store_true", help="no captured decode step (CUDA graph) even where offered")
     add_attention_args(chat)
     chat.add_argument("--quiet", action="store_true", help="no per-reply statistics line")
 
@@ -94,13 +102,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--weights", choices=["fp", "int8", "int4"], default="fp",
                        help="weight storage: the dtype itself, int8 per channel, int4 group-wise (default fp)")
     bench.add_argument("--group-size", type=int, choices=[32, 64, 128], default=32, help="int4 group size (default 32)")
-    bench.add_argument("--sweep", choices=["weights", "attention", "kv", "batch"],
+    bench.add_argument("--sweep", choices=["weights", "attention", "kv", "batch", "speculative", "overhead"],
                        help="weights: fp, int8 and int4 in one run, side by side, with perplexity and top-1 agreement; "
                             "attention: naive vs flash over contexts (prefill and decode); kv: contiguous, paged "
-                            "and no cache over contexts 128..4096; batch: batch sizes 1..64 (engine/bench/batch.py)")
+                            "and no cache over contexts 128..4096; batch: batch sizes 1..64 (engine/bench/batch.py); "
+                            "speculative: each draft source at k = 0, 2, 4, 8, greedy and sampled "
+                            "(engine/bench/speculative.py); overhead: eager vs captured decode steps, batch 1, "
+                            "a few model shapes (engine/bench/overhead.py)")
     add_attention_args(bench)
     from engine.bench.batch import add_batch_args  # --batch-sizes, --workload, --policy, --users, --requests
     add_batch_args(bench)
+    from engine.bench.speculative import add_speculative_args  # --draft-model, --draft-weights, --draft-lengths
+    add_speculative_args(bench)
     bench.add_argument("--contexts", metavar="N,N,...",
                        help="context lengths for --sweep attention/kv (default: kv 128..4096; attention "
                             "1024,4096 on cpu, 1024,4096,8192 on cuda)")
@@ -185,9 +198,11 @@ def run_chat(args) -> int:
     sampling = SamplingParams(temperature=0.0 if args.greedy else args.temperature, top_p=args.top_p,
                               top_k=args.top_k, seed=args.seed, greedy=args.greedy)
     dtype = args.dtype or default_dtype(args.device)
+    speculate, draft_model = parse_speculate(args.speculate)
     settings = Settings(dtype=dtype, kv_layout=args.kv_layout, attention=args.attention,
                         kv_cache=False if args.no_kv_cache else None, max_new_tokens=args.max_tokens,
-                        sampling=sampling)
+                        sampling=sampling, speculate=speculate, draft_tokens=args.draft_tokens,
+                        draft_model=draft_model, draft_weights=args.draft_weights, cuda_graphs=not args.eager)
     settings.validate(args.device)
     if args.chat_prompt is not None and not args.chat_prompt.strip():
         raise ValueError("empty prompt: give --prompt some text")
@@ -234,6 +249,14 @@ def run_chat(args) -> int:
             print(f"membound: error: {_one_line(e)}", file=sys.stderr)
 
 
+def parse_speculate(value: str) -> tuple[str, str]:
+    """--speculate: (Settings.speculate, Settings.draft_model). 'draft' alone drafts with the model itself."""
+    source, _, model = value.partition(":")
+    if source not in ("off", "ngram", "oracle", "draft") or (model and source != "draft"):
+        raise ValueError(f"--speculate takes off, ngram, oracle, draft or draft:MODEL, got {value!r}")
+    return source, model or "self"
+
+
 def run_models(args) -> int:
     """The models on disk, one row each, with their fit and ceiling on this device."""
     from engine.hardware.ceilings import device_chip, fit_on
@@ -272,16 +295,19 @@ def run_models(args) -> int:
 
 
 def _turn_summary(done, metrics, engine) -> str:
-    decode = [m for m in metrics if m.phase == "decode"]
+    from engine.metrics import DECODE_PHASES, decode_rate, speculation_summary
+    decode = [m for m in metrics if m.phase in DECODE_PHASES]
     parts = [f"{done.n_new_tokens} tokens ({done.reason})", done.ttft_note]
     if decode:
         step_s = sum(m.step_s for m in decode)
         moved = sum(m.total_bytes for m in decode)
         gbs = moved / step_s / 1e9
         peak = engine.hardware.peak_bandwidth_gbs
-        parts += [f"decode {len(decode) / step_s:.1f} tok/s", f"{gbs:.1f} GB/s (model)",
+        target = [m for m in decode if m.phase != "draft"]
+        parts += [f"decode {decode_rate(decode):.1f} tok/s", f"{gbs:.1f} GB/s (model)",
                   f"MBU {100 * gbs / peak:.0f}% of {peak:.1f} GB/s",
-                  f"ceiling {decode[-1].memory_ceiling_tokens_per_s:.0f} tok/s"]
+                  f"ceiling {sum(m.tokens_out for m in target) / sum(m.floor_s for m in target):.0f} tok/s"]
+        parts += speculation_summary(decode)
     return "[" + " · ".join(parts) + "]"
 
 

@@ -35,7 +35,17 @@ from engine.model.transformer import Transformer
 from engine.protocol import Capabilities
 from engine.serving.scheduler import Request, RequestState, common_prefix
 from engine.serving.server import BatchServer, kv_budget_bytes, per_user_tokens, pool_size, user_workload
+from engine.serving.speculative import (
+    Draft,
+    DraftModel,
+    DraftModels,
+    Oracle,
+    PromptLookup,
+    greedy_reference,
+    verify,
+)
 from engine.settings import (
+    DRAFT_GROUP_SIZE,
     EngineError,
     PromptError,
     QuantError,
@@ -59,7 +69,8 @@ class Engine:
             # subnormal floats take a slow microcode path on x86: random and real weights produce
             # them in decode, and steps ran 10-30x slower at random until they were flushed to zero
             torch.set_flush_denormal(True)
-        self.settings = (settings or Settings(dtype=dtype)).validate(device)
+        self.graphs = GraphDecoder(device)
+        self.settings = self._normalised((settings or Settings(dtype=dtype)).validate(device))
         self.hardware = hardware or detect_device(device, progress=(lambda m: progress(0.0, m)) if progress else None)
         if isinstance(model, LoadedWeights):  # already in memory (tests, the app's model cache)
             self.loaded = model
@@ -76,10 +87,14 @@ class Engine:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.step_count = 0
-        self.graphs = GraphDecoder(device)
         self.kernel_notes: dict[str, str] = {}  # "field=value" -> a kernel fallback (Capabilities.notes)
         self.progress = progress  # also reports quantisation, from its background thread
         self._quantised = QuantisedModels()
+        self._drafts = DraftModels()  # draft models for speculation ("draft"), loaded in the background
+        self._draft: DraftModel | None = None  # the one in use, with its own KV cache
+        self._lookup = PromptLookup()
+        self._last_oracle: tuple | None = None  # (what it was computed for, the reference)
+        self.model_spec = model if isinstance(model, str) else None  # what a draft "self"/"default" compares to
         # batched serving (engine/serving/server.py): made when users > 0, dropped when they are gone
         self._server: BatchServer | None = None
         self._reply_active = False  # a reply is streaming: serve_step() leaves the batch to it
@@ -94,21 +109,45 @@ class Engine:
         if self.settings.weights_key is not None:  # quantised from the start: make the copy now
             self._request_weights(self.settings)
             self._quantised.wait(self.settings.weights_key)
+        if self.settings.speculate == "draft":  # and the draft model
+            self._request_draft(self.settings)
+            self._use_draft(self._drafts.wait(self._draft_key(self.settings)), self.settings)
 
     # ---- control (thread-safe) ---------------------------------------------------------
     def apply(self, settings: Settings, request_id: int = 0) -> None:
         """Ask for `settings` from the next step on. Raises EngineError (one line) for settings
         this model or device cannot run; a refusal changes nothing. Quantised weights not made yet
         are made in a background thread and the switch waits for them (a reply keeps streaming)."""
-        settings.validate(self.device)
+        settings = self._normalised(settings.validate(self.device))
         refusal = self.refusal(settings)
         if refusal:
             raise EngineError(refusal)
         self._request_weights(settings)
+        self._request_draft(settings)
         with self._lock:
             self._pending = settings
             if request_id:
                 self._pending_ids.append(request_id)
+
+    def _normalised(self, settings: Settings) -> Settings:
+        """`cuda_graphs` asks for a captured step where the device offers one: where it does not,
+        the settings say eager (what runs), so no front end shows a capture that is not there."""
+        if settings.cuda_graphs and self.graphs.unavailable:
+            return replace(settings, cuda_graphs=False)
+        return settings
+
+    def disable_graphs(self, reason: str) -> None:
+        """Every decode step runs eagerly from now on (a failed check at load), and the settings say
+        so at once. Call between replies."""
+        self.graphs.unavailable = reason
+        self.settings = self._normalised(self.settings)
+
+    def _capture_failed(self) -> None:
+        """A capture failed and decode went eager for good: the settings say so at the next step."""
+        with self._lock:
+            base = self._pending if self._pending is not None else self.settings
+            if base.cuda_graphs:
+                self._pending = replace(base, cuda_graphs=False)
 
     @property
     def requested_settings(self) -> Settings:
@@ -127,7 +166,8 @@ class Engine:
         """What this model on this device can take; the front end disables the rest, with why."""
         dtypes = [d for d in DTYPES if d != "fp16" or self.device != "cpu"]
         return Capabilities.for_model(self.cfg, self.device, {d: self.max_users_for(d) for d in dtypes},
-                                      self.kernel_notes)
+                                      self.kernel_notes, captured_step=self.graphs.kind,
+                                      captured_refusal=self.graphs.refusal)
 
     def _request_weights(self, settings: Settings) -> None:
         if settings.weights_key is None:
@@ -137,6 +177,26 @@ class Engine:
             self._quantised.start(settings.weights_key, lambda: self._fp_model(settings.dtype), self.progress)
         except QuantError as e:
             raise EngineError(str(e)) from None
+
+    def _request_draft(self, settings: Settings) -> None:
+        """Start loading the draft model `settings` speculate with (a no-op unless speculate="draft")."""
+        if settings.speculate != "draft":
+            return
+        key = self._draft_key(settings)
+        self._drafts.start(key, lambda: self._build_draft(settings))
+
+    def _draft_key(self, settings: Settings) -> tuple:
+        return settings.draft_model, settings.dtype, settings.draft_weights
+
+    def _build_draft(self, settings: Settings) -> Transformer:
+        """The draft model of `settings` (runs on the loading thread). "self" is the target's own
+        weights at the draft's precision (its quantised copy shared with the weights switch)."""
+        from engine.serving.speculative import load_draft
+        if settings.draft_model == "self":
+            return self.model_for(Settings(dtype=settings.dtype, weights=settings.draft_weights,
+                                           group_size=DRAFT_GROUP_SIZE))
+        return load_draft(settings.draft_model, self.cfg, self.tokenizer, DTYPES[settings.dtype], self.device,
+                          settings.draft_weights, self.max_context)
 
     @property
     def weights_building(self) -> tuple[str, float] | None:
@@ -161,26 +221,39 @@ class Engine:
             if new is None:
                 return []
             key = new.weights_key
-            if key is not None and self._quantised.get(key) is None and not wait \
-                    and self.weights_building is not None:
+            draft_key = self._draft_key(new) if new.speculate == "draft" else None
+            if not wait and ((key is not None and self._quantised.get(key) is None and self.weights_building is not None)
+                             or (draft_key is not None and self._drafts.is_building(draft_key))):
                 return []  # not ready: keep streaming as is
             self._pending, self._pending_ids = None, []
         old = self.settings
         try:
             if key is not None and self._quantised.get(key) is None:
                 self._quantised.wait(key)
+            draft = self._drafts.wait(draft_key) if draft_key is not None else None
             if new.dtype != old.dtype:
                 self._switch_dtype(new.dtype)
-        except (QuantError, MemoryError, RuntimeError) as error:
+        except (QuantError, EngineError, MemoryError, RuntimeError, OSError) as error:
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             return [SettingsRefused(request_id, reason, old) for request_id in ids or [0]]
         self.settings = new
+        self._use_draft(draft, new)
         if self._server is not None:
             self._sync_server()
         changes = describe_change(old, new)
         if not changes and not ids:
             return []
         return [SettingsApplied(new, changes, self.step_count, time.monotonic(), tuple(ids))]
+
+    def _use_draft(self, model: Transformer | None, settings: Settings) -> None:
+        """Speculate with `model` from now on (None: no draft model); its cache is kept while it is the same."""
+        if model is None:
+            self._draft = None
+        elif self._draft is None or self._draft.model is not model:
+            self._draft = DraftModel(model, self.max_context, self.hardware.peak_bandwidth_gbs * 1e9,
+                                     self.hardware.peak_flops_for(settings.dtype) or float("nan"))
+        if self._draft is not None:
+            self._draft.attention = settings.attention
 
     # ---- simulated users ---------------------------------------------------------------------
     @property
@@ -335,6 +408,8 @@ class Engine:
         self.cached_ids = []
         if self.cache is not None:
             self.cache.truncate(0)
+        if self._draft is not None:
+            self._draft.reset()
         if self._server is not None:
             self._server.runner.scheduler.drop_retained()
 
@@ -368,6 +443,8 @@ class Engine:
         reply = _Reply(list(prompt_ids), max_new_tokens or self.settings.max_new_tokens,
                        self.tokenizer.stream(skip_special_tokens=True), eos)
         gen = self._make_generator()
+        if self.settings.speculate == "oracle":  # its guesses are computed before the reply's first step
+            reply.oracle = self._oracle(reply)
         person: Request | None = None  # the reply's request, once it runs in the batch
         self._reply_active = True
         try:
@@ -385,7 +462,9 @@ class Engine:
                         break
                     if self.settings.users > 0:  # users are on (or joined mid-reply): the rest runs batched
                         person = self._submit_person(reply, gen)
-                if person is None:
+                if person is None and self.settings.speculate != "off" and reply.n_new > 0:
+                    yield from self._speculative_step(reply, gen)
+                elif person is None:
                     yield from self._plain_step(reply, gen)
                 elif self._stop.is_set():
                     self._server.cancel(person.request_id)
@@ -415,7 +494,7 @@ class Engine:
                         reply.decode_s, reply.n_cached)
 
     def _plain_step(self, reply: "_Reply", gen) -> Iterator:
-        token, metrics = self._step(reply.ids, produced=reply.n_new, gen=gen)
+        (token,), metrics = self._step(reply.ids, produced=reply.n_new, gen=gen)
         t_end = time.perf_counter()
         self.step_count += 1
         if reply.n_new == 0:
@@ -426,6 +505,55 @@ class Engine:
         event = reply.add_token(token, t_end)
         if event is not None:
             yield event
+
+    def _speculative_step(self, reply: "_Reply", gen) -> Iterator:
+        """A draft source guesses up to k tokens; one target step verifies them (engine/serving/
+        speculative.py). No guess (no n-gram match, no room left): a plain decode step."""
+        s = self.settings
+        k = min(s.draft_tokens, reply.budget - reply.n_new - 1, self.max_context - len(reply.ids) - 1)
+        source = self._draft_source(reply)
+        draft = source.propose(reply.ids, k, s.sampling, gen) if k >= 1 and source is not None else Draft([])
+        if not draft.tokens:
+            yield from self._plain_step(reply, gen)
+            return
+        if draft.metrics is not None:  # the draft model's forwards: a step of their own
+            draft.metrics = replace(draft.metrics, step=self.step_count, settings_label=s.label)
+            self.step_count += 1
+            reply.decode_s += draft.metrics.step_s
+            yield draft.metrics
+        tokens, metrics = self._step(reply.ids, produced=reply.n_new, gen=gen, draft=draft)
+        t_end = time.perf_counter()
+        self.step_count += 1
+        reply.decode_s += metrics.step_s
+        yield metrics
+        for i, token in enumerate(tokens):
+            event = reply.add_token(token, t_end, drafted=i < metrics.accepted_tokens)
+            if event is None:
+                break
+            yield event
+
+    def _draft_source(self, reply: "_Reply"):
+        speculate = self.settings.speculate
+        if speculate == "ngram":
+            return self._lookup
+        if speculate == "draft":
+            return self._draft
+        if speculate == "oracle":
+            if reply.oracle is None:  # switched on mid-reply: the reference goes on from here
+                reply.oracle = self._oracle(reply)
+            return reply.oracle
+        return None
+
+    def _oracle(self, reply: "_Reply") -> Oracle:
+        """The target's greedy reply from where `reply` stands, decoded before it goes on (untimed;
+        the last one is kept: a benchmark asks for the same reply at every k)."""
+        s = self.settings
+        budget = reply.budget - reply.n_new
+        key = (tuple(reply.ids), budget, reply.eos, self.model, s.attention, s.kv_cache)
+        if self._last_oracle is None or self._last_oracle[0] != key:
+            reference = greedy_reference(self.model, reply.ids, budget, reply.eos, s.attention, s.kv_cache)
+            self._last_oracle = (key, reference)
+        return Oracle(self._last_oracle[1], len(reply.ids))
 
     def _submit_person(self, reply: "_Reply", gen) -> Request:
         """The (rest of the) reply as one request in the batch: the context so far is its prompt,
@@ -466,13 +594,17 @@ class Engine:
             return None
         return torch.Generator(device=self.device).manual_seed(seed)
 
-    # ---- one plain step ------------------------------------------------------------------------
+    # ---- one step: plain, or a speculative step's verification ----------------------------------
     @torch.inference_mode()
-    def _step(self, ids: list[int], produced: int, gen) -> tuple[int, StepMetrics]:
+    def _step(self, ids: list[int], produced: int, gen, draft: Draft | None = None) -> tuple[list[int], StepMetrics]:
+        """Run the context's uncached tail (and the draft's guesses, if any) through the model;
+        returns the tokens it produced (one; or the accepted guesses and the target's own) and the
+        step's figures. Rejected guesses leave the KV cache (contiguous: its length; paged: their blocks)."""
         model = self.model
         use_cache = self.settings.kv_cache
         layout = self.settings.kv_layout
         attention = self.settings.attention
+        guesses = draft.tokens if draft is not None else []
         if use_cache:
             if self.cache is None or self.cache.layout != layout:  # a new layout: prefill into it
                 self.cache = self._new_cache(model.dtype)
@@ -480,11 +612,11 @@ class Engine:
             common = common_prefix(self.cached_ids, ids)
             start = min(common, len(ids) - 1)  # at least one token must run to get logits
             self.cache.truncate(start)
-            feed = ids[start:]
+            feed = ids[start:] + guesses
         else:
             start = 0
-            feed = ids
-        phase = "prefill" if produced == 0 else "decode"
+            feed = ids + guesses
+        phase = "verify" if draft is not None else "prefill" if produced == 0 else "decode"
         tokens = torch.tensor([feed], dtype=torch.long, device=self.device)
         graph_kv_len = None
         if use_cache and layout == "contiguous" and len(feed) == 1:
@@ -496,24 +628,31 @@ class Engine:
             logits = self.graphs.decode(model, self.cache, tokens, start, graph_kv_len, attention)
             if self.graphs.replays == replays:  # fell back to eager this step: it read only the context
                 graph_kv_len = None
+                self._capture_failed()
         else:
-            logits = model(tokens, start_pos=start, cache=self.cache if use_cache else None, attention=attention)
-        token = sample(logits[:, -1], self.settings.sampling, gen)
-        token_id = int(token.item())
-        step_s = timer.stop()
+            logits = model(tokens, start_pos=start, cache=self.cache if use_cache else None,
+                           attention=attention, logits_rows=len(guesses) + 1)
+        accepted = 0
+        if draft is None:
+            out = [int(sample(logits[:, -1], self.settings.sampling, gen).item())]
+        else:
+            accepted, out = verify(logits[0], draft, self.settings.sampling, gen)
+        step_s = timer.stop() + (draft.search_s if draft is not None else 0.0)
         if use_cache:
-            self.cached_ids = list(ids)
+            self.cached_ids = list(ids) + guesses[:accepted]
+            self.cache.truncate(len(self.cached_ids))  # the rejected guesses' K/V go (paged: their blocks)
         cost = step_cost(self.cfg, batch_size=1, new_tokens=len(feed), context_len=start,
                          weight_bytes=model.linear_weight_bytes(), kv_elem_bytes=_elem_bytes(model.dtype),
                          act_elem_bytes=_elem_bytes(model.dtype), kv_cache=use_cache,
-                         kv_read_tokens=graph_kv_len, attention=attention, kv_layout=layout,
-                         block_size=getattr(self.cache, "block_size", DEFAULT_BLOCK_SIZE))
+                         logits_rows=len(guesses) + 1, kv_read_tokens=graph_kv_len, attention=attention,
+                         kv_layout=layout, block_size=getattr(self.cache, "block_size", DEFAULT_BLOCK_SIZE))
         metrics = StepMetrics.from_cost(
-            cost, step=self.step_count, phase=phase, batch_size=1, new_tokens=len(feed), tokens_out=1,
+            cost, step=self.step_count, phase=phase, batch_size=1, new_tokens=len(feed), tokens_out=len(out),
             context_len=start, step_s=step_s, peak_bandwidth_bps=self.hardware.peak_bandwidth_gbs * 1e9,
             peak_flops=self.hardware.peak_flops_for(self.settings.dtype) or float("nan"), t_s=time.monotonic(),
-            settings_label=self.settings.label)
-        return token_id, metrics
+            settings_label=self.settings.label, draft_tokens=len(guesses), accepted_tokens=accepted,
+            captured=graph_kv_len is not None)
+        return out, metrics
 
 
 class _Reply:
@@ -535,6 +674,7 @@ class _Reply:
         self.reason = ""
         self.batched_from_start = False
         self.seen = 0  # the batch request's output ids already streamed
+        self.oracle: Oracle | None = None  # speculate="oracle": the reply's guesses, computed beforehand
 
     def end_reason(self, stopped: bool, max_context: int) -> str:
         if self.n_new >= self.budget:
@@ -545,8 +685,9 @@ class _Reply:
             return "context_full"
         return ""
 
-    def add_token(self, token: int, t_s: float) -> TokenEvent | None:
-        """Count a sampled token; its TokenEvent, or None for the end-of-sequence token."""
+    def add_token(self, token: int, t_s: float, drafted: bool = False) -> TokenEvent | None:
+        """Count a sampled token (`drafted`: a guess the target accepted); its TokenEvent, or None
+        for the end-of-sequence token."""
         if self.n_new == 0:
             self.ttft_s = t_s - self.t_start
         self.n_new += 1
@@ -556,7 +697,7 @@ class _Reply:
             return None
         piece = self.stream.feed(token)
         self.parts.append(piece)
-        return TokenEvent(token, piece, self.n_new - 1)
+        return TokenEvent(token, piece, self.n_new - 1, drafted)
 
 
 def _elem_bytes(dtype: torch.dtype) -> int:

@@ -16,6 +16,7 @@ class TokenEvent:
     token_id: int
     text: str  # the newly complete text (may be empty while a UTF-8 character is split)
     index: int  # 0 for the first generated token
+    drafted: bool = False  # a speculative guess the target accepted (the chat tints it)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,13 @@
 """The overhead lever: a decode step replayed from a captured CUDA graph (torch.compile with
 mode="reduce-overhead") instead of hundreds of kernel launches. Only batch-1 decode on the
-contiguous cache is captured; everything else runs eager. A capture that fails, or that Inductor
-runs without a graph, switches graphs off for this engine with the reason kept
-(`GraphDecoder.unavailable`), so the figures can say which path ran; so does a failed check at
-load (engine/kernel_checks.py, kernels/registry.py)."""
+contiguous cache is captured; everything else (prefill, speculative verify steps, paged steps)
+runs eager. A capture that fails, or that Inductor runs without a graph, switches graphs off for
+this engine with the reason kept (`GraphDecoder.unavailable`), so the figures can say which path
+ran; so does a failed check at load (engine/kernel_checks.py, kernels/registry.py).
+
+On a CPU the same step can be compiled (torch.compile, Inductor's C++), but it measured no faster
+than eager on the default model at batch 1, so only the overhead sweep asks for it
+(`cpu_compile=True`); the engine's CPU decode runs eagerly and says why (CPU_CAPTURE_REFUSAL)."""
 from __future__ import annotations
 
 import time
@@ -18,19 +22,31 @@ GRAPH_BUCKET = 1024  # attention in a captured step reads a multiple of this man
 # torch's CUDA graph trees run a new graph's first call as a warm-up and record it on the second;
 # replays start at the third. Those calls compile and capture: bench warm-ups must make them.
 CAPTURE_CALLS = 2
+# docs/benchmarks.md, "The overhead lever": the CPU step is weight streaming (matmuls ~85% of its
+# operator time), and Inductor's code for it was slower than the engine's chunked GEMV
+NOT_ON_GPU = "not on a GPU"
+CPU_CAPTURE_REFUSAL = ("on a CPU a compiled decode step measured no faster than eager: the step is weight "
+                       "streaming (`membound bench --sweep overhead` measures it)")
 
 
 class GraphDecoder:
-    def __init__(self, device: str):
+    def __init__(self, device: str, cpu_compile: bool = False):
         self.device = device
+        self.cuda = device.startswith("cuda")
         self._steps: dict[int, object] = {}  # id(model) -> its compiled step, all for the cache below
         self._cache_id: int | None = None
         self._calls: dict[tuple[int, int], int] = {}  # (id(model), kv_len) -> calls so far
+        self.kind = "CUDA graph" if self.cuda else "compiled step" if cpu_compile else ""  # what a capture is here
         # why graphs do not run ("" while they can)
-        self.unavailable = kernel_registry.reason("graphs") if device.startswith("cuda") else "not on a GPU"
+        self.unavailable = kernel_registry.reason("graphs") if self.cuda else "" if cpu_compile else NOT_ON_GPU
         self.replays = 0  # decode steps that ran through the compiled step (capture calls included)
         self.captures = 0  # graphs compiled and captured (one per model and kv_len bucket)
         self.capture_s = 0.0  # seconds of the calls that compiled and captured them
+
+    @property
+    def refusal(self) -> str:
+        """Why a front end cannot turn capture on here, in full ("" when it can)."""
+        return CPU_CAPTURE_REFUSAL if self.unavailable == NOT_ON_GPU else self.unavailable
 
     def bucket(self, enabled: bool, start: int, max_len: int) -> int | None:
         """Positions the captured step's attention reads for a token at `start`, or None: eager."""
@@ -54,14 +70,18 @@ class GraphDecoder:
             if calls < CAPTURE_CALLS:
                 if _cudagraph_skips() != skips_before:  # compiled, but Inductor left the graph out
                     raise RuntimeError("Inductor skipped the CUDA graph (TORCH_LOGS=perf_hints says why)")
-                torch.cuda.synchronize()
+                if self.cuda:
+                    torch.cuda.synchronize()
                 self.capture_s += time.perf_counter() - t0
                 self.captures += calls == 0
             self._calls[key] = calls + 1
             cache.length = start + 1
             self.replays += 1
-            record("decode step", "cuda graph" if calls >= CAPTURE_CALLS else "compiled, capturing the cuda graph")
-            record("attention decode", "torch SDPA (in the CUDA graph)", model.cfg.n_layers)  # per layer, as eager
+            if self.cuda:
+                record("decode step", "cuda graph" if calls >= CAPTURE_CALLS else "compiled, capturing the cuda graph")
+                record("attention decode", "torch SDPA (in the CUDA graph)", model.cfg.n_layers)  # per layer
+            else:
+                record("decode step", "compiled step (Inductor C++)")
             return logits
         except Exception as error:
             self.unavailable = f"capture failed: {type(error).__name__}: {str(error).strip().splitlines()[0][:200]}" \
@@ -82,12 +102,13 @@ class GraphDecoder:
             config = torch._dynamo.config
             if hasattr(config, "cache_size_limit"):
                 config.cache_size_limit = max(config.cache_size_limit, 64)
-            if hasattr(inductor_config.triton, "cudagraph_or_error"):
+            if self.cuda and hasattr(inductor_config.triton, "cudagraph_or_error"):
                 inductor_config.triton.cudagraph_or_error = True  # a skipped graph raises: no silent eager
             # the graph writes the cache in place: its address must stay fixed
             torch._dynamo.mark_static_address(cache.k)
             torch._dynamo.mark_static_address(cache.v)
-            step = torch.compile(model.forward_decode_static, mode="reduce-overhead", fullgraph=True, dynamic=False)
+            mode = "reduce-overhead" if self.cuda else None  # a CPU has no graphs: Inductor's C++ only
+            step = torch.compile(model.forward_decode_static, mode=mode, fullgraph=True, dynamic=False)
             self._steps[id(model)] = step
         return step
 

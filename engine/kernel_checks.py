@@ -79,7 +79,7 @@ def run_checks(engine) -> list[CheckResult]:
         if result.problem:
             registry.disable(check.kernel, result.problem)
     if not registry.enabled("graphs"):
-        engine.graphs.unavailable = f"failed its check at load: {registry.reason('graphs')}"
+        engine.disable_graphs(f"failed its check at load: {registry.reason('graphs')}")
     return results
 
 

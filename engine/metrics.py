@@ -3,9 +3,14 @@ settings; with the step's measured time, achieved GB/s, FLOP/s, MBU, MFU, arithm
 intensity and the predicted ceiling. One immutable `StepMetrics` per step."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from engine.model.config import ModelConfig
+
+# Phases whose rate counts the tokens they produce (tokens_out): plain decode, a speculative step's
+# verification (accepted guesses + the target's own token) and its draft (the draft model's forwards:
+# none of their guesses count until verified). Prefill and mixed steps count the tokens they feed.
+DECODE_PHASES = ("decode", "verify", "draft")
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,11 @@ class StepCost:
     @property
     def kv_bytes(self) -> int:
         return self.kv_read_bytes + self.kv_write_bytes
+
+
+def sum_costs(costs: list[StepCost]) -> StepCost:
+    """Several forwards as one (a draft model's k passes, reported as one "draft" step)."""
+    return StepCost(**{f.name: sum(getattr(c, f.name) for c in costs) for f in fields(StepCost)})
 
 
 def step_cost(cfg: ModelConfig, *, batch_size: int, new_tokens: int, context_len: int,
@@ -88,7 +98,8 @@ def step_cost(cfg: ModelConfig, *, batch_size: int, new_tokens: int, context_len
 class StepMetrics:
     """One step, measured. Plain data: safe to hand across threads and to JSON."""
     step: int
-    phase: str  # "prefill", "decode", or "mixed" (a batched step of prompt chunks and decode rows)
+    phase: str  # "prefill", "decode", "mixed" (a batched step of prompt chunks and decode rows), or a
+    # speculative step's two parts: "draft" (the draft model's forwards) and "verify" (the target's one)
     batch_size: int
     new_tokens: int  # tokens fed to the model this step, per sequence
     tokens_out: int  # tokens produced (sampled) this step, all sequences
@@ -106,6 +117,9 @@ class StepMetrics:
     attention_bytes: int = 0  # naive attention's score matrix written and read back (0 for flash)
     tokens_in: int = 0  # tokens fed this step, all sequences; 0: batch_size x new_tokens (a ragged
     # batched step's new_tokens is a rounded mean, so it carries the exact count here)
+    draft_tokens: int = 0  # speculative steps: guesses made (draft) or checked (verify)
+    accepted_tokens: int = 0  # verify: guesses the target kept (it also adds one token of its own)
+    captured: bool = False  # the step ran from a captured graph or a compiled step, not eagerly
 
     @property
     def tokens_fed(self) -> int:
@@ -114,13 +128,15 @@ class StepMetrics:
     @classmethod
     def from_cost(cls, cost: StepCost, *, step: int, phase: str, batch_size: int, new_tokens: int,
                   tokens_out: int, context_len: int, step_s: float, peak_bandwidth_bps: float,
-                  peak_flops: float, t_s: float = 0.0, settings_label: str = "", tokens_in: int = 0) -> "StepMetrics":
+                  peak_flops: float, t_s: float = 0.0, settings_label: str = "", tokens_in: int = 0,
+                  draft_tokens: int = 0, accepted_tokens: int = 0, captured: bool = False) -> "StepMetrics":
         return cls(step=step, phase=phase, batch_size=batch_size, new_tokens=new_tokens, tokens_out=tokens_out,
                    context_len=context_len, step_s=step_s, weight_bytes=cost.weight_bytes,
                    kv_read_bytes=cost.kv_read_bytes, kv_write_bytes=cost.kv_write_bytes,
                    other_bytes=cost.other_bytes, flops=cost.flops, peak_bandwidth_bps=peak_bandwidth_bps,
                    peak_flops=peak_flops, t_s=t_s, settings_label=settings_label,
-                   attention_bytes=cost.attention_bytes, tokens_in=tokens_in)
+                   attention_bytes=cost.attention_bytes, tokens_in=tokens_in, draft_tokens=draft_tokens,
+                   accepted_tokens=accepted_tokens, captured=captured)
 
     @property
     def total_bytes(self) -> int:
@@ -164,13 +180,37 @@ class StepMetrics:
     def tokens_per_s(self) -> float:
         """Tokens processed per second: produced tokens for decode, tokens fed for prefill (and for a
         mixed step: its prompt tokens and decode rows alike)."""
-        n = self.tokens_out if self.phase == "decode" else self.tokens_fed
-        return n / self.step_s
+        return self._tokens / self.step_s
+
+    @property
+    def _tokens(self) -> int:
+        return self.tokens_out if self.phase in DECODE_PHASES else self.tokens_fed
 
     @property
     def bytes_per_token(self) -> float:
-        n = self.tokens_out if self.phase == "decode" else self.tokens_fed
-        return self.total_bytes / max(n, 1)
+        return self.total_bytes / max(self._tokens, 1)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Verify steps: the fraction of the guesses the target kept (nan for other steps)."""
+        return self.accepted_tokens / self.draft_tokens if self.phase == "verify" and self.draft_tokens else float("nan")
+
+    @property
+    def tokens_per_weight_read(self) -> float:
+        """Tokens a target step produced for its one read of the weights: 1 at batch-1 decode, B in a
+        batch, accepted + 1 in a verify step; 0 for a draft step (it reads the draft's weights)."""
+        return float(self.tokens_out)
+
+    @property
+    def floor_s(self) -> float:
+        """The least time the step's bytes take at the peak bandwidth."""
+        return self.total_bytes / self.peak_bandwidth_bps
+
+    @property
+    def overhead_s(self) -> float:
+        """Time beyond the bytes at peak bandwidth (launches, dispatch, Python, compute): what a
+        captured step cuts. Never below 0 (a step cannot beat its bytes)."""
+        return max(0.0, self.step_s - self.floor_s)
 
     @property
     def memory_ceiling_tokens_per_s(self) -> float:
@@ -181,9 +221,8 @@ class StepMetrics:
     def predicted_ceiling_tokens_per_s(self) -> float:
         """Roofline bound: the step cannot finish before its bytes at peak bandwidth nor before
         its FLOPs at peak FLOP/s."""
-        n = self.tokens_out if self.phase == "decode" else self.tokens_fed
         floor_s = max(self.total_bytes / self.peak_bandwidth_bps, self.flops / self.peak_flops)
-        return n / floor_s
+        return self._tokens / floor_s
 
     @property
     def bound(self) -> str:
@@ -195,9 +234,30 @@ class StepMetrics:
         d = asdict(self)
         for name in ("total_bytes", "achieved_gbs", "achieved_tflops", "mbu", "mfu", "arithmetic_intensity",
                      "tokens_per_s", "bytes_per_token", "memory_ceiling_tokens_per_s",
-                     "predicted_ceiling_tokens_per_s", "bound"):
+                     "predicted_ceiling_tokens_per_s", "bound", "acceptance_rate", "overhead_s"):
             d[name] = getattr(self, name)
         return d
+
+
+def decode_rate(steps: list[StepMetrics]) -> float:
+    """Tokens per second over a reply's decoding steps: every token produced (accepted guesses
+    included) over the time of every decode, draft and verify step."""
+    steps = [s for s in steps if s.phase in DECODE_PHASES]
+    seconds = sum(s.step_s for s in steps)
+    return sum(s.tokens_out for s in steps) / seconds if seconds > 0 else 0.0
+
+
+def speculation_summary(steps: list[StepMetrics]) -> list[str]:
+    """A reply's speculation in words (nothing when it did not speculate): guesses kept, and the
+    tokens each read of the target's weights produced."""
+    verifies = [s for s in steps if s.phase == "verify"]
+    if not verifies:
+        return []
+    drafted = sum(s.draft_tokens for s in verifies)
+    accepted = sum(s.accepted_tokens for s in verifies)
+    target = [s for s in steps if s.phase in ("decode", "verify")]
+    return [f"speculation: {100 * accepted / drafted:.0f}% of guesses kept ({accepted / len(verifies):.2f} a step), "
+            f"{sum(s.tokens_out for s in target) / len(target):.2f} tokens per weight read"]
 
 
 def decode_ceiling_tokens_per_s(weight_bytes: float, bandwidth_bps: float, kv_bytes: float = 0.0) -> float:

@@ -10,7 +10,7 @@ from typing import Any
 
 from engine.hardware.spec import DeviceSpec
 from engine.model.config import ModelConfig
-from engine.settings import GROUP_SIZES, EngineError, Settings, group_size_refusal
+from engine.settings import DRAFT_GROUP_SIZE, GROUP_SIZES, EngineError, Settings, group_size_refusal
 
 ENGINE_ENTRY_POINT = ("engine.host", "serve")  # what the engine process runs: serve(conn)
 
@@ -24,11 +24,15 @@ class Capabilities:
     group_sizes: dict[int, str]  # INT4 group size -> why this model cannot take it ("" if it can)
     max_users: dict[str, int]  # dtype -> simulated users the KV memory holds beside a full chat
     notes: dict[str, str] = field(default_factory=dict)  # "field=value" -> a kernel fallback it runs with
+    captured_step: str = ""  # what `cuda_graphs` captures here: "CUDA graph", "compiled step"; "" none
+    captured_refusal: str = ""  # why this device runs every decode step eagerly ("" when it can capture)
 
     @classmethod
     def for_model(cls, cfg: ModelConfig, device: str, max_users: dict[str, int],
-                  notes: dict[str, str] | None = None) -> "Capabilities":
-        return cls(device, {g: group_size_refusal(cfg, g) for g in GROUP_SIZES}, dict(max_users), dict(notes or {}))
+                  notes: dict[str, str] | None = None, captured_step: str = "",
+                  captured_refusal: str = "") -> "Capabilities":
+        return cls(device, {g: group_size_refusal(cfg, g) for g in GROUP_SIZES}, dict(max_users), dict(notes or {}),
+                   captured_step, captured_refusal)
 
     def refusal(self, settings: Settings) -> str:
         """Why the engine would refuse `settings` ("" if it would run them)."""
@@ -39,6 +43,11 @@ class Capabilities:
         reason = self.group_sizes.get(settings.group_size, "")
         if reason:
             return reason
+        if settings.cuda_graphs and self.captured_refusal:
+            return f"no captured decode step here: {self.captured_refusal}"
+        if settings.speculate == "draft" and settings.draft_model == "self" and settings.draft_weights == "int4" \
+                and self.group_sizes.get(DRAFT_GROUP_SIZE):
+            return f"an int4 draft uses group {DRAFT_GROUP_SIZE}: {self.group_sizes[DRAFT_GROUP_SIZE]}"
         most = self.max_users.get(settings.dtype, 0)
         if settings.users > most:
             return (f"{settings.users} simulated users need more KV cache than this device's memory allows "

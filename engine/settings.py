@@ -17,6 +17,9 @@ GROUP_SIZES = (32, 64, 128)  # int4: inputs per (scale, min) pair
 ATTENTION_BACKENDS = ("naive", "flash")
 POLICIES = ("continuous", "static")
 MAX_USERS = 64
+SPECULATE_SOURCES = ("off", "ngram", "draft", "oracle")  # speculative decoding's draft sources
+MAX_DRAFT_TOKENS = 8
+DRAFT_GROUP_SIZE = 32  # an int4 draft model's group size
 
 
 class EngineError(ValueError):
@@ -71,11 +74,19 @@ class Settings:
     attention: str = "flash"  # "flash" (fused: scores never in memory) | "naive" (scores materialised)
     max_new_tokens: int = 256
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    cuda_graphs: bool = True  # on a GPU, replay decode steps from a captured graph (engine/graphs.py)
+    cuda_graphs: bool = True  # capture the decode step where the device offers it: a CUDA graph on a GPU,
+    # a compiled step on a CPU where that measured faster (engine/graphs.py; Capabilities.captured_step says)
     weights: str = "fp"  # "fp" (the dtype itself), "int8" (per channel) or "int4" (group-wise)
     group_size: int = 32  # int4 only: inputs per (scale, min) pair
     users: int = 0  # simulated users served beside the chat (0..64); > 0: batched, on the paged KV pool
     policy: str = "continuous"  # batching while users > 0: "continuous" (admit/evict every step) | "static"
+    # speculative decoding (engine/serving/speculative.py): guess `draft_tokens` tokens, verify them in one step.
+    # "ngram": prompt lookup in the conversation; "draft": a draft model; "oracle": the target's own greedy
+    # reply computed beforehand (benchmarks: the upper bound of what speculation can give)
+    speculate: str = "off"
+    draft_tokens: int = 4  # k, tokens guessed per step (1..8)
+    draft_model: str = "self"  # "self" (the target's own weights), "default", a .gguf, an HF folder, synthetic:SHAPE
+    draft_weights: str = "int4"  # the draft model's weights: fp / int8 / int4 (group 32)
 
     def validate(self, device: str = "cpu") -> "Settings":
         """Raises EngineError (one line) for settings no model could run on `device` ("cpu" or
@@ -102,6 +113,21 @@ class Settings:
         object.__setattr__(self, "users", int(self.users))  # 4.0 or a numpy integer from a slider: 4
         if self.policy not in POLICIES:
             raise EngineError(f"batching policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.speculate not in SPECULATE_SOURCES:
+            raise EngineError(f"speculation must be one of {', '.join(SPECULATE_SOURCES)}, got {self.speculate!r}")
+        if isinstance(self.draft_tokens, bool) or not isinstance(self.draft_tokens, numbers.Real) or \
+                int(self.draft_tokens) != self.draft_tokens or not 1 <= self.draft_tokens <= MAX_DRAFT_TOKENS:
+            raise EngineError(f"draft tokens must be a whole number from 1 to {MAX_DRAFT_TOKENS}, "
+                              f"got {self.draft_tokens!r}")
+        object.__setattr__(self, "draft_tokens", int(self.draft_tokens))
+        if self.draft_weights not in WEIGHT_FORMATS:
+            raise EngineError(f"draft weights must be one of {', '.join(WEIGHT_FORMATS)}, got {self.draft_weights!r}")
+        if not isinstance(self.draft_model, str) or not self.draft_model.strip():
+            raise EngineError("draft model must name a model: self, default, a .gguf file, an HF folder "
+                              "or synthetic:SHAPE")
+        if self.speculate != "off" and self.users:
+            raise EngineError("speculative decoding runs on the chat alone, not in the batch: set simulated "
+                              "users to 0, or speculation off")
         if self.users and self.kv_layout == "off":
             raise EngineError("simulated users need the KV cache: batching keeps every sequence's K/V in the "
                               "paged pool (turn the KV cache on, or set users to 0)")
@@ -115,7 +141,17 @@ class Settings:
         attention = " · naive attention" if self.attention == "naive" else ""
         if self.users:  # batched serving always runs on the paged pool, whatever the chat's layout
             return f"{self.dtype}{weights} · kv paged{attention} · {self.users} users {self.policy}"
-        return f"{self.dtype}{weights} · kv {kv}{attention}"
+        return f"{self.dtype}{weights} · kv {kv}{attention}{self.speculation_label}"
+
+    @property
+    def speculation_label(self) -> str:
+        """' · spec ngram k4' (the oracle always says it is the upper bound), or '' when off."""
+        if self.speculate == "off":
+            return ""
+        source = {"ngram": "prompt lookup", "oracle": "oracle (upper bound)"}.get(self.speculate, "")
+        if self.speculate == "draft":
+            source = f"draft {self.draft_model} {weights_label(self.draft_weights, DRAFT_GROUP_SIZE)}"
+        return f" · spec {source} k{self.draft_tokens}"
 
     @property
     def kv_cache(self) -> bool:
@@ -171,7 +207,15 @@ def describe_change(old: Settings, new: Settings) -> tuple[str, ...]:
     if new.sampling != old.sampling:
         changes.append(new.sampling.label)
     if new.cuda_graphs != old.cuda_graphs:
-        changes.append(f"cuda graphs {'on' if new.cuda_graphs else 'off'}")
+        changes.append("decode captured" if new.cuda_graphs else "decode eager")
+    if new.speculate != old.speculate:
+        changes.append("speculation off" if new.speculate == "off" else
+                       f"speculation {new.speculation_label.removeprefix(' · spec ')}")
+    elif new.speculate != "off" and (new.draft_tokens, new.draft_model, new.draft_weights) != \
+            (old.draft_tokens, old.draft_model, old.draft_weights):
+        changes.append(f"speculation {new.speculation_label.removeprefix(' · spec ')}")
+    elif new.speculate == "off" and new.draft_tokens != old.draft_tokens:
+        changes.append(f"draft tokens {new.draft_tokens}")
     return tuple(changes)
 
 

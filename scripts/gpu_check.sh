@@ -25,7 +25,8 @@ RESERVE_S=15      # kept back for the summary at the end
 KILL_GRACE_S=5    # after its time, a step gets SIGTERM, then SIGKILL this much later
 MIN_STEP_S=${GPU_CHECK_MIN_STEP_S:-10}
 # name and cap in seconds, in order of value (0: whatever time is left)
-STEPS=(env:30 nvidia-smi:15 nvml-probe:30 kernel-tests:60 smoke:90 bench:150 batch:90 attention:70 weights:0)
+STEPS=(env:30 nvidia-smi:15 nvml-probe:30 kernel-tests:60 smoke:90 bench:150 batch:90 attention:70 overhead:60
+       speculative:75 weights:0)
 
 mkdir -p "$OUT"
 rm -f "$OUT"/checks.json "$OUT"/kernel-tests.xml "$OUT"/bench-*.json "$OUT"/sweep-*.json "$OUT"/*.tmp  # a rerun's

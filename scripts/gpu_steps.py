@@ -1,8 +1,8 @@
 """The steps of scripts/gpu_check.sh, one per call: `python scripts/gpu_steps.py STEP`. Each prints
 its log, ends with one `RESULT: ...` line for the summary, and exits 0 (ok), 77 (skipped: the
 reason is the RESULT) or anything else (failed). GPU_CHECK_DRY_RUN=1: tiny shapes on a CPU, so
-CI runs every step. Results go under $OUT: checks.json (env, nvidia-smi, NVML probe, smoke),
-kernel-tests.xml, one JSON per bench; `summarize` adds the figures to summary.txt.
+CI runs every step. Results go under $OUT: checks.json (env, nvidia-smi, NVML probe, smoke, the
+levers' sweeps), kernel-tests.xml, one JSON per bench; `summarize` adds the figures to summary.txt.
 Nothing here imports torch at module level: `nvidia-smi` and `summarize` run without it."""
 from __future__ import annotations
 
@@ -44,6 +44,16 @@ BENCHES = {
 }
 # the weights sweep makes three graphs of its model; below this many seconds left, a 1B model
 WEIGHTS_8B_MIN_S = 200
+# Issue 12's levers. Their figures go into checks.json (the device tool returns at most 8 files):
+# the default model's shape, eager vs CUDA graph at batch 1; 8B bf16, oracle k = 4 vs k = 0.
+LEVERS = {
+    "overhead": ("--model synthetic:smollm2-135m --dtype bf16 --sweep overhead --prompt-tokens 128 "
+                 "--decode-tokens 64",
+                 "--sweep overhead --prompt-tokens 8 --decode-tokens 4"),
+    "speculative": ("--model synthetic:llama3-8b --dtype bf16 --sweep speculative --sources oracle "
+                    "--draft-lengths 4 --prompts 2 --decode-tokens 96",
+                    "--sweep speculative --sources oracle --draft-lengths 4 --prompts 1 --decode-tokens 6"),
+}
 
 
 def result(line: str, code: int = 0) -> int:
@@ -251,39 +261,84 @@ def register_dry_shape() -> None:
     """The dry run's toy shape, added to the table at run time (same loader, same bench code)."""
     from engine.model.config import NAMED_SHAPES
     NAMED_SHAPES[DRY_SHAPE] = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=256,
-                                   tied_embeddings=True, max_seq_len=256)
+                                   tied_embeddings=True, max_seq_len=1024)  # the speculative workload's prompts: ~400
 
 
-def step_bench(name: str) -> int:
-    from engine.cli import main
-    out_name, device_args, dry_args = BENCHES[name]
+def bench_args(device_args: str, dry_args: str) -> list[str]:
     if DRY_RUN:
         register_dry_shape()
-        args = f"bench --device cpu --model synthetic:{DRY_SHAPE} --dtype bf16 {dry_args}".split()
-    else:
-        args = f"bench --device cuda {device_args}".split()
-        if name == "weights":
-            budget = float(os.environ.get("STEP_BUDGET_S", WEIGHTS_8B_MIN_S))
-            shape = "llama3-8b" if budget >= WEIGHTS_8B_MIN_S else "llama3.2-1b"
-            print(f"{budget:.0f} s for this step: {shape}", flush=True)
-            args += ["--model", f"synthetic:{shape}"]
-    path = OUT / out_name
-    args += ["--json", str(path)]
+        dry_args = dry_args if "--model" in dry_args else f"--model synthetic:{DRY_SHAPE} {dry_args}"
+        return f"bench --device cpu --dtype bf16 {dry_args}".split()
+    return f"bench --device cuda {device_args}".split()
+
+
+def run_bench(args: list[str], path: Path) -> int:
+    """`membound bench ARGS --json PATH` in this process; its exit code."""
+    from engine.cli import main
+    args = [*args, "--json", str(path)]
     print("membound " + " ".join(args), flush=True)
     sys.argv = ["membound", *args]  # what the JSON records as its command
     try:
-        code = main(["--debug", *args])  # --debug: a failure's traceback goes to the log
+        return main(["--debug", *args])  # --debug: a failure's traceback goes to the log
     except Exception as error:
         import traceback
         traceback.print_exc()
-        code = 1
         print(f"membound: error: {type(error).__name__}: {error}", flush=True)
+        return 1
+
+
+def step_bench(name: str) -> int:
+    out_name, device_args, dry_args = BENCHES[name]
+    args = bench_args(device_args, dry_args)
+    if name == "weights" and not DRY_RUN:
+        budget = float(os.environ.get("STEP_BUDGET_S", WEIGHTS_8B_MIN_S))
+        shape = "llama3-8b" if budget >= WEIGHTS_8B_MIN_S else "llama3.2-1b"
+        print(f"{budget:.0f} s for this step: {shape}", flush=True)
+        args += ["--model", f"synthetic:{shape}"]
+    path = OUT / out_name
+    code = run_bench(args, path)
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return result(f"exit {code}, no {out_name}", code or 1)
     line = describe_bench(name, data)
     return result(line if code == 0 else f"exit {code}: {line}", code)
+
+
+def step_lever(name: str) -> int:
+    """A lever's sweep; its JSON goes into checks.json as levers.NAME (.tmp files are not returned)."""
+    if DRY_RUN and name == "overhead":  # Inductor's C++ compile takes a minute on a shared CPU: the dry
+        os.environ["TORCHDYNAMO_DISABLE"] = "1"  # run checks the sweep's plumbing, its steps run eager
+    path = OUT / f"lever-{name}.tmp"
+    code = run_bench(bench_args(*LEVERS[name]), path)
+    try:
+        data = json.loads(path.read_text())
+        path.unlink()
+    except (OSError, ValueError):
+        return result(f"exit {code}, no results", code or 1)
+    try:
+        levers = json.loads((OUT / "checks.json").read_text()).get("levers", {})
+    except (OSError, ValueError):
+        levers = {}
+    update_checks("levers", {**levers, name: data})
+    line = ("dry run, compile off: " if DRY_RUN and name == "overhead" else "") + describe_lever(name, data)
+    return result(line if code == 0 else f"exit {code}: {line}", code)
+
+
+def describe_lever(name: str, data: dict) -> str:
+    rows = data.get("results", [])
+    if name == "overhead" and rows:
+        r = rows[0]
+        return (f"{r['model'].removeprefix('synthetic:')} batch 1: eager {r['eager_step_ms']:.2f} ms, "
+                f"{r['captured']} {r['captured_step_ms']:.2f} ms a step = {r['gain']:.2f}x; bytes at peak "
+                f"{r['floor_ms']:.3f} ms")
+    if name == "speculative" and rows:
+        parts = [f"{r['sampling']} {r['source']} k={r['k']}: {r['decode_tokens_per_s']:,.1f} tok/s "
+                 f"({r['speedup']:.2f}x k=0)" for r in rows if r["k"]]
+        base = {r["sampling"]: r["decode_tokens_per_s"] for r in rows if not r["k"]}
+        return (f"{data.get('model', '?').split(' ')[0]}: k=0 greedy {base.get('greedy', float('nan')):,.1f} tok/s; "
+                + "; ".join(parts))
+    return "no results"
 
 
 def _pct(x) -> str:
@@ -344,10 +399,18 @@ def step_summarize() -> int:
         except Exception as error:  # a figure missing from a partial file must not lose the others
             lines.append(f"  {name:10} {out_name} unreadable: {type(error).__name__}: {error}")
     try:
-        smoke = json.loads((OUT / "checks.json").read_text()).get("smoke", {})
-        lines += ["", "smoke checks:"] + [f"  {n:30} {r['status']}: {r['detail']}" for n, r in smoke.items()]
+        checks = json.loads((OUT / "checks.json").read_text())
     except (OSError, ValueError):
-        pass
+        checks = {}
+    for name in LEVERS:
+        data = checks.get("levers", {}).get(name)
+        try:
+            lines.append(f"  {name:10} {describe_lever(name, data) if data else 'no results'}")
+        except Exception as error:
+            lines.append(f"  {name:10} unreadable: {type(error).__name__}: {error}")
+    smoke = checks.get("smoke", {})
+    if smoke:
+        lines += ["", "smoke checks:"] + [f"  {n:30} {r['status']}: {r['detail']}" for n, r in smoke.items()]
     files = sorted(p.name for p in OUT.iterdir() if p.is_file())
     lines += ["", f"files under $OUT ({len(files)}): {', '.join(files)}"]
     with open(OUT / "summary.txt", "a") as f:
@@ -358,7 +421,8 @@ def step_summarize() -> int:
 
 STEPS = {"env": step_env, "nvidia-smi": step_smi, "nvml-probe": step_probe, "kernel-tests": step_kernel_tests,
          "smoke": step_smoke, "summarize": step_summarize,
-         **{name: (lambda name=name: step_bench(name)) for name in BENCHES}}
+         **{name: (lambda name=name: step_bench(name)) for name in BENCHES},
+         **{name: (lambda name=name: step_lever(name)) for name in LEVERS}}
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """`PlotsPanel`: the grid of the five live plots (and an extra widget, the seed table, in the sixth
-cell). The window's timer calls `refresh`, which redraws every plot from one `StepWindow` only when
-`LiveData` has changed, and `update_readouts` a few times a second."""
+cell), and a row of speculation plots (acceptance over time and by guess position) that shows while
+the data holds speculative steps. The window's timer calls `refresh`, which redraws every plot from
+one `StepWindow` only when `LiveData` has changed, and `update_readouts` a few times a second."""
 from __future__ import annotations
 
 import math
@@ -10,6 +11,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QGridLayout, QSplitter, QWidget
 
 from app.live_data import LiveData
+from app.plots.acceptance import AcceptancePlot, PositionPlot
 from app.plots.compute import ComputePlot
 from app.plots.memory import MemoryPlot
 from app.plots.roofline import RooflinePlot
@@ -32,8 +34,11 @@ class PlotsPanel(QWidget):
         self.compute = ComputePlot(data, theme, colours)
         self.roofline = RooflinePlot(data, theme, colours)
         self.timeline = TimelinePlot(data, theme, colours)
+        self.acceptance = AcceptancePlot(data, theme, colours)
+        self.positions = PositionPlot(data, theme, colours)
         self.views = {"tokens": self.tokens, "memory": self.memory, "compute": self.compute,
-                      "roofline": self.roofline, "timeline": self.timeline}
+                      "roofline": self.roofline, "timeline": self.timeline, "acceptance": self.acceptance,
+                      "positions": self.positions}
         self._drawn_version = -1
         self._readout_version = -1
         self.frames_drawn = 0
@@ -54,6 +59,9 @@ class PlotsPanel(QWidget):
         if extra is not None:
             self._grid.addWidget(extra, 2, 1)
         self._grid.addWidget(self._stack, 0, 0, 3, 2)
+        self._grid.addWidget(self.acceptance, 3, 0)
+        self._grid.addWidget(self.positions, 3, 1)
+        self._set_speculation_visible(False)
         for row in range(3):
             self._grid.setRowStretch(row, 1)
         for col in range(2):
@@ -82,9 +90,11 @@ class PlotsPanel(QWidget):
         self.shown = list(shown) if shown else None
         if self.shown is None:
             self._stack.setVisible(False)
-            for widget, (row, col) in zip(self.views.values(), ((0, 0), (0, 1), (1, 0), (1, 1), (2, 0))):
+            cells_at = ((0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (3, 0), (3, 1))  # speculation's row last
+            for widget, (row, col) in zip(self.views.values(), cells_at):
                 self._grid.addWidget(widget, row, col)
                 widget.setVisible(True)
+            self._set_speculation_visible(self.speculation_visible)  # its row only while speculating
             if self.extra is not None:
                 self._grid.addWidget(self.extra, 2, 1)
             self.set_extra_visible(self._extra_visible)
@@ -97,6 +107,13 @@ class PlotsPanel(QWidget):
             cells[name].setVisible(True)
         self._stack.setSizes([1300 if name == "extra" else 1000 for name in self.shown])
         self._stack.setVisible(True)
+
+    def _set_speculation_visible(self, visible: bool) -> None:
+        """The speculation row, only while the data holds speculative steps."""
+        self.speculation_visible = visible
+        self.acceptance.setVisible(visible)
+        self.positions.setVisible(visible)
+        self._grid.setRowStretch(3, 1 if visible else 0)
 
     def set_theme(self, theme: Theme) -> None:
         self.theme = theme
@@ -118,9 +135,13 @@ class PlotsPanel(QWidget):
             return False
         self._drawn_version = self.data.version
         frame = StepWindow(self.data)
-        for view in self.views.values():
-            view.draw(frame)
-            view.fit_legend()  # (a new settings label may have joined the legend)
+        speculating = bool((self.data.steps.column("verify") > 0.5).any())
+        if speculating != self.speculation_visible and self.shown is None:
+            self._set_speculation_visible(speculating)
+        for name, view in self.views.items():
+            if self.speculation_visible or name not in ("acceptance", "positions") or name in (self.shown or ()):
+                view.draw(frame)
+                view.fit_legend()  # (a new settings label may have joined the legend)
         self.frames_drawn += 1
         return True
 
@@ -134,7 +155,9 @@ class PlotsPanel(QWidget):
         if self.data.source != "model":
             self._server_readouts()
             return
-        for view in self.views.values():
+        for name, view in self.views.items():
+            if name in ("acceptance", "positions") and not self.speculation_visible:
+                continue
             readout = view.readout()
             if readout is not None:
                 view.show_readout(readout)

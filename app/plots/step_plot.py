@@ -60,6 +60,11 @@ class StepWindow:
         return self.column("mixed") > 0.5
 
     @cached_property
+    def draft(self) -> np.ndarray:
+        """A speculative step's draft part: no token of its own (its verify row counts its time)."""
+        return self.column("draft") > 0.5
+
+    @cached_property
     def present(self) -> list[int]:
         """Settings labels (codes) with a step in view."""
         return [int(c) for c in np.unique(self.labels[~np.isnan(self.labels)])]
@@ -70,8 +75,10 @@ class StepPlot(PlotView):
         self.series: dict[int, pg.PlotDataItem] = {}  # settings label code -> its line
         super().rebuild()
 
-    def draw_series(self, frame: StepWindow, values: np.ndarray, mask: np.ndarray | None = None) -> None:
-        """One line per settings label in view, of `values` where `mask` (all steps if None)."""
+    def draw_series(self, frame: StepWindow, values: np.ndarray, mask: np.ndarray | None = None,
+                    skip: np.ndarray | None = None) -> None:
+        """One line per settings label in view, of `values` where `mask` (all steps if None); rows
+        where `skip` are left out altogether (the line joins across them)."""
         for code, item in self.series.items():
             if code not in frame.present and self._set_keys.get(id(item)) != "empty":
                 item.setData(x=[], y=[])  # scrolled out of view: cleared once
@@ -81,7 +88,10 @@ class StepPlot(PlotView):
             if mask is not None:
                 shown &= mask
             item = self._label_series(code)
-            item.setData(x=frame.x, y=np.where(shown, values, np.nan))
+            x, y = frame.x, np.where(shown, values, np.nan)
+            if skip is not None:
+                x, y = x[~skip], y[~skip]
+            item.setData(x=x, y=y)
             self._set_keys[id(item)] = None
         self._legend_codes = tuple(sorted(frame.present))
         self.fit_legend()

@@ -1,5 +1,6 @@
 """The phase timeline of the current (or last) reply: one bar per step, as long as the step took
-and as tall as its time, coloured by phase and settings label, over time since send; TTFT marked."""
+and as tall as its time, coloured by phase (speculative steps: draft and verify apart) and settings
+label, over time since send; TTFT marked. Its readout: the step's overhead beyond its bytes."""
 from __future__ import annotations
 
 import numpy as np
@@ -54,11 +55,15 @@ class TimelinePlot(PlotView):
         prefill = steps.column("prefill") > 0.5
         mixed = steps.column("mixed") > 0.5
         labels = steps.column("label")
+        speculative = {"draft": steps.column("draft") > 0.5, "verify": steps.column("verify") > 0.5}
         groups: dict[object, np.ndarray] = {"prefill": in_reply & prefill & ~mixed}
-        if (in_reply & mixed).any():  # (a bar group in the legend only when the reply has such steps)
-            groups["mixed"] = in_reply & mixed
-        for code in np.unique(labels[in_reply & ~prefill]):
-            groups[int(code)] = in_reply & ~prefill & (labels == code)
+        # (a bar group in the legend only when the reply has such steps)
+        for name, mask in (("mixed", mixed), *speculative.items()):
+            if (in_reply & mask).any():
+                groups[name] = in_reply & mask
+        plain = in_reply & ~prefill & ~speculative["draft"] & ~speculative["verify"]
+        for code in np.unique(labels[plain]):
+            groups[int(code)] = plain & (labels == code)
         for key in list(self.bars):
             if key not in groups:
                 self.plot.removeItem(self.bars.pop(key))
@@ -91,6 +96,10 @@ class TimelinePlot(PlotView):
             colour, name = t.prefill, "prefill"
         elif key == "mixed":
             colour, name = t.mixed, MIXED_NAME
+        elif key == "draft":
+            colour, name = t.draft, "draft (the draft model's guesses)"
+        elif key == "verify":
+            colour, name = t.verify, "verify (the target checks k + 1 tokens)"
         else:
             label = self.data.labels[key]
             colour, name = self.colours.colour(label), f"decode · {label}"
@@ -117,6 +126,12 @@ class TimelinePlot(PlotView):
         parts = []
         if self.data.ttft_s is not None:
             parts.append(f"TTFT {1e3 * self.data.ttft_s:.0f} ms")
-        if len(inter):
+        if (steps.column("verify")[in_reply] > 0.5).any():  # draft and verify rows make their tokens together
+            parts.append(f"{np.sum(inter) / max(np.nansum(steps.column('tokens_out')[in_reply]), 1):.0f} ms/token")
+        elif len(inter):
             parts.append(translate("Plots", "{ms} ms/token (median)").format(ms=f"{np.median(inter):.0f}"))
+        overhead = steps.column("overhead_ms")[in_reply]
+        overhead = overhead[np.isfinite(overhead)]
+        if len(overhead):
+            parts.append(f"overhead {np.median(overhead):.1f} ms a step beyond its bytes at peak")
         return " · ".join(parts)

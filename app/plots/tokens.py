@@ -36,13 +36,16 @@ class TokensPlot(StepPlot):
             plot.addItem(item)
 
     def draw(self, frame: StepWindow) -> None:
-        x, prefill, mixed = frame.x, frame.prefill, frame.mixed
+        # a speculative step's draft row has no tokens of its own: its verify row counts both
+        keep = ~frame.draft
+        x, prefill, mixed = frame.x[keep], frame.prefill[keep], frame.mixed[keep]
         decode = ~prefill
         tokens_per_s = frame.column("tokens_per_s")
-        self.draw_series(frame, tokens_per_s, decode)
-        ceiling = frame.column("ceiling_tps")
+        self.draw_series(frame, tokens_per_s, ~frame.prefill, skip=frame.draft)
+        tokens_per_s = tokens_per_s[keep]
+        ceiling = frame.column("ceiling_tps")[keep]
         self.ceiling_item.setData(x=x, y=np.where(decode, ceiling, np.nan))
-        roof = frame.column("roof_tps")
+        roof = frame.column("roof_tps")[keep]
         with np.errstate(invalid="ignore"):
             compute_bound = decode & (roof < 0.9 * ceiling)
         self.set_if_changed(self.roof_ceiling_item, (frame.n, True) if compute_bound.any() else "empty",
@@ -67,7 +70,7 @@ class TokensPlot(StepPlot):
 
     def readout(self) -> str | None:
         steps = self.data.steps
-        decode = steps.column("prefill", last=64) < 0.5
+        decode = (steps.column("prefill", last=64) < 0.5) & (steps.column("draft", last=64) < 0.5)
         recent_tps = steps.column("tokens_per_s", last=64)[decode][-8:]
         if not len(recent_tps):
             return None
@@ -75,4 +78,7 @@ class TokensPlot(StepPlot):
         ceiling = steps.column("ceiling_tps", last=64)[decode][-1:]
         if len(ceiling):
             text += " · " + translate("Plots", "ceiling {tps} (model)").format(tps=f"{ceiling[0]:,.0f}")
+        tokens = steps.column("tokens_out", last=64)[decode][-8:]
+        if (steps.column("verify", last=8) > 0.5).any() and (tokens > 1).any():
+            text += f" · {np.nanmean(tokens):.1f} tokens per weight read"
         return text

@@ -150,6 +150,46 @@
         <translation>continuo: las peticiones entran y salen del lote en cada paso; estático: se forma un lote, corre hasta que acaba su miembro más largo y luego se forma el siguiente</translation>
     </message>
     <message>
+        <source>Speculate</source>
+        <translation>Especular</translation>
+    </message>
+    <message>
+        <source>Lookup</source>
+        <translation>Búsqueda</translation>
+    </message>
+    <message>
+        <source>Draft</source>
+        <translation>Borrador</translation>
+    </message>
+    <message>
+        <source>speculative decoding: guess k tokens cheaply, check them all in one step of the model (one read of the weights for up to k + 1 tokens; the reply is exactly what it would have been). Lookup copies what followed the last match of the text&apos;s final words in the conversation; Draft asks the model itself at the draft weights below</source>
+        <translation>decodificación especulativa: adivina k tokens de forma barata y los comprueba todos en un paso del modelo (una lectura de los pesos para hasta k + 1 tokens; la respuesta es exactamente la que habría sido). Búsqueda copia lo que siguió a la última aparición de las palabras finales del texto en la conversación; Borrador pregunta al propio modelo con los pesos de borrador de abajo</translation>
+    </message>
+    <message>
+        <source>Draft k</source>
+        <translation>k del borrador</translation>
+    </message>
+    <message>
+        <source>tokens guessed per speculative step</source>
+        <translation>tokens adivinados por paso especulativo</translation>
+    </message>
+    <message>
+        <source>Draft weights</source>
+        <translation>Pesos del borrador</translation>
+    </message>
+    <message>
+        <source>the draft model&apos;s weights (the model itself, quantised: fewer bytes per guess)</source>
+        <translation>los pesos del modelo borrador (el propio modelo, cuantizado: menos bytes por apuesta)</translation>
+    </message>
+    <message>
+        <source>Captured</source>
+        <translation>Capturado</translation>
+    </message>
+    <message>
+        <source>the overhead lever: decode steps replayed from a captured CUDA graph instead of hundreds of kernel launches (small models are launch-bound on a GPU); off: every step eager</source>
+        <translation>la palanca de la sobrecarga: los pasos de decode se reproducen desde un grafo CUDA capturado en lugar de cientos de lanzamientos de kernels (los modelos pequeños están limitados por los lanzamientos en una GPU); desactivado: cada paso en modo eager</translation>
+    </message>
+    <message>
         <source>Max tokens</source>
         <translation>Máx. tokens</translation>
     </message>

@@ -184,6 +184,12 @@ def run_bench(args, progress) -> int:
     if sweep in ("attention", "kv"):
         from engine.bench.attention import run_sweep
         return run_sweep(args, progress)
+    if sweep == "speculative":
+        from engine.bench.speculative import run_speculative_sweep
+        return run_speculative_sweep(args, progress)
+    if sweep == "overhead":
+        from engine.bench.overhead import run_overhead_sweep
+        return run_overhead_sweep(args, progress)
     settings = Settings(dtype=dtype, kv_layout=args.kv_layout, attention=args.attention,
                         kv_cache=False if args.no_kv_cache else None, max_new_tokens=args.decode_tokens + 1,
                         sampling=SamplingParams(greedy=True, temperature=0.0), weights=weights,

@@ -66,7 +66,8 @@ class Linear(nn.Module):
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // x.shape[-1]
-    if x.device.type == "cpu" and weight.dtype == torch.float32 and rows <= CPU_GEMV_MAX_ROWS:
+    if x.device.type == "cpu" and weight.dtype == torch.float32 and rows <= CPU_GEMV_MAX_ROWS \
+            and not torch.compiler.is_compiling():  # (a compiled step leaves the matmul to inductor)
         chunks = cpu_gemv_chunks()
         n, k = weight.shape
         if chunks > 1 and n % chunks == 0:
@@ -278,8 +279,9 @@ class Transformer(nn.Module):
         return self.embed.device
 
     def forward(self, tokens: torch.Tensor, start_pos: int = 0, cache=None,
-                last_only: bool = True, attention: str = "flash") -> torch.Tensor:
-        """tokens (B, T) at positions start_pos .. start_pos+T-1 → logits (B, 1 or T, vocab), fp32."""
+                last_only: bool = True, attention: str = "flash", logits_rows: int | None = None) -> torch.Tensor:
+        """tokens (B, T) at positions start_pos .. start_pos+T-1 → logits (B, 1 or T, vocab), fp32;
+        `logits_rows`: for the last that many positions only (a speculative step's guesses)."""
         B, T = tokens.shape
         if start_pos + T > self.cfg.max_seq_len:
             raise ValueError(f"context of {start_pos + T} tokens exceeds the model's {self.cfg.max_seq_len}")
@@ -288,7 +290,9 @@ class Transformer(nn.Module):
         sin = self.rope_sin[start_pos:start_pos + T]
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, i, cache, start_pos, attention)
-        if last_only:
+        if logits_rows is not None:
+            x = x[:, -logits_rows:]
+        elif last_only:
             x = x[:, -1:]
         x = F.rms_norm(x, (self.cfg.dim,), self.norm, self.cfg.norm_eps)
         return self.head(x).float()

@@ -4,6 +4,7 @@ is reported and a new load starts another, and closing mid-reply leaves no proce
 conftest's leak check counts a live engine process as a leak)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -117,3 +118,27 @@ def test_simulated_users_are_served_by_the_engine_process(make_process_window, q
     assert window.data.serving.last("users") == 3 and window.data.steps.total >= 10
     done = send_and_wait(window, qtbot, "me too", timeout_ms=60_000)
     assert done.n_new_tokens >= 1 and "this reply, batched" in window.chat.plain_text()
+
+
+def test_speculation_is_confirmed_by_the_engine_process_and_refusals_put_the_controls_back(make_process_window,
+                                                                                          qtbot):
+    window = make_process_window(max_new_tokens=12)
+    activate(window, qtbot)
+    qtbot.keyClick(window, Qt.Key.Key_F1)  # speculation: prompt lookup
+    assert window.settings.speculate == "off" and window.controls.pending == {"speculate": "ngram"}  # asked, not run
+    qtbot.waitUntil(lambda: not window.settings_pending, timeout=30_000)
+    assert window.settings.speculate == "ngram" and window.controls.widgets["speculate"].checkedButton().value == "ngram"
+    slider = window.controls.widgets["users"]
+    assert not slider.isEnabled() and "not in the batch" in slider.toolTip()  # greyed up front, with why
+    with qtbot.waitSignal(window.error_shown, timeout=30_000) as shown:  # past the controls: the engine says no
+        window.apply_settings(Settings(max_new_tokens=12, sampling=GREEDY, speculate="ngram", users=2))
+    assert "speculative decoding runs on the chat alone" in shown.args[0]
+    assert window.settings.users == 0 and window.controls.settings.users == 0 and not window.controls.pending
+    window.apply_settings(dataclasses.replace(window.settings, cuda_graphs=True))  # no capture on a CPU: stays eager
+    qtbot.waitUntil(lambda: not window.settings_pending, timeout=30_000)
+    assert window.settings.cuda_graphs is False and not window.controls.widgets["cuda_graphs"].isChecked()
+    # the model itself as its own draft: its guesses land, and arrive tinted through the pipe
+    window.apply_settings(dataclasses.replace(window.settings, speculate="draft", draft_weights="fp"))
+    qtbot.waitUntil(lambda: not window.settings_pending, timeout=30_000)
+    done = send_and_wait(window, qtbot, "repeat after me", timeout_ms=60_000)
+    assert done.n_new_tokens == 12 and (window.data.steps.column("accepted") > 0).any()

@@ -36,7 +36,7 @@ def test_the_window_speaks_spanish(spanish, make_window):
     assert window.theme_button.text() == "Tema claro  F9"
     assert window.chat.send_button.text() == "Enviar"
     assert window.windowTitle().startswith("membound — mira")
-    assert window.controls.widgets["kv_cache"].text().startswith("Caché KV: SÍ")
+    assert window.controls.widgets["kv_cache"].text() == "SÍ"
     titles = {name: view.title_label.text() for name, view in window.plots.views.items()}
     assert "Tráfico de memoria" in titles["memory"] and "Cómputo" in titles["compute"]
     window.toggle_theme()

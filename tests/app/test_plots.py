@@ -127,7 +127,7 @@ def test_timeline_draws_the_reply_by_phase_and_marks_ttft(data, qtbot):
     kv_off, bf16 = view.annotation_lines
     assert kv_off.isVisible() and kv_off.value() == pytest.approx(0.06)  # at its time since send
     assert not bf16.isVisible()
-    assert view.readout() == "TTFT 10 ms · 10 ms/token (median)"
+    assert view.readout().startswith("TTFT 10 ms · 10 ms/token (median) · overhead ")
 
 
 def test_panel_redraws_only_what_is_new_and_rebuilds_on_a_theme(data, qtbot):

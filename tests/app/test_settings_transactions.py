@@ -14,7 +14,8 @@ from app.controls import CONTROLS, Choice, Number, Slider, Toggle, get_field, wi
 from engine.settings import Settings
 
 # (field, value): the tiny model takes INT4 groups 32 and 64, not 128; a CPU has no fp16; users need
-# the KV cache and at most 64; max tokens >= 1; temperature 0..100
+# the KV cache and at most 64; max tokens >= 1; temperature 0..100; speculation is refused beside
+# users, draft k is 1..8; a CPU has no captured decode step
 CHANGES = st.one_of(
     st.tuples(st.just("dtype"), st.sampled_from(["fp32", "bf16", "fp16"])),
     st.tuples(st.just("weights"), st.sampled_from(["fp", "int8", "int4"])),
@@ -26,6 +27,9 @@ CHANGES = st.one_of(
     st.tuples(st.just("policy"), st.sampled_from(["continuous", "static"])),
     st.tuples(st.just("max_new_tokens"), st.sampled_from([0, 16, 400])),
     st.tuples(st.just("sampling.temperature"), st.sampled_from([-1.0, 0.0, 0.7])),
+    st.tuples(st.just("speculate"), st.sampled_from(["off", "ngram", "draft"])),
+    st.tuples(st.just("draft_tokens"), st.sampled_from([0, 3, 9])),
+    st.tuples(st.just("cuda_graphs"), st.booleans()),
 )
 
 
@@ -89,6 +93,7 @@ def test_after_every_answer_the_controls_equal_the_engine_settings(process_windo
         assert window.controls.pending == {}
         assert shown(window) == expected(engine_settings)
         assert engine_settings.group_size != 128 and engine_settings.dtype != "fp16"
+        assert not engine_settings.cuda_graphs and not (engine_settings.users and engine_settings.speculate != "off")
         if mid_reply and window.replying:
             with qtbot.waitSignal(window.reply_finished, timeout=60_000):
                 window.stop()

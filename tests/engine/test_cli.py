@@ -102,6 +102,52 @@ def test_interactive_chat_keeps_going_after_a_bad_prompt(capsys, monkeypatch):
     assert "prompt tokens cached" not in err  # each the first turn of its conversation
 
 
+def test_chat_speculates_and_says_how_many_guesses_landed(capsys):
+    code, out, err = run_cli(capsys, "chat", "--prompt", "Repeat exactly: red green blue, red green blue.",
+                             "--greedy", "--max-tokens", "12", "--max-context", "512", "--speculate", "ngram",
+                             "--draft-tokens", "3")
+    assert code == 0 and out.strip()
+    assert "speculation: " in err and "of guesses kept" in err and "tokens per weight read" in err
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--speculate", "magic"], "--speculate takes"),
+    (["--speculate", "ngram:x"], "--speculate takes"),
+    (["--draft-tokens", "9"], "draft tokens"),
+    (["--speculate", "draft:" + "/nowhere/model.gguf"], "not found"),
+])
+def test_bad_speculation_is_one_line(capsys, args, needle):
+    code, _, err = run_cli(capsys, "chat", "--prompt", "hi", "--max-context", "256", *args)
+    assert_one_line_error(code, err, needle)
+
+
+def test_bench_sweep_speculative_writes_its_results(capsys, tmp_path):
+    import torch
+    from test_loader import save_hf_folder
+
+    from engine.io.loader import synthetic_weights
+    from engine.model.config import ModelConfig
+    tiny = ModelConfig(name="tiny", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=300,
+                       tied_embeddings=False, max_seq_len=1024)
+    save_hf_folder(tmp_path, tiny, synthetic_weights(tiny, torch.float32, "cpu"))
+    path = tmp_path / "s.json"
+    code, out, err = run_cli(capsys, "bench", "--sweep", "speculative", "--model", str(tmp_path),
+                             "--prompts", "1", "--decode-tokens", "4", "--draft-lengths", "2", "--sources",
+                             "oracle", "--max-context", "512", "--repeats", "2", "--json", str(path))
+    assert code == 0, err
+    assert "oracle*" in out and "upper bound" in out and "vs k = 0" in out and "fastest of 2 runs" in out
+    payload = json.loads(path.read_text())
+    results = payload["results"]
+    assert payload["repeats"] == 2
+    assert {(r["source"], r["k"], r["sampling"]) for r in results} == {
+        (s, k, m) for s, k in (("none", 0), ("oracle", 2)) for m in ("greedy", "sampled")}
+    for r in results:
+        assert {"decode_tokens_per_s", "acceptance_rate", "mean_accepted"} <= r.keys()
+        assert r["decode_tokens_per_s"] > 0
+    oracle = next(r for r in results if r["source"] == "oracle" and r["sampling"] == "greedy")
+    assert oracle["acceptance_rate"] == 1.0 and oracle["mean_accepted"] == 2.0
+
+
 def test_models_lists_what_is_on_disk_with_fit_and_ceiling(capsys, tmp_path, monkeypatch):
     import shutil
 

@@ -69,3 +69,31 @@ def test_multi_turn_chat_reuses_the_cache(engine):
     prefill2 = [e for e in second if isinstance(e, StepMetrics)][0]
     assert prefill2.context_len >= n1 - 2  # the first turn is not prefilled again
     assert second[-1].n_cached_tokens == prefill2.context_len  # what the reply's footer says was reused
+
+
+_SPECULATION_REFERENCE: dict = {}
+
+
+@pytest.mark.parametrize("source", ["ngram", "oracle", "draft"])
+def test_speculation_keeps_the_greedy_tokens(engine, source):
+    """Verify steps run k + 1 tokens through the batched matmul path, plain steps one through the
+    GEMV path: the reply must still be the plain one, token for token."""
+    from dataclasses import replace
+
+    from engine.metrics import StepMetrics
+    prompt = "Repeat this sentence exactly: the keeper lit the lamp at dusk and put it out at dawn."
+    plain = replace(engine.settings, speculate="off")
+    engine.apply(plain)
+    if "plain" not in _SPECULATION_REFERENCE:
+        engine.reset()
+        _SPECULATION_REFERENCE["plain"] = [e.token_id for e in engine.chat(prompt)
+                                           if isinstance(e, TokenEvent) and e.token_id >= 0]
+    expected = _SPECULATION_REFERENCE["plain"]
+    engine.apply(replace(plain, speculate=source, draft_tokens=4, draft_weights="int4"))
+    engine.reset()
+    events = list(engine.chat(prompt))
+    engine.apply(plain)
+    tokens = [e.token_id for e in events if isinstance(e, TokenEvent) and e.token_id >= 0]
+    verifies = [e for e in events if isinstance(e, StepMetrics) and e.phase == "verify"]
+    assert tokens == expected and len(tokens) >= 10
+    assert sum(v.accepted_tokens for v in verifies) >= len(tokens) // 3  # a copying reply: most guesses land

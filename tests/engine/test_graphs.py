@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine import dispatch
-from engine.graphs import CAPTURE_CALLS, GraphDecoder
+from engine.graphs import CAPTURE_CALLS, CPU_CAPTURE_REFUSAL, NOT_ON_GPU, GraphDecoder
 from engine.io.loader import synthetic_weights
 from engine.kv.cache import ContiguousKVCache
 from engine.model.config import ModelConfig
@@ -94,4 +94,20 @@ def test_a_graph_inductor_skipped_switches_graphs_off(compiles, monkeypatch):
     monkeypatch.setattr(m, "forward_decode_static", skipping)
     decode(decoder, m, cache, 0)
     assert decoder.unavailable.startswith("capture failed: RuntimeError: Inductor skipped the CUDA graph")
-    assert decoder.replays == 0 and GraphDecoder("cpu").unavailable == "not on a GPU"
+    assert decoder.replays == 0 and GraphDecoder("cpu").unavailable == NOT_ON_GPU
+    assert GraphDecoder("cpu").refusal == CPU_CAPTURE_REFUSAL and decoder.refusal == decoder.unavailable
+
+
+def test_the_cpu_compiled_step_for_the_overhead_sweep(compiles, monkeypatch):
+    def no_cuda(*args):
+        raise AssertionError("a CPU step must not touch CUDA")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", no_cuda)
+    m, decoder = model(), GraphDecoder("cpu", cpu_compile=True)
+    assert decoder.kind == "compiled step" and not decoder.unavailable and GraphDecoder("cpu").kind == ""
+    cache = ContiguousKVCache(CFG, 1, CFG.max_seq_len, torch.float32, "cpu")
+    before = dispatch.counts()
+    for pos in range(3):
+        decode(decoder, m, cache, pos)
+    assert decoder.replays == 3 and not decoder.unavailable and len(compiles) == 1
+    assert dispatch.since(before)["decode step"] == {"compiled step (Inductor C++)": 3}

@@ -100,11 +100,12 @@ def test_the_host_publishes_the_notes_with_the_model(inject, tiny_weights):
 
 
 # ---- the graph check's plumbing, with the capture stood in for by the capturable step run eagerly ----
-def stand_in_graphs(engine, broken: str = ""):
+def stand_in_graphs(engine, broken: str = "", cuda_graphs: bool = True):
     """engine.graphs as on a GPU, its compiled step replaced by `forward_decode_static` run eagerly
     (torch.compile's CUDA graphs need a GPU); `broken`: "stale" reads no cache, "capture" fails."""
     graphs = engine.graphs
     graphs.unavailable = ""
+    engine.settings = replace(engine.settings, cuda_graphs=cuda_graphs)  # a CPU engine's say False
 
     def decode(model, cache, tokens, start, kv_len, attention):
         if broken == "capture":
@@ -148,7 +149,7 @@ def test_a_graph_that_disagrees_or_does_not_capture_fails_its_check():
     stand_in_graphs(engine, broken="capture")
     assert check_graphs(engine) == "capture failed: BackendCompilerFailed: inductor"
     engine = make_engine(replace(GREEDY, cuda_graphs=False))
-    stand_in_graphs(engine)
+    stand_in_graphs(engine, cuda_graphs=False)
     assert check_graphs(engine) is None  # graphs are off in the settings: nothing to check
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = ("env", "nvidia-smi", "nvml-probe", "kernel-tests", "smoke", "bench", "batch", "attention", "weights")
+STEPS = ("env", "nvidia-smi", "nvml-probe", "kernel-tests", "smoke", "bench", "batch", "attention", "overhead",
+         "speculative", "weights")
 FILES = {"summary.txt", "gpu_check.log", "checks.json", "kernel-tests.xml", "bench-bf16.json", "sweep-batch.json",
          "sweep-attention.json", "sweep-weights.json"}
 MAX_FILES_BACK = 8  # the device tool returns at most 8 files from $OUT
@@ -39,7 +40,7 @@ def test_dry_run_runs_every_step_and_lists_it(dry_run):
     out, code, output, rows = dry_run
     assert code == 0, output
     assert list(rows) == list(STEPS), output
-    for step in ("env", "kernel-tests", "smoke", "bench", "batch", "attention", "weights"):
+    for step in ("env", "kernel-tests", "smoke", "bench", "batch", "attention", "overhead", "speculative", "weights"):
         assert rows[step][0] == "ok", (step, rows[step])
     for step, reason in (("nvidia-smi", "nvidia-smi not found"), ("nvml-probe", "NVML unavailable")):
         status, *_, note = rows[step]
@@ -55,7 +56,12 @@ def test_dry_run_writes_the_files_the_device_run_returns(dry_run):
     files = {p.name for p in out.iterdir()}
     assert files == FILES and len(files) <= MAX_FILES_BACK  # flat: no folder, nothing the tool would drop
     checks = json.loads((out / "checks.json").read_text())
-    assert set(checks) == {"env", "nvidia_smi", "nvml_probe", "smoke"}
+    assert set(checks) == {"env", "nvidia_smi", "nvml_probe", "smoke", "levers"}
+    # the levers' sweeps (issue 12): eager vs captured at batch 1, oracle k = 4 vs k = 0, greedy and sampled
+    overhead, speculative = checks["levers"]["overhead"], checks["levers"]["speculative"]
+    assert overhead["command"].startswith("membound bench") and len(overhead["results"]) == 1
+    assert {(r["source"], r["k"], r["sampling"]) for r in speculative["results"]} == {
+        (s, k, m) for s, k in (("none", 0), ("oracle", 4)) for m in ("greedy", "sampled")}
     assert checks["smoke"]["static_step_matches_forward"]["status"] == "ok"
     assert checks["smoke"]["graph_matches_eager"]["status"] == "skipped"
     suite = ET.parse(out / "kernel-tests.xml").getroot().find("testsuite")
