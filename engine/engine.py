@@ -413,12 +413,13 @@ class Engine:
         if self._server is not None:
             self._server.runner.scheduler.drop_retained()
 
-    def chat(self, user_text: str) -> Iterator:
-        """One turn of the conversation; it is kept once the reply has run (finished or stopped)."""
+    def chat(self, user_text: str, ignore_eos: bool = False) -> Iterator:
+        """One turn of the conversation; it is kept once the reply has run (finished or stopped).
+        ignore_eos: the reply runs to its token budget or the context's end."""
         ids = self.conversation.prompt_ids(user_text)
         self._check_prompt_length(len(ids))
         done = None
-        for event in self.generate(ids):
+        for event in self.generate(ids, ignore_eos=ignore_eos):
             if isinstance(event, DoneEvent):
                 done = event
             yield event

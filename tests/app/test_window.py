@@ -206,11 +206,13 @@ def test_the_hardware_strip_and_seed_table_name_their_sources(make_window):
     assert "(model)" in strip.memory_label.text() and "no NVML" in strip.live_label.text()
     table = window.seed_table.table
     headers = [table.horizontalHeaderItem(i).text() for i in range(table.columnCount())]
-    assert headers[0].startswith("this CPU") and [h.split()[0] for h in headers[1:]] == ["A100", "H100", "H200"]
+    assert headers[0].startswith("this CPU") and [h.split()[0] for h in headers[1:4]] == ["A100", "H100", "H200"]
+    assert [h.split("\n")[0] for h in headers[4:]] == ["TP 2", "TP 4", "TP 8"]  # tensor parallelism over H100s
     rows = [table.verticalHeaderItem(i).text() for i in range(table.rowCount())]
     assert rows[0].startswith("tiny") and any(r.startswith("llama3-70b") for r in rows)
     r70 = next(i for i, r in enumerate(rows) if r.startswith("llama3-70b"))
     assert table.item(r70, 1).text() == "OOM"  # 70B fp32 weights do not fit in 80 GB
+    assert table.item(r70, 4).text() == "OOM" != table.item(r70, 5).text()  # nor on 2 H100s (282 GB): on 4
 
 
 def test_model_picker_builds_engine_specs(qtbot):
