@@ -14,6 +14,7 @@ import os
 import re
 import sys
 import time
+from dataclasses import replace
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
@@ -472,11 +473,24 @@ class MainWindow(QMainWindow):
         self.quality = table
         self.controls.set_quality(table)
 
+    def _follow_flops_peak(self, step: StepMetrics) -> None:
+        """A CPU engine raises its measured FLOP/s peak when a step beats it (engine/engine.py
+        `_held_to_peak`). The strip then says the new peak, the one the plots draw."""
+        spec, settings = self.hardware, self.settings
+        if spec is None or settings is None or spec.kind != "cpu" or not step.peak_flops > 0:
+            return
+        dtype = settings.dtype
+        if step.peak_flops > spec.peak_flops.get(dtype, 0.0) * (1 + 1e-9):
+            self.hardware = replace(spec, peak_flops={**spec.peak_flops, dtype: step.peak_flops},
+                                    measured_flops={**spec.measured_flops, dtype: step.peak_flops})
+            self.hardware_strip.set_device(self.hardware, self.hardware_strip.weight_bytes)
+
     def _on_events(self, batch: list) -> None:
         text = []
         for event in batch:
             if isinstance(event, StepMetrics):
                 self.data.add_step(event)
+                self._follow_flops_peak(event)
                 if self.replying:  # (with simulated users, steps also run between replies)
                     self._reply_steps.append(event)
             elif isinstance(event, TokenEvent):
