@@ -14,7 +14,7 @@ endif
 TORCH_INDEX ?=
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: run test bench setup clean chat screenshot peers
+.PHONY: run test bench setup clean chat screenshot screenshots peers translations
 
 setup: $(STAMP)
 
@@ -45,8 +45,20 @@ peers: $(STAMP)
 screenshot: $(STAMP)
 	QT_QPA_PLATFORM=offscreen $(BIN)/membound --screenshot assets/screenshot.png
 
+# a picture of each step of the default tour (docs/tour/, 1280x720: a projector) and the bundled
+# recording of it (assets/tour-default.membound), from the default model offscreen (~5 min on 2 cores)
+screenshots: $(STAMP)
+	QT_QPA_PLATFORM=offscreen $(BIN)/python scripts/tour_screenshots.py --out docs/tour --record assets/tour-default.membound
+
 bench: $(STAMP)
 	$(BIN)/membound bench --compare hf
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# the UI's Spanish: the strings marked in app/ into app/translations/membound_es.ts (translate it with
+# pyside6-linguist), compiled to the .qm the app loads (both are committed)
+translations: $(STAMP)
+	$(BIN)/pyside6-lupdate -no-obsolete -locations none -source-language en -target-language es \
+		app/*.py app/plots/*.py -ts app/translations/membound_es.ts
+	$(BIN)/pyside6-lrelease app/translations/membound_es.ts -qm app/translations/membound_es.qm

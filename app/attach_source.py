@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.i18n import translate
 from app.live_data import LiveData
 from engine.attach.client import AttachError, ChatDone, Scraper, normalise_url, server_model, stream_chat
 from engine.attach.peak import GpuPeak, resolve_peak
@@ -165,7 +166,7 @@ class AttachSource(QObject):
 class AttachDialog(QDialog):
     def __init__(self, url: str = "http://localhost:8000", parent=None):
         super().__init__(parent)
-        self.setWindowTitle("Attach to a server")
+        self.setWindowTitle(translate("Attach", "Attach to a server"))
         self.url_edit = QLineEdit(url)
         self.url_edit.setPlaceholderText("http://host:port of a vLLM, SGLang or llama.cpp server")
         self.gpu_box = QComboBox()
@@ -209,12 +210,12 @@ class AttachController(QObject):
         self._reply_t0 = 0.0
         self._preempted_total = 0.0
         self._label = "server"
-        self.button = QPushButton("Attach to server…")
+        self.button = QPushButton(translate("Attach", "Attach to server…"))
         self.button.setToolTip("show a running vLLM, SGLang or llama.cpp server's figures and chat with it")
         self.button.clicked.connect(self.pick_server)
         self.status_label = QLabel("")
         self.status_label.setWordWrap(True)
-        self.detach_button = QPushButton("Detach")
+        self.detach_button = QPushButton(translate("Attach", "Detach"))
         self.detach_button.clicked.connect(self.detach)
         self.bar = QWidget()
         row = QHBoxLayout(self.bar)

@@ -7,9 +7,10 @@ from PySide6.QtCore import Signal
 from PySide6.QtGui import QColor, QFont, QTextBlockFormat, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QLineEdit, QPushButton, QTextBrowser, QVBoxLayout, QWidget
 
+from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.theme import Theme
 
-PLACEHOLDER = "Ask something… (Enter sends, Esc stops)"
+PLACEHOLDER = QT_TRANSLATE_NOOP("Chat", "Ask something… (Enter sends, Esc stops)")
 
 
 class ChatPanel(QWidget):
@@ -21,27 +22,29 @@ class ChatPanel(QWidget):
         super().__init__(parent)
         self.theme = theme
         self.reply_text = ""  # the reply streaming now (or the last one)
+        # [kind, text, extra] per block: what the transcript is drawn from (a reply's text: its runs)
+        self._entries: list[list] = []
         self._streaming = False
 
-        title = QLabel("Chat")
+        self.title = title = QLabel(translate("Chat", "Chat"))
         title.setObjectName("title")
-        self.model_label = QLabel("no model loaded")
+        self.model_label = QLabel(translate("Chat", "no model loaded"))
         self.model_label.setObjectName("caption")
         self.model_label.setWordWrap(True)
         self.transcript = QTextBrowser()
         self.transcript.setOpenExternalLinks(False)
         self.transcript.setObjectName("transcript")
         self.input = QLineEdit()
-        self.input.setPlaceholderText(PLACEHOLDER)
+        self.input.setPlaceholderText(translate("Chat", PLACEHOLDER))
         self.input.returnPressed.connect(self._send)
-        self.send_button = QPushButton("Send")
+        self.send_button = QPushButton(translate("Chat", "Send"))
         self.send_button.setObjectName("send")
         self.send_button.clicked.connect(self._send)
-        self.stop_button = QPushButton("Stop  (Esc)")
+        self.stop_button = QPushButton(translate("Chat", "Stop  (Esc)"))
         self.stop_button.setObjectName("stop")
         self.stop_button.setEnabled(False)
         self.stop_button.clicked.connect(self.stop_requested)
-        self.new_button = QPushButton("New chat  (Ctrl+N)")
+        self.new_button = QPushButton(translate("Chat", "New chat  (Ctrl+N)"))
         self.new_button.clicked.connect(self.new_chat_requested)
 
         header = QVBoxLayout()
@@ -76,39 +79,24 @@ class ChatPanel(QWidget):
 
     def _update_placeholder(self) -> None:
         if self.send_button.isEnabled():
-            text = PLACEHOLDER
+            text = translate("Chat", PLACEHOLDER)
         elif self._streaming:
-            text = "the model is replying… (Esc stops)"
+            text = translate("Chat", "the model is replying… (Esc stops)")
         else:
-            text = "waiting for the model…"
+            text = translate("Chat", "waiting for the model…")
         self.input.setPlaceholderText(text)
 
+    def set_compact(self, compact: bool) -> None:
+        """Compact (the presenter layout): no title and no Stop / New chat row (Esc and Ctrl+N work)."""
+        for widget in (self.title, self.stop_button, self.new_button):
+            widget.setVisible(not compact)
+
     def set_theme(self, theme: Theme) -> None:
-        """The transcript so far takes the new theme's colours and type size too (left as it was,
-        dark-theme text is all but invisible on the light theme's white)."""
-        old, self.theme = self.theme, theme
-        roles = ("text", "muted", "accent", "error", "verify")  # the colours the transcript is written in
-        colours = {QColor(getattr(old, r)).name(): QColor(getattr(theme, r)) for r in roles}
-        scale = theme.font_pt / old.font_pt
-        document = self.transcript.document()
-        block = document.begin()
-        while block.isValid():
-            it = block.begin()
-            while not it.atEnd():
-                fragment = it.fragment()
-                if fragment.isValid():
-                    fmt = fragment.charFormat()
-                    colour = colours.get(fmt.foreground().color().name())
-                    if colour is not None:
-                        fmt.setForeground(colour)
-                    if fmt.fontPointSize() > 0:
-                        fmt.setFontPointSize(fmt.fontPointSize() * scale)
-                    cursor = QTextCursor(document)
-                    cursor.setPosition(fragment.position())
-                    cursor.setPosition(fragment.position() + fragment.length(), QTextCursor.MoveMode.KeepAnchor)
-                    cursor.setCharFormat(fmt)
-                it += 1
-            block = block.next()
+        """New colours and type size for every line already there, and for what follows."""
+        changed = theme != self.theme
+        self.theme = theme
+        if changed and self._entries:
+            self._redraw()
 
     def _send(self) -> None:
         text = self.input.text()
@@ -118,6 +106,9 @@ class ChatPanel(QWidget):
         self.send_requested.emit(text)
 
     # ---- transcript ---------------------------------------------------------------------------
+    # The transcript is kept as entries and drawn from them, so a change of theme or font size
+    # redraws every line in the new colours (text written in the dark theme's light grey would
+    # otherwise stay on the light theme's white).
     def _cursor_at_end(self) -> QTextCursor:
         cursor = self.transcript.textCursor()
         cursor.movePosition(QTextCursor.MoveOperation.End)
@@ -148,26 +139,53 @@ class ChatPanel(QWidget):
         bar = self.transcript.verticalScrollBar()
         return bar.value() >= bar.maximum() - 4
 
-    def add_message(self, role: str, text: str) -> None:
-        at_bottom = self._at_bottom()
+    def _draw(self, entry: list) -> None:
+        """One entry at the end of the document: [kind, text, extra]."""
+        kind, text, extra = entry
         cursor = self._cursor_at_end()
-        names = {"user": ("You", self.theme.accent), "assistant": ("Model", self.theme.text),
-                 "system": ("membound", self.theme.muted)}
-        name, colour = names.get(role, (role, self.theme.text))
-        self._new_block(cursor, 10)
-        cursor.insertText(name, self._format(colour, bold=True, scale=0.85))
-        cursor.insertBlock()
-        cursor.insertText(text, self._format(self.theme.text))
+        t = self.theme
+        if kind == "message":
+            names = {"user": (translate("Chat", "You"), t.accent), "assistant": (translate("Chat", "Model"), t.text),
+                     "system": ("membound", t.muted)}
+            name, colour = names.get(extra, (extra, t.text))
+            self._new_block(cursor, 10)
+            cursor.insertText(name, self._format(colour, bold=True, scale=0.85))
+            cursor.insertBlock()
+            cursor.insertText(text, self._format(t.text))
+        elif kind == "reply":
+            self._new_block(cursor, 10)
+            cursor.insertText(translate("Chat", "Model"), self._format(t.muted, bold=True, scale=0.85))
+            cursor.insertBlock()
+            for piece, drafted in text:  # drafted: an accepted speculative guess, tinted
+                cursor.insertText(piece, self._format(t.verify if drafted else t.text))
+        elif kind == "summary":
+            cursor.insertBlock()
+            cursor.insertText(text, self._format(t.muted, italic=True, scale=0.85))
+        elif kind == "notice":
+            self._new_block(cursor, 8)
+            colour = t.error if extra else t.muted
+            cursor.insertText(("⚠ " if extra else "") + text, self._format(colour, bold=bool(extra), scale=0.9))
+
+    def _add(self, kind: str, text: str = "", extra=None) -> None:
+        at_bottom = self._at_bottom()
+        entry = [kind, text, extra]
+        self._entries.append(entry)
+        self._draw(entry)
         self._keep_scrolled(at_bottom)
+
+    def _redraw(self) -> None:
+        at_bottom = self._at_bottom()
+        self.transcript.clear()
+        for entry in self._entries:
+            self._draw(entry)
+        self._keep_scrolled(at_bottom)
+
+    def add_message(self, role: str, text: str) -> None:
+        self._add("message", text, role)
 
     def begin_reply(self) -> None:
         self.reply_text = ""
-        at_bottom = self._at_bottom()
-        cursor = self._cursor_at_end()
-        self._new_block(cursor, 10)
-        cursor.insertText("Model", self._format(self.theme.muted, bold=True, scale=0.85))
-        cursor.insertBlock()
-        self._keep_scrolled(at_bottom)
+        self._add("reply", [])  # its text: (piece, drafted) runs
 
     def append_reply(self, text: "str | list[tuple[str, bool]]") -> None:
         """Streamed text of the reply: one insertion per batch of tokens, or per run of (text,
@@ -185,28 +203,23 @@ class ChatPanel(QWidget):
             return
         at_bottom = self._at_bottom()
         cursor = self._cursor_at_end()
+        reply = self._entries[-1] if self._entries and self._entries[-1][0] == "reply" else None
         for piece, drafted in runs:
             self.reply_text += piece
+            if reply is not None:
+                reply[1].append((piece, drafted))
             cursor.insertText(piece, self._format(self.theme.verify if drafted else self.theme.text))
         self._keep_scrolled(at_bottom)
 
     def end_reply(self, summary: str) -> None:
-        at_bottom = self._at_bottom()
-        cursor = self._cursor_at_end()
-        cursor.insertBlock()
-        cursor.insertText(summary, self._format(self.theme.muted, italic=True, scale=0.85))
-        self._keep_scrolled(at_bottom)
+        self._add("summary", summary)
 
     def add_notice(self, text: str, error: bool = False) -> None:
-        at_bottom = self._at_bottom()
-        cursor = self._cursor_at_end()
-        self._new_block(cursor, 8)
-        colour = self.theme.error if error else self.theme.muted
-        cursor.insertText(("⚠ " if error else "") + text, self._format(colour, bold=error, scale=0.9))
-        self._keep_scrolled(at_bottom)
+        self._add("notice", text, error)
 
     def clear(self) -> None:
         self.transcript.clear()
+        self._entries = []
         self.reply_text = ""
 
     def plain_text(self) -> str:

@@ -25,8 +25,11 @@ from PySide6.QtWidgets import (
     QSlider,
     QSpinBox,
     QVBoxLayout,
+    QWidget,
 )
 
+from app.flow_layout import FlowLayout
+from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.theme import SettingColours, Theme
 from engine.protocol import with_changes
 from engine.settings import Settings
@@ -73,43 +76,90 @@ class Number:
 
 
 CONTROLS: tuple[Choice | Toggle | Slider | Number, ...] = (
-    Choice("dtype", "Precision", (("fp32", "FP32"), ("bf16", "BF16"), ("fp16", "FP16")), "F3",
-           "bytes per weight read every step: fp32 = 4, bf16/fp16 = 2"),
-    Toggle("kv_cache", "KV cache", "F2",
-           "off: every step recomputes the whole context (tokens/s falls as the context grows)"),
-    Choice("weights", "Weights", (("fp", "FP"), ("int8", "INT8"), ("int4", "INT4")), "F4",
-           "weight-only quantisation: INT8 = 1 byte per weight (+ a scale per row), INT4 = half a byte "
-           "(+ a scale and minimum per group); activations stay in the precision above"),
-    Choice("group_size", "INT4 group", ((32, "32"), (64, "64"), (128, "128")), "F7",
-           "INT4: inputs sharing one scale and minimum (smaller = more accurate, more scale bytes)"),
-    Choice("attention", "Attention", (("flash", "Flash"), ("naive", "Naive")), "F5",
-           "naive writes the score matrix to memory and reads it back; flash keeps it on chip"),
-    Choice("kv_layout", "KV layout", (("contiguous", "Contig."), ("paged", "Paged"), ("off", "Off")), "F6",
-           "contiguous reserves the whole context per sequence; paged takes blocks on demand; "
-           "off recomputes the context every step"),
-    Slider("users", "Users", 0, 64, ("Alt+Down", "Alt+Up"),
-           "simulated users sending requests beside your chat: the engine batches every running request "
-           "into one forward, so the weights are read once per step for all of them"),
-    Choice("policy", "Batching", (("continuous", "Contin."), ("static", "Static")), "F12",
-           "continuous: requests join and leave the batch at every step; static: a batch forms, runs until "
-           "its longest member ends, then the next forms"),
-    Choice("speculate", "Speculate", (("off", "Off"), ("ngram", "Lookup"), ("draft", "Draft")), "F1",
-           "speculative decoding: guess k tokens cheaply, check them all in one step of the model (one read of "
-           "the weights for up to k + 1 tokens; the reply is exactly what it would have been). Lookup copies "
-           "what followed the last match of the text's final words in the conversation; Draft asks the model "
-           "itself at the draft weights below"),
-    Number("draft_tokens", "Draft k", 1, 8, 1, tooltip="tokens guessed per speculative step"),
+    Choice("dtype", QT_TRANSLATE_NOOP("Controls", "Precision"), (("fp32", "FP32"), ("bf16", "BF16"), ("fp16", "FP16")),
+           "F3", QT_TRANSLATE_NOOP("Controls", "bytes per weight read every step: fp32 = 4, bf16/fp16 = 2")),
+    Toggle("kv_cache", QT_TRANSLATE_NOOP("Controls", "KV cache"), "F2",
+           QT_TRANSLATE_NOOP("Controls", "off: every step recomputes the whole context "
+                                         "(tokens/s falls as the context grows)")),
+    Choice("weights", QT_TRANSLATE_NOOP("Controls", "Weights"), (("fp", "FP"), ("int8", "INT8"), ("int4", "INT4")),
+           "F4",
+           QT_TRANSLATE_NOOP("Controls", "weight-only quantisation: INT8 = 1 byte per weight (+ a scale per row), "
+                                         "INT4 = half a byte (+ a scale and minimum per group); activations stay "
+                                         "in the precision above")),
+    Choice("group_size", QT_TRANSLATE_NOOP("Controls", "INT4 group"), ((32, "32"), (64, "64"), (128, "128")), "F7",
+           QT_TRANSLATE_NOOP("Controls", "INT4: inputs sharing one scale and minimum (smaller = more accurate, "
+                                         "more scale bytes)")),
+    Choice("attention", QT_TRANSLATE_NOOP("Controls", "Attention"),
+           (("flash", "Flash"), ("naive", QT_TRANSLATE_NOOP("Controls", "Naive"))), "F5",
+           QT_TRANSLATE_NOOP("Controls", "naive writes the score matrix to memory and reads it back; "
+                                         "flash keeps it on chip")),
+    Choice("kv_layout", QT_TRANSLATE_NOOP("Controls", "KV layout"),
+           (("contiguous", QT_TRANSLATE_NOOP("Controls", "Contig.")), ("paged", QT_TRANSLATE_NOOP("Controls", "Paged")),
+            ("off", QT_TRANSLATE_NOOP("Controls", "Off"))), "F6",
+           QT_TRANSLATE_NOOP("Controls", "contiguous reserves the whole context per sequence; paged takes blocks "
+                                         "on demand; off recomputes the context every step")),
+    Slider("users", QT_TRANSLATE_NOOP("Controls", "Users"), 0, 64, ("Alt+Down", "Alt+Up"),
+           QT_TRANSLATE_NOOP("Controls", "simulated users sending requests beside your chat: the engine batches "
+                                         "every running request into one forward, so the weights are read once "
+                                         "per step for all of them")),
+    Choice("policy", QT_TRANSLATE_NOOP("Controls", "Batching"),
+           (("continuous", QT_TRANSLATE_NOOP("Controls", "Contin.")),
+            ("static", QT_TRANSLATE_NOOP("Controls", "Static"))),
+           "F12", QT_TRANSLATE_NOOP("Controls", "continuous: requests join and leave the batch at every step; static: "
+                                                "a batch forms, runs until its longest member ends, then the next "
+                                                "forms")),
+    Choice("speculate", QT_TRANSLATE_NOOP("Controls", "Speculate"),
+           (("off", QT_TRANSLATE_NOOP("Controls", "Off")), ("ngram", QT_TRANSLATE_NOOP("Controls", "Lookup")),
+            ("draft", QT_TRANSLATE_NOOP("Controls", "Draft"))), "F1",
+           QT_TRANSLATE_NOOP("Controls", "speculative decoding: guess k tokens cheaply, check them all in one "
+                                         "step of the model (one read of the weights for up to k + 1 tokens; the "
+                                         "reply is exactly what it would have been). Lookup copies what followed "
+                                         "the last match of the text's final words in the conversation; Draft "
+                                         "asks the model itself at the draft weights below")),
+    Number("draft_tokens", QT_TRANSLATE_NOOP("Controls", "Draft k"), 1, 8, 1,
+           tooltip=QT_TRANSLATE_NOOP("Controls", "tokens guessed per speculative step")),
     # (an fp draft, the model itself, guesses right but costs as much as the model: `membound chat` has it)
-    Choice("draft_weights", "Draft weights", (("int8", "INT8"), ("int4", "INT4")), "",
-           "the draft model's weights (the model itself, quantised: fewer bytes per guess)", second_row=True),
-    Toggle("cuda_graphs", "Captured", "Shift+F1",
-           "the overhead lever: decode steps replayed from a captured CUDA graph instead of hundreds of kernel "
-           "launches (small models are launch-bound on a GPU); off: every step eager"),
-    Number("max_new_tokens", "Max tokens", 1, 8192, 32, tooltip="longest reply, in tokens"),
-    Number("sampling.temperature", "Temperature", 0.0, 2.0, 0.1, 2, "0 = greedy (always the likeliest token)"),
-    Number("sampling.top_p", "Top-p", 0.05, 1.0, 0.05, 2, "sample from the smallest set of tokens holding this mass"),
+    Choice("draft_weights", QT_TRANSLATE_NOOP("Controls", "Draft weights"), (("int8", "INT8"), ("int4", "INT4")), "",
+           QT_TRANSLATE_NOOP("Controls", "the draft model's weights (the model itself, quantised: fewer bytes "
+                                         "per guess)"),
+           second_row=True),
+    Toggle("cuda_graphs", QT_TRANSLATE_NOOP("Controls", "Captured"), "Shift+F1",
+           QT_TRANSLATE_NOOP("Controls", "the overhead lever: decode steps replayed from a captured CUDA graph "
+                                         "instead of hundreds of kernel launches (small models are launch-bound "
+                                         "on a GPU); off: every step eager")),
+    Number("max_new_tokens", QT_TRANSLATE_NOOP("Controls", "Max tokens"), 1, 8192, 32,
+           tooltip=QT_TRANSLATE_NOOP("Controls", "longest reply, in tokens")),
+    Number("sampling.temperature", QT_TRANSLATE_NOOP("Controls", "Temperature"), 0.0, 2.0, 0.1, 2,
+           QT_TRANSLATE_NOOP("Controls", "0 = greedy (always the likeliest token)")),
+    Number("sampling.top_p", QT_TRANSLATE_NOOP("Controls", "Top-p"), 0.05, 1.0, 0.05, 2,
+           QT_TRANSLATE_NOOP("Controls", "sample from the smallest set of tokens holding this mass")),
 )
 
+
+
+class _Tail:
+    """The buttons at the end of a flow layout: addWidget / insertWidget(index) among themselves."""
+
+    def __init__(self, flow: FlowLayout):
+        self.flow, self.first = flow, flow.count()
+
+    def count(self) -> int:
+        return self.flow.count() - self.first
+
+    def indexOf(self, widget) -> int:
+        index = self.flow.indexOf(widget)
+        return index - self.first if index >= self.first else -1
+
+    def addWidget(self, widget) -> None:
+        self.flow.addWidget(widget)
+
+    def insertWidget(self, index: int, widget) -> None:
+        self.flow.insertWidget(self.first + index, widget)
+
+
+def _t(text: str) -> str:
+    """A CONTROLS string (marked with QT_TRANSLATE_NOOP) in the UI's language."""
+    return translate("Controls", text)
 
 
 def get_field(settings: Any, path: str) -> Any:
@@ -169,25 +219,26 @@ class ControlsBar(QFrame):
         self.widgets: dict[str, Any] = {}  # field -> widget (QButtonGroup for a Choice)
         self.slider_values: dict[str, QLabel] = {}  # a slider's number beside it
         self.shortcuts: list[QShortcut] = []
-        # two rows: the switches (each with its stage shortcut) above; the numbers and the
-        # window's own buttons below, so the bar stays narrower than a 1680-pixel screen
+        self._captions: list[tuple[QLabel, str, str]] = []  # (label, text, keys): redrawn in a new theme
+        # two groups: the switches (each with its stage shortcut) above; the numbers and the
+        # window's own buttons below. Each wraps onto another line where the window is narrow
+        # (1280 pixels with projector fonts).
         rows = QVBoxLayout(self)
         rows.setContentsMargins(10, 6, 10, 6)
         rows.setSpacing(6)
-        self.layout_ = QHBoxLayout()
-        self.layout_.setSpacing(10)
-        second = QHBoxLayout()
-        second.setSpacing(10)
+        self.layout_ = FlowLayout(spacing=14, line_spacing=6)
+        second = FlowLayout(spacing=14, line_spacing=6)
         for control in CONTROLS:
             if has_field(self.settings, control.field):
                 below = isinstance(control, (Number, Slider)) or getattr(control, "second_row", False)
                 target = second if below else self.layout_
-                target.addLayout(self._build(control))
-        self.layout_.addStretch(1)
-        second.addStretch(1)
-        self.extra = QHBoxLayout()  # the window adds its own buttons (model, theme) here
-        self.extra.setSpacing(8)
-        second.addLayout(self.extra)
+                cell = QWidget()
+                cell.setLayout(self._build(control))
+                cell.layout().setContentsMargins(0, 0, 0, 0)
+                target.addWidget(cell)
+        self.extra = _Tail(second)  # the window adds its own buttons (model, theme) here
+        self._second = second
+        self._hidden_by_compact: list = []
         rows.addLayout(self.layout_)
         rows.addLayout(second)
         self.set_enabled(False)
@@ -195,8 +246,10 @@ class ControlsBar(QFrame):
     # ---- building -----------------------------------------------------------------------------
     def _caption(self, text: str, shortcut: str | None = None) -> QLabel:
         keys = QKeySequence(shortcut).toString(QKeySequence.SequenceFormat.NativeText) if shortcut else ""
-        label = QLabel(f"{text}  <span style='color:{self.theme.muted}'>{keys}</span>" if keys else text)
+        label = QLabel()
         label.setObjectName("caption")
+        self._captions.append((label, text, keys))
+        self._show_caption(label, text, keys)
         return label
 
     def _build(self, control) -> QVBoxLayout:
@@ -206,20 +259,22 @@ class ControlsBar(QFrame):
         if isinstance(control, Slider):  # "Alt+↓ ↑": the two keys that step it
             down, up = (QKeySequence(k).toString(QKeySequence.SequenceFormat.NativeText) for k in control.shortcuts)
             keys = f"{down}/{up.split('+')[-1]}".replace("Down", "↓").replace("Up", "↑")
-            caption = QLabel(f"{control.label}  <span style='color:{self.theme.muted}'>{keys}</span>")
+            caption = QLabel()
             caption.setObjectName("caption")
+            self._captions.append((caption, _t(control.label), keys))
+            self._show_caption(caption, _t(control.label), keys)
             column.addWidget(caption)
         else:
-            column.addWidget(self._caption(control.label, shortcut))
+            column.addWidget(self._caption(_t(control.label), shortcut))
         if isinstance(control, Choice):
             row = QHBoxLayout()
             row.setSpacing(0)
             group = QButtonGroup(self)
             group.setExclusive(True)
             for value, text in control.options:
-                button = OptionButton(text)
+                button = OptionButton(_t(text))
                 button.setCheckable(True)
-                button.setToolTip(control.tooltip)
+                button.setToolTip(_t(control.tooltip))
                 button.value = value
                 group.addButton(button)
                 row.addWidget(button)
@@ -230,7 +285,7 @@ class ControlsBar(QFrame):
         elif isinstance(control, Toggle):
             button = OptionButton()
             button.setCheckable(True)
-            button.setToolTip(control.tooltip)
+            button.setToolTip(_t(control.tooltip))
             button.clicked.connect(lambda _checked, c=control: self._changed(c))
             self.widgets[control.field] = button
             column.addWidget(button)
@@ -243,7 +298,7 @@ class ControlsBar(QFrame):
             slider.setTracking(False)  # one change when the drag ends, not one per pixel
             slider.setPageStep(4)
             slider.setMinimumWidth(120)
-            slider.setToolTip(control.tooltip)
+            slider.setToolTip(_t(control.tooltip))
             slider.valueChanged.connect(lambda _v, c=control: self._changed(c))
             slider.sliderMoved.connect(lambda v, c=control: self._show_slider_value(c, v))
             value = QLabel("0")
@@ -265,7 +320,7 @@ class ControlsBar(QFrame):
                 box.setDecimals(control.decimals)
             box.setKeyboardTracking(False)  # apply on Enter / arrows, not on every keystroke
             box.setButtonSymbols(QAbstractSpinBox.ButtonSymbols.UpDownArrows)
-            box.setToolTip(control.tooltip)
+            box.setToolTip(_t(control.tooltip))
             box.setMinimumWidth(90)
             box.valueChanged.connect(lambda _v, c=control: self._changed(c))
             self.widgets[control.field] = box
@@ -291,6 +346,19 @@ class ControlsBar(QFrame):
         shortcut.setContext(Qt.ShortcutContext.WindowShortcut)
         shortcut.activated.connect(action)
         self.shortcuts.append(shortcut)
+
+    def set_compact(self, compact: bool) -> None:
+        """Compact (the presenter layout): the switches only; the numbers and the window's buttons
+        go (their keys still work) and come back as they were."""
+        if compact and not self._hidden_by_compact:
+            items = [self._second.itemAt(i).widget() for i in range(self._second.count())]
+            self._hidden_by_compact = [w for w in items if w is not None and not w.isHidden()]
+            for widget in self._hidden_by_compact:
+                widget.setVisible(False)
+        elif not compact:
+            for widget in self._hidden_by_compact:
+                widget.setVisible(True)
+            self._hidden_by_compact = []
 
     # ---- reading and showing ------------------------------------------------------------------
     def _value(self, control) -> Any:
@@ -360,7 +428,8 @@ class ControlsBar(QFrame):
             slider.setMaximum(max(control.minimum, min(control.maximum, int(maximum))))
         finally:
             self._updating = updating
-        slider.setToolTip(control.tooltip + (f"<br><br>at most {slider.maximum()} here: {why}" if why else ""))
+        at_most = translate("Controls", "at most {n} here: {why}").format(n=slider.maximum(), why=why)
+        slider.setToolTip(_t(control.tooltip) + (f"<br><br>{at_most}" if why else ""))
 
     def _control(self, field: str):
         return next(c for c in CONTROLS if c.field == field)
@@ -408,7 +477,7 @@ class ControlsBar(QFrame):
             return refusal
         note = self.capabilities.note(control.field, value) if self.capabilities is not None else ""
         extra = self._extra_tips.get(control.field, "")
-        return control.tooltip + (f"<br><br>{note}" if note else "") + (f"<br><br>{extra}" if extra else "")
+        return _t(control.tooltip) + (f"<br><br>{note}" if note else "") + (f"<br><br>{extra}" if extra else "")
 
     def set_capabilities(self, capabilities) -> None:
         """What the loaded model and device can take (engine.protocol.Capabilities)."""
@@ -443,9 +512,9 @@ class ControlsBar(QFrame):
                 if isinstance(control, Choice):
                     for button in widget.buttons():
                         button.setChecked(button.value == value)
+                        asked_note = translate("Controls", "asked for: waiting for the engine")
                         button.setToolTip(self._option_tooltip(control, button.value)
-                                          + ("<br><br>asked for: waiting for the engine" if waiting and
-                                             button.value == asked else ""))
+                                          + (f"<br><br>{asked_note}" if waiting and button.value == asked else ""))
                         colour = self.colours.option_colour(str(button.value))
                         style = (f"QPushButton:checked {{ background: {colour}; color: {self.theme.background}; "
                                  f"font-weight: bold; }}" if colour else "")
@@ -454,7 +523,8 @@ class ControlsBar(QFrame):
                         button.setStyleSheet(style)
                 elif isinstance(control, Toggle):
                     widget.setChecked(bool(value))
-                    widget.setText(f"{'ON' if value else 'OFF'}" + (f" → {'ON' if asked else 'OFF'}…" if waiting else ""))
+                    on, off = translate("Controls", "ON"), translate("Controls", "OFF")
+                    widget.setText(f"{on if value else off}" + (f" → {on if asked else off}…" if waiting else ""))
                     widget.setToolTip(self._option_tooltip(control, not value))
                     colour = self.colours.colour(settings.label)
                     border = "dashed" if waiting else "solid"
@@ -475,4 +545,9 @@ class ControlsBar(QFrame):
 
     def set_theme(self, theme: Theme) -> None:
         self.theme = theme
+        for label, text, keys in self._captions:  # the keys' colour is the theme's
+            self._show_caption(label, text, keys)
         self._render()
+
+    def _show_caption(self, label: QLabel, text: str, keys: str) -> None:
+        label.setText(f"{text}  <span style='color:{self.theme.muted}'>{keys}</span>" if keys else text)

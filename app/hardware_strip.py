@@ -7,6 +7,7 @@ import os
 
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QProgressBar, QVBoxLayout
 
+from app.i18n import translate
 from app.theme import Theme
 
 
@@ -33,23 +34,25 @@ def device_lines(spec) -> tuple[str, str, str]:
         device = f"{spec.name} — {spec.source or 'CPU'}"
     else:
         device = f"{spec.name} — {spec.source}{' · NVML' if spec.nvml else ' · no NVML'}"
+    spec_word, measured_word = translate("HardwareStrip", "spec"), translate("HardwareStrip", "measured")
     bandwidth = []
     if spec.spec_bandwidth_gbs:
-        bandwidth.append(f"{spec.spec_bandwidth_gbs:,.0f} GB/s (spec)")
+        bandwidth.append(f"{spec.spec_bandwidth_gbs:,.0f} GB/s ({spec_word})")
     if spec.measured_bandwidth_gbs:
-        bandwidth.append(f"{spec.measured_bandwidth_gbs:,.1f} GB/s (measured)")
+        bandwidth.append(f"{spec.measured_bandwidth_gbs:,.1f} GB/s ({measured_word})")
     compute = []
     for dtype in ("fp32", "bf16", "fp16"):
         spec_value = spec.peak_flops.get(dtype)
         measured = spec.measured_flops.get(dtype)
         if spec_value and measured and spec_value != measured:
-            compute.append(f"{dtype} {_flops(spec_value)} (spec), {_flops(measured)} (measured)")
+            compute.append(f"{dtype} {_flops(spec_value)} ({spec_word}), {_flops(measured)} ({measured_word})")
         elif measured:
-            compute.append(f"{dtype} {_flops(measured)} (measured)")
+            compute.append(f"{dtype} {_flops(measured)} ({measured_word})")
         elif spec_value:
-            compute.append(f"{dtype} {_flops(spec_value)} (spec)")
-    return device, "peak bandwidth: " + (" · ".join(bandwidth) or "unknown"), \
-        "peak compute: " + (" · ".join(compute) or "unknown")
+            compute.append(f"{dtype} {_flops(spec_value)} ({spec_word})")
+    unknown = translate("HardwareStrip", "unknown")
+    return (device, translate("HardwareStrip", "peak bandwidth: {}").format(" · ".join(bandwidth) or unknown),
+            translate("HardwareStrip", "peak compute: {}").format(" · ".join(compute) or unknown))
 
 
 class HardwareStrip(QFrame):
@@ -60,7 +63,7 @@ class HardwareStrip(QFrame):
         self.spec = None
         self.weight_bytes: int | None = None
         self.engine_pid: int | None = None  # the engine's process (None: it runs in this one)
-        self.device_label = QLabel("measuring the device…")
+        self.device_label = QLabel(translate("HardwareStrip", "measuring the device…"))
         self.device_label.setObjectName("title")
         self.bandwidth_label = QLabel("")
         self.compute_label = QLabel("")
@@ -68,6 +71,8 @@ class HardwareStrip(QFrame):
         self.live_label = QLabel("")
         for label in (self.bandwidth_label, self.compute_label, self.memory_label, self.live_label):
             label.setObjectName("caption")
+        for label in (self.device_label, self.bandwidth_label, self.compute_label, self.memory_label, self.live_label):
+            label.setWordWrap(True)  # a 1280-pixel window with projector fonts wraps them rather than widening
         self.progress = QProgressBar()
         self.progress.setRange(0, 1000)
         self.progress.setMaximumWidth(420)
@@ -95,6 +100,12 @@ class HardwareStrip(QFrame):
         layout.addLayout(left, 3)
         layout.addLayout(right, 2)
 
+    def set_compact(self, compact: bool) -> None:
+        """Compact (the presenter layout): the device line only; notes and progress still show."""
+        for label in (self.bandwidth_label, self.compute_label, self.memory_label, self.live_label):
+            label.setVisible(not compact)
+        self.layout().setStretch(1, 0 if compact else 2)  # the device line takes the width
+
     def set_progress(self, fraction: float, message: str) -> None:
         busy = fraction < 1.0
         self.progress.setVisible(busy)
@@ -119,7 +130,8 @@ class HardwareStrip(QFrame):
         spec = self.spec
         if spec is None:
             return
-        weights = f"weights {_gb(self.weight_bytes)} (model)" if self.weight_bytes else ""
+        weights = (translate("HardwareStrip", "weights {size} (model)").format(size=_gb(self.weight_bytes))
+                   if self.weight_bytes else "")
         if sample is not None and sample.memory_used_bytes is not None:
             used = f"memory used {_gb(sample.memory_used_bytes)} of {_gb(sample.memory_total_bytes)} (NVML)"
             live = []
@@ -136,11 +148,11 @@ class HardwareStrip(QFrame):
             self.live_label.setText(" · ".join(live))
         else:
             rss = process_rss_bytes(self.engine_pid)
-            used = f"engine process {_gb(rss)} of {_gb(spec.memory_total_bytes)} RAM (OS)" if rss else \
-                f"RAM {_gb(spec.memory_total_bytes)}"
-            self.live_label.setText("no NVML here: throughput and utilisation are modelled "
-                                    "(cost model ÷ measured step time)" if spec.kind == "cpu" or not spec.nvml
-                                    else "")
+            used = translate("HardwareStrip", "engine process {used} of {total} RAM (OS)").format(
+                used=_gb(rss), total=_gb(spec.memory_total_bytes)) if rss else f"RAM {_gb(spec.memory_total_bytes)}"
+            self.live_label.setText(translate("HardwareStrip", "no NVML here: throughput and utilisation are "
+                                                               "modelled (cost model ÷ measured step time)")
+                                    if spec.kind == "cpu" or not spec.nvml else "")
         self.memory_label.setText(" · ".join(p for p in (weights, used) if p))
 
     def set_theme(self, theme: Theme) -> None:

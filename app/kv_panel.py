@@ -14,6 +14,7 @@ from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QBrush, QColor, QPainter, QPen
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
+from app.i18n import translate
 from app.theme import DARK, Theme
 from engine.kv.blocks import FREE, KVCacheSnapshot
 
@@ -78,7 +79,7 @@ class KVCachePanel(QFrame):
         self.snapshot: KVCacheSnapshot | None = None
         self._drawn: KVCacheSnapshot | None = None
         self._dirty = False
-        self.title = QLabel("KV cache")
+        self.title = QLabel(translate("KvPanel", "KV cache"))
         self.title.setObjectName("caption")
         self.view = pg.GraphicsLayoutWidget()
         self.view.setMinimumHeight(120)
@@ -91,6 +92,7 @@ class KVCachePanel(QFrame):
         self.numbers.setWordWrap(True)
         self.legend = QLabel("")
         self.legend.setTextFormat(Qt.TextFormat.RichText)
+        self.legend.setWordWrap(True)  # one entry per sequence: many users wrap rather than widen the window
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 6, 8, 6)
         layout.setSpacing(4)
@@ -131,15 +133,16 @@ class KVCachePanel(QFrame):
         if snap is None or snap.layout == "off" or not snap.num_blocks:
             self.image.clear()
             self.gauge.set_parts(0, 0, 0, self.theme.accent)
-            what = "off: nothing is stored, every step recomputes the whole context" if snap and snap.layout == "off" \
-                else "empty: nothing cached yet"
-            self.title.setText(f"KV cache · {snap.layout if snap else ''}".rstrip(" ·"))
+            what = (translate("KvPanel", "off: nothing is stored, every step recomputes the whole context")
+                    if snap and snap.layout == "off" else translate("KvPanel", "empty: nothing cached yet"))
+            self.title.setText(f"{translate('KvPanel', 'KV cache')} · {snap.layout if snap else ''}".rstrip(" ·"))
             self.numbers.setText(what)
             self.legend.setText("")
             return True
         self.image.setImage(self.render(snap), autoLevels=False)
         self.box.autoRange(padding=0.02)
-        self.title.setText(f"KV cache · {snap.layout} · {snap.num_blocks:,} cells of {snap.block_size} tokens")
+        self.title.setText(translate("KvPanel", "KV cache · {layout} · {cells} cells of {tokens} tokens").format(
+            layout=snap.layout, cells=f"{snap.num_blocks:,}", tokens=snap.block_size))
         empty = snap.fragmentation_bytes
         free = snap.pool_bytes - snap.reserved_bytes
         self.gauge.set_parts(snap.used_bytes, empty, free, self.owner_colour(0))

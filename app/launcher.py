@@ -13,12 +13,16 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
-    if args.command and not (args.command == "attach" and not args.headless):
+    if args.command and args.command != "replay" and not (args.command == "attach" and not args.headless):
         return engine_main(argv)
     if not all(importlib.util.find_spec(name) for name in ("PySide6", "pyqtgraph")):
         if args.command == "attach":
             print("membound: error: the attach window needs PySide6 and pyqtgraph (make run installs them); "
                   "`membound attach URL --headless` scrapes in the terminal", file=sys.stderr)
+            return 2
+        if args.command == "replay":
+            print("membound: error: a replay plays in the desktop app: install PySide6 and pyqtgraph "
+                  "(pip install PySide6-Essentials pyqtgraph; no torch needed)", file=sys.stderr)
             return 2
         if args.screenshot:
             print("membound: error: --screenshot needs the desktop app: install PySide6 and pyqtgraph "

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from app.i18n import QT_TRANSLATE_NOOP
 from app.ringbuffer import RingBuffer
 
 STEP_CAPACITY = 8192  # steps kept (the step plots show the last few hundred)
@@ -50,7 +51,8 @@ class LiveData:
         self.version = 0
         # where the figures come from, for the readouts: the cost model, or (attach mode) the server
         self.source = "model"
-        self.x_label = "step"  # what one row of `steps` is (attach mode: one scrape of the server)
+        # what one row of `steps` is (attach mode: one scrape of the server)
+        self.x_label = QT_TRANSLATE_NOOP("Plots", "step")
         self.notes: dict[str, str] = {}  # plot name -> why it shows nothing (e.g. the flag to start a server with)
         self._draft = None  # the draft step whose verify step comes next
 

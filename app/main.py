@@ -38,13 +38,18 @@ def pyside_drops_none_references() -> bool:
     return sys.getrefcount(None) < before - 100
 
 
-def _application():
+def _application(lang: str = "en"):
+    """The QApplication, with the UI's strings in `lang` (app.i18n)."""
     from PySide6.QtWidgets import QApplication
+
+    from app import i18n
 
     app = QApplication.instance()
     if app is None:
         app = QApplication(sys.argv[:1])
         app.setApplicationName("membound")
+    i18n.uninstall(app, getattr(app, "translator", None))  # a second main() in one process (the tests)
+    app.translator = i18n.install(app, lang)
     return app
 
 
@@ -54,6 +59,20 @@ def main(args=None, *, model="default", device: str = "auto", hardware=None, set
     run the same path on a tiny model."""
     screenshot = getattr(args, "screenshot", None)
     prompt = getattr(args, "prompt", None)
+    if getattr(args, "command", None) == "replay":
+        return run_replay(args)
+    tour = None
+    from app.i18n import language
+
+    lang = language(getattr(args, "lang", None))
+    if getattr(args, "tour", None):
+        from app.tour import TourError, load_tour
+
+        try:
+            tour = load_tour(args.tour, lang)
+        except TourError as error:
+            print(f"membound: error: {error}", file=sys.stderr)
+            return 2
     if screenshot and not os.environ.get("QT_QPA_PLATFORM") and not (
             os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) and sys.platform.startswith("linux"):
         os.environ["QT_QPA_PLATFORM"] = "offscreen"  # a screenshot needs no screen
@@ -75,16 +94,31 @@ def main(args=None, *, model="default", device: str = "auto", hardware=None, set
               "None's reference count and would crash the app; install another version: "
               "pip install 'PySide6-Essentials>=6.6,!=6.12.0'", file=sys.stderr)
         return 2
-    app = _application()
+    app = _application(lang)
     import pyqtgraph as pg
 
     pg.setConfigOptions(antialias=True)
     from app.window import MainWindow
 
+    recorder = None
+    if getattr(args, "record", None):
+        from app.recording import Recorder, RecordingError
+
+        try:
+            recorder = Recorder(args.record)
+        except RecordingError as error:
+            print(f"membound: error: {error}", file=sys.stderr)
+            return 2
     window = MainWindow(model=model, device=device, hardware=hardware, settings=settings, autoload=False,
-                        engine_process=not getattr(args, "engine_thread", False))
+                        engine_process=not getattr(args, "engine_thread", False), recorder=recorder)
     if screenshot:
         return take_screenshot(window, screenshot, prompt or DEFAULT_PROMPT, model, timeout_s)
+    from app import talk
+
+    talk.install(window, tour=tour, lang=lang, keep_decoding=getattr(args, "keep_decoding", False),
+                 autoplay=getattr(args, "autoplay", False))
+    if tour is not None and getattr(args, "autoplay", False):
+        window.talk.runner.finished.connect(window.close)
     window.show()
     if getattr(args, "command", None) == "attach":  # `membound attach URL`: a server, not the local model
         if not window.attach.attach(args.url, args.gpu, args.api_key, args.interval):
@@ -94,9 +128,67 @@ def main(args=None, *, model="default", device: str = "auto", hardware=None, set
         code = app.exec()
         window.shutdown()
         return code
-    if prompt:
+    if prompt and tour is None:
         window.model_ready.connect(lambda _info: window.send(prompt))
     window.load_model(model, device, hardware, settings)
+    code = app.exec()
+    window.shutdown()
+    return code
+
+
+def run_replay(args) -> int:
+    """`membound replay FILE`: the window plays a recording, with no engine and no torch. With
+    --screenshot or --export it plays it all at once, writes, and exits."""
+    from app.recording import DEFAULT_RECORDING, RecordingError, open_replay
+
+    path = DEFAULT_RECORDING if args.file == "default" else args.file
+    shot, export = getattr(args, "replay_screenshot", None) or getattr(args, "screenshot", None), args.export
+    if not os.environ.get("QT_QPA_PLATFORM") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) \
+            and sys.platform.startswith("linux"):
+        if not (shot or export):
+            print("membound: error: no display here (DISPLAY is not set): `membound replay FILE --export DIR` "
+                  "writes the plots and a report instead", file=sys.stderr)
+            return 2
+        os.environ["QT_QPA_PLATFORM"] = "offscreen"
+    from app.i18n import language
+
+    app = _application(language(getattr(args, "lang", None)))
+    import pyqtgraph as pg
+
+    pg.setConfigOptions(antialias=True)
+    try:
+        window, player = open_replay(str(path), args.speed)
+    except RecordingError as error:
+        print(f"membound: error: {error}", file=sys.stderr)
+        return 2
+    from app import talk
+
+    talk.install(window, player=player)
+    if shot or export:
+        window.resize(*SCREENSHOT_SIZE)
+        window.show()
+        player.play_all()
+        app.processEvents()
+        code = 0
+        if export:
+            from app.export import export_session
+
+            try:
+                written = export_session(window, export, replay=player.recording.describe())
+                print(f"membound: exported {len(written)} files to {export}", file=sys.stderr)
+            except (OSError, ValueError) as error:
+                print(f"membound: error: export failed: {error}", file=sys.stderr)
+                code = 2
+        if shot:
+            if window.save_screenshot(shot):
+                print(f"membound: saved {shot}", file=sys.stderr)
+            else:
+                print(f"membound: error: could not write {shot}", file=sys.stderr)
+                code = 2
+        window.close()
+        return code
+    window.show()
+    player.play()
     code = app.exec()
     window.shutdown()
     return code

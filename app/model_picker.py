@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.i18n import translate
 from engine.hardware.ceilings import device_chip, fit_on
 from engine.io import discovery
 from engine.model.config import NAMED_SHAPES
@@ -42,7 +43,7 @@ class ModelPicker(QDialog):
         """hardware: the DeviceSpec the fit and ceiling columns are judged on (None: unknown).
         discover: what lists the models (engine.io.discovery.discover; tests pass their own)."""
         super().__init__(parent)
-        self.setWindowTitle("Open a model")
+        self.setWindowTitle(translate("ModelPicker", "Open a model"))
         self.setMinimumWidth(880)
         self.hardware = hardware
         self._discover = discover or discovery.discover
@@ -53,7 +54,7 @@ class ModelPicker(QDialog):
         self._poll.setInterval(POLL_MS)
         self._poll.timeout.connect(self._take_result)
 
-        self.found_radio = QRadioButton("A model on this machine")
+        self.found_radio = QRadioButton(translate("ModelPicker", "A model on this machine"))
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
@@ -68,22 +69,22 @@ class ModelPicker(QDialog):
         self.scan_status = QLabel("")
         self.scan_status.setObjectName("caption")
         self.scan_status.setWordWrap(True)
-        rescan = QPushButton("Look again")
+        rescan = QPushButton(translate("ModelPicker", "Look again"))
         rescan.clicked.connect(self.rescan)
-        add_folder = QPushButton("Add a folder…")
+        add_folder = QPushButton(translate("ModelPicker", "Add a folder…"))
         add_folder.clicked.connect(self._add_folder)
         scan_row = QHBoxLayout()
         scan_row.addWidget(self.scan_status, 1)
         scan_row.addWidget(rescan)
         scan_row.addWidget(add_folder)
 
-        self.default_radio = QRadioButton("Default model (SmolLM2-135M-Instruct, GGUF)")
-        self.gguf_radio = QRadioButton("GGUF file")
+        self.default_radio = QRadioButton(translate("ModelPicker", "Default model (SmolLM2-135M-Instruct, GGUF)"))
+        self.gguf_radio = QRadioButton(translate("ModelPicker", "GGUF file"))
         self.hf_radio = QRadioButton("Hugging Face model folder (config.json + safetensors)")
         self.synthetic_radio = QRadioButton("Synthetic shape — random weights: the text is noise, the speed is real")
         self.path_edit = QLineEdit()
         self.path_edit.setPlaceholderText("path to a .gguf file or a model folder")
-        browse = QPushButton("Browse…")
+        browse = QPushButton(translate("ModelPicker", "Browse…"))
         browse.clicked.connect(self._browse)
         self.shape_box = QComboBox()
         self.shape_box.addItems(sorted(NAMED_SHAPES))

@@ -17,10 +17,13 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
+from app.i18n import translate
 from app.theme import SettingColours, Theme
 from engine.hardware.ceilings import (
     BYTES_PER_WEIGHT,
     REFERENCE_GPUS,
+    TP_DEGREES,
+    TP_GPU,
     Chip,
     ModelSize,
     device_chip,
@@ -29,6 +32,7 @@ from engine.hardware.ceilings import (
     model_size,
     reference_models,
     seed_table,
+    tp_ceiling,
 )
 
 
@@ -56,15 +60,17 @@ class SeedTable(QFrame):
         self.colours = colours
         self.model: ModelSize | None = None
         self.model_tooltip = ""
+        self.compact = False
         self.device: Chip | None = None
-        title = QLabel("What the hardware allows")
+        self.title = title = QLabel(translate("SeedTable", "What the hardware allows"))
         title.setObjectName("title")
         self.format_box = QComboBox()
         for name in BYTES_PER_WEIGHT:
-            self.format_box.addItem(f"{name} weights", name)
+            self.format_box.addItem(translate("SeedTable", "{name} weights").format(name=name), name)
         self.format_box.setCurrentIndex(list(BYTES_PER_WEIGHT).index("bf16"))
         self.format_box.currentIndexChanged.connect(self.refresh)
-        self.format_box.setToolTip("bytes per weight the table assumes (INT4: group of 128, fp16 scale)")
+        self.format_box.setToolTip(translate("SeedTable", "bytes per weight the table assumes (INT4: group of 128, "
+                                                          "fp16 scale)"))
         self.caption = caption = QLabel()
         caption.setObjectName("caption")
         caption.setWordWrap(True)
@@ -103,6 +109,14 @@ class SeedTable(QFrame):
         self.theme = theme
         self.refresh()
 
+    def set_compact(self, compact: bool) -> None:
+        """Compact (the presenter layout): the table takes the caption's room; the caption becomes
+        the title's tooltip."""
+        self.compact = compact
+        self.caption.setVisible(not compact)
+        self.title.setToolTip(self.caption.text() if compact else "")
+        self.refresh()
+
     @property
     def weight_format(self) -> str:
         return self.format_box.currentData()
@@ -111,18 +125,36 @@ class SeedTable(QFrame):
         models = ([self.model] if self.model else []) + reference_models()
         chips = ([self.device] if self.device else []) + [gpu_chip(label) for label in REFERENCE_GPUS]
         cells = seed_table(models, chips, self.weight_format)
+        tp_gpu = gpu_chip(TP_GPU)
+        for model, row in zip(models, cells):  # tensor parallelism: n GPUs, each reads 1/n of the weights
+            row += [tp_ceiling(model, tp_gpu, n, self.weight_format) for n in TP_DEGREES]
         device = f"{self.device.label} {self.device.source}, " if self.device else ""
-        self.caption.setText("max batch-1 decode tokens/s = bandwidth ÷ weight bytes per token (model); OOM: the "
-                             f"weights alone exceed the chip's memory. Bandwidth: {device}GPUs from datasheets.")
+        self.caption.setText(translate(
+            "SeedTable", "max batch-1 decode tokens/s = bandwidth ÷ weight bytes per token (model); OOM: the "
+                         "weights alone exceed the chip's memory. Bandwidth: {device}GPUs from datasheets. "
+                         "TP n: n × {gpu}, each reading 1/n of the weights, plus two all-reduces per layer at NVLink "
+                         "bandwidth ({link_gbs} GB/s; latency not counted).").format(
+            device=device, gpu=short_chip(TP_GPU), link_gbs=f"{tp_gpu.link_gbs:.0f}"))
         self.table.clear()
         self.table.setRowCount(len(models))
-        self.table.setColumnCount(len(chips))
-        self.table.setHorizontalHeaderLabels([f"{short_chip(c.label)}\n{format_bandwidth(c.bandwidth_gbs)}" for c in chips])
+        self.table.setColumnCount(len(chips) + len(TP_DEGREES))
+        self.table.setHorizontalHeaderLabels([f"{short_chip(c.label)}\n{format_bandwidth(c.bandwidth_gbs)}"
+                                              for c in chips]
+                                             + [f"TP {n}\n{n}×{short_chip(TP_GPU)}" for n in TP_DEGREES])
         for i, chip in enumerate(chips):
             memory = f", {chip.memory_bytes / 1e9:.0f} GB" if chip.memory_bytes else ""
             self.table.horizontalHeaderItem(i).setToolTip(
                 f"{chip.label}: {chip.bandwidth_gbs:,.1f} GB/s ({chip.source}){memory}")
-        self.table.setVerticalHeaderLabels([f"{m.label}  {format_params(m.stored_params)}" for m in models])
+        for i, n in enumerate(TP_DEGREES, len(chips)):
+            self.table.horizontalHeaderItem(i).setToolTip(
+                f"tensor parallelism over {n} {TP_GPU}: {n * tp_gpu.memory_bytes / 1e9:.0f} GB together; each GPU "
+                f"reads its 1/{n} of every weight matrix at {tp_gpu.bandwidth_gbs:,.0f} GB/s, and every layer "
+                f"all-reduces its hidden vector twice over NVLink ({tp_gpu.link_gbs:.0f} GB/s both ways)")
+        # compact: the size under the name, so the columns get the width (the rows have the height)
+        between, width = ("\n", 12) if self.compact else ("  ", 16)
+        names = [m.label if len(m.label) <= width else m.label[: width - 1] + "…" for m in models]
+        self.table.setVerticalHeaderLabels([f"{name}{between}{format_params(m.stored_params)}"
+                                            for name, m in zip(names, models)])
         if self.model:
             loaded = self.table.verticalHeaderItem(0)
             loaded.setToolTip(self.model_tooltip)

@@ -15,6 +15,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
+from app.i18n import translate
 from app.plots.style import pen, style_plot
 from app.theme import Theme
 
@@ -41,6 +42,7 @@ class ServingPanel(QWidget):
         self.theme = theme
         self._drawn_version = -1
         self.frames_drawn = 0
+        self.compact = False
         self.title = QLabel()
         self.title.setWordWrap(True)
         self.title.setAlignment(Qt.AlignmentFlag.AlignHCenter)
@@ -64,23 +66,39 @@ class ServingPanel(QWidget):
     def _build(self) -> None:
         t = self.theme
         # the plot below names the shared time axis
-        rates = style_plot(self.rate_plot, t, "tokens/s", "", (6, 2), legend_columns=3, legend_smaller=3)
-        self.aggregate_item = rates.plot(pen=pen(t.accent, 2.5), name="aggregate (all requests)")
-        self.per_request_item = rates.plot(pen=pen(t.prefill, 2), name="per request (median)")
-        seqs = style_plot(self.seq_plot, t, "sequences", "time (s)", (6, 2), legend_columns=3, legend_smaller=3)
-        self.running_item = seqs.plot(pen=pen(t.accent, 2), name="batch (running)", stepMode=None)
-        self.waiting_item = seqs.plot(pen=pen(t.spec_peak, 2), name="queue (waiting)")
-        self.users_item = seqs.plot(pen=pen(t.muted, 1.5, dashed=True), name="users")
-        self.title.setText(f"<span style='color:{t.text}; font-weight:bold'>Serving: simulated users, "
-                           f"batched</span>")
+        # compact (the presenter layout, two short plots): no axis titles, the legends say what is drawn
+        rates = style_plot(self.rate_plot, t, "" if self.compact else translate("Serving", "tokens/s"), "", (6, 2),
+                           legend_columns=3, legend_smaller=3)
+        self.aggregate_item = rates.plot(pen=pen(t.accent, 2.5), name=translate("Serving", "aggregate (all requests)"))
+        self.per_request_item = rates.plot(pen=pen(t.prefill, 2), name=translate("Serving", "per request (median)"))
+        seqs = style_plot(self.seq_plot, t, "" if self.compact else translate("Serving", "sequences"),
+                          "" if self.compact else translate("Serving", "time (s)"), (6, 2), legend_columns=3,
+                          legend_smaller=3)
+        self.running_item = seqs.plot(pen=pen(t.accent, 2), name=translate("Serving", "batch (running)"), stepMode=None)
+        self.waiting_item = seqs.plot(pen=pen(t.spec_peak, 2), name=translate("Serving", "queue (waiting)"))
+        self.users_item = seqs.plot(pen=pen(t.muted, 1.5, dashed=True), name=translate("Serving", "users"))
+        title = translate("Serving", "Serving: simulated users, batched")
+        self.title.setText(f"<span style='color:{t.text}; font-weight:bold'>{title}</span>")
         self.readout.setStyleSheet(f"color: {t.accent}")
-        self.readout.setText("move the Users slider above 0 to serve simulated users beside the chat")
+        self.readout.setText(translate("Serving", "move the Users slider above 0 to serve simulated users beside "
+                                                  "the chat"))
         self._drawn_version = -1
 
     def set_theme(self, theme: Theme) -> None:
         self.theme = theme
         self._build()
         self.refresh(force=True)
+
+    def set_compact(self, compact: bool) -> None:
+        """Compact (the presenter layout): the tab names the panel, the legends the lines: no title, no
+        axis titles, so the two plots keep their height at 720 pixels with projector fonts."""
+        if compact == self.compact:
+            return
+        self.compact = compact
+        self.title.setVisible(not compact)
+        for widget in (self.rate_plot, self.seq_plot):
+            widget.setMinimumSize(200, 64 if compact else 90)
+        self.set_theme(self.theme)
 
     def refresh(self, force: bool = False) -> bool:
         buffer = self.data.serving

@@ -46,10 +46,11 @@ DARK = Theme(
 LIGHT = Theme(
     name="light", background="#ffffff", panel="#ffffff", raised="#eef0f4", border="#5b6270",
     text="#000000", muted="#2b2f38", grid_alpha=0.25, accent="#0050b3", error="#c00000",
-    peak="#000000", spec_peak="#a05a00", prefill="#b07800", mixed="#5b6270",
-    setting_colours=(("kv off", "#c2185b"), ("int4", "#1b8a2f"), ("int8", "#d35400"), ("fp16", "#00838f"),
+    # every colour that draws text here is >= 4.5:1 on white (WCAG AA: app/contrast.py, tested)
+    peak="#000000", spec_peak="#a05a00", prefill="#8a5d00", mixed="#5b6270",
+    setting_colours=(("kv off", "#c2185b"), ("int4", "#187a29"), ("int8", "#b34700"), ("fp16", "#00838f"),
                      ("bf16", "#0050b3"), ("fp32", "#6a1b9a")),
-    spare_colours=("#8e24aa", "#2e7d32", "#ef6c00", "#37474f", "#ad1457", "#00695c"),
+    spare_colours=("#8e24aa", "#2e7d32", "#a04b00", "#37474f", "#ad1457", "#00695c"),
     draft="#b0306a", verify="#00806a",
 )
 
@@ -114,7 +115,7 @@ QLabel#muted, QLabel#caption { color: $muted; }
 QLabel#caption { font-size: ${small}pt; }
 QLabel#title { font-weight: bold; font-size: ${big}pt; }
 QLabel#error { background: $error; color: $background; border-radius: 6px; padding: 6px 10px; font-weight: bold; }
-QHeaderView::section { background: $raised; color: $text; border: 0px; padding: 4px; font-weight: bold; }
+QHeaderView::section { background: $raised; color: $text; border: 0px; padding: 4px 1px; font-weight: bold; }
 QTableWidget { gridline-color: $border; font-size: ${small}pt; }
 QHeaderView::section { font-size: ${small}pt; }
 QProgressBar { border: 1px solid $border; border-radius: 6px; background: $panel; text-align: center; }

@@ -14,6 +14,7 @@ import os
 import re
 import sys
 import time
+from dataclasses import replace
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
@@ -22,6 +23,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QMainWindow, QPushButton, QSp
 from app.chat import ChatPanel
 from app.controls import ControlsBar
 from app.hardware_strip import HardwareStrip
+from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.kv_panel import KVCachePanel
 from app.plots import LiveData, PlotsPanel
 from app.seed_table import SeedTable
@@ -46,20 +48,26 @@ NVML_SAMPLE_MS = 250
 
 _finishing_workers: list = []  # workers still inside a step when their window closed
 
-DONE_WORDS = {"eos": "finished", "max_tokens": "hit max tokens", "stopped": "stopped",
-              "context_full": "context window full"}
+DONE_WORDS = {"eos": QT_TRANSLATE_NOOP("Window", "finished"),
+              "max_tokens": QT_TRANSLATE_NOOP("Window", "hit max tokens"),
+              "stopped": QT_TRANSLATE_NOOP("Window", "stopped"),
+              "context_full": QT_TRANSLATE_NOOP("Window", "context window full")}
 
 
 class MainWindow(QMainWindow):
     model_ready = Signal(object)  # ModelInfo
     reply_finished = Signal(object)  # DoneEvent, or None when the reply failed
     error_shown = Signal(str)
+    # what the window did of its own accord, not in answer to the engine (a recording keeps it):
+    # ("send", (text, ignore_eos)), ("new_chat", None), ("hardware", HardwareSample), and talk mode's own
+    action = Signal(str, object)
+    closing = Signal()  # shutdown has begun: helpers stop their timers
 
     def __init__(self, model="default", device: str = "auto", hardware=None, settings: Settings | None = None,
                  theme: str = "dark", large_fonts: bool = False, autoload: bool = True, max_context: int = 4096,
-                 engine_process: bool = False):
+                 engine_process: bool = False, worker=None, recorder=None):
         super().__init__()
-        self.setWindowTitle("membound — watch decoding hit the memory wall")
+        self.setWindowTitle(translate("Window", "membound — watch decoding hit the memory wall"))
         self.theme = themed(theme, large_fonts)
         self.colours = SettingColours(self.theme)
         self.data = LiveData()
@@ -71,6 +79,7 @@ class MainWindow(QMainWindow):
         self.max_context = max_context
         self.settings: Settings | None = settings  # what the engine runs (as it last confirmed)
         self.model_info: ModelInfo | None = None
+        self.clock = time.monotonic  # the time of the window's own annotations (a replay's is the recording's)
         self.messages: list[dict[str, str]] = []  # the conversation (kept here too: it outlives the engine)
         self._turn_text = ""  # the user's turn in flight
         self._reply_text: list[str] = []  # the reply in flight, as streamed
@@ -96,11 +105,11 @@ class MainWindow(QMainWindow):
 
         # ---- widgets
         self.controls = ControlsBar(self.theme, self.colours)
-        self.model_button = QPushButton("Model…  Ctrl+O")
-        self.theme_button = QPushButton("Light theme  F9")
-        self.fonts_button = QPushButton("Large fonts  F10")
+        self.model_button = QPushButton(translate("Window", "Model…  Ctrl+O"))
+        self.theme_button = QPushButton(translate("Window", "Light theme  F9"))
+        self.fonts_button = QPushButton(translate("Window", "Large fonts  F10"))
         self.fonts_button.setCheckable(True)
-        self.table_button = QPushButton("Hardware table  F8")
+        self.table_button = QPushButton(translate("Window", "Hardware table  F8"))
         self.table_button.setCheckable(True)
         self.table_button.setChecked(not large_fonts)
         for button in (self.model_button, self.table_button, self.theme_button, self.fonts_button):
@@ -112,16 +121,17 @@ class MainWindow(QMainWindow):
         self.seed_table = SeedTable(self.theme, self.colours)
         self.kv_panel = KVCachePanel(self.theme)
         self.side_tabs = QTabWidget()  # the sixth cell: the seed table, or the KV cache's blocks
-        self.side_tabs.addTab(self.seed_table, "What the hardware allows")
-        self.side_tabs.addTab(self.kv_panel, "KV cache")
+        self.side_tab_chosen = False  # a presenter layout named the tab: simulated users do not move it
+        self.side_tabs.addTab(self.seed_table, translate("Window", "What the hardware allows"))
+        self.side_tabs.addTab(self.kv_panel, translate("Window", "KV cache"))
         self.serving_panel = ServingPanel(self.data, self.theme)
-        self.side_tabs.addTab(self.serving_panel, "Serving")
+        self.side_tabs.addTab(self.serving_panel, translate("Window", "Serving"))
         self.plots = PlotsPanel(self.data, self.theme, self.colours, extra=self.side_tabs)
         self.hardware_strip = HardwareStrip(self.theme)
         self.error_label = QLabel("")
         self.error_label.setObjectName("error")
         self.error_label.setWordWrap(True)
-        self.error_close = QPushButton("Dismiss")
+        self.error_close = QPushButton(translate("Window", "Dismiss"))
         self.error_close.clicked.connect(self.clear_error)
         self.error_bar = QWidget()
         error_row = QHBoxLayout(self.error_bar)
@@ -148,8 +158,12 @@ class MainWindow(QMainWindow):
         self.resize(1600, 960)
         self.splitter.setSizes([520, 1080])
 
-        # ---- the worker thread: commands in through its queue, plain-data signals out (queued)
-        self.worker = EngineWorker(self, process=engine_process)
+        # ---- the worker thread: commands in through its queue, plain-data signals out (queued).
+        # A replay passes a worker that plays a recording; a recorder connects before the window
+        # does, so it sees every signal before the window acts on it.
+        self.worker = worker if worker is not None else EngineWorker(self, process=engine_process)
+        if recorder is not None:
+            recorder.attach(self)
         self.worker.progress.connect(self._on_progress)
         self.worker.model_loaded.connect(self._on_model_loaded)
         self.worker.events.connect(self._on_events)
@@ -205,7 +219,7 @@ class MainWindow(QMainWindow):
         self._model_source = model
         self.chat.set_ready(False)
         self.controls.set_enabled(False)
-        self.hardware_strip.set_progress(0.0, "starting…")
+        self.hardware_strip.set_progress(0.0, translate("Window", "starting…"))
         self.worker.submit(Load(model, device, settings, hardware, self.max_context))
 
     def _restart_engine(self) -> None:
@@ -220,7 +234,8 @@ class MainWindow(QMainWindow):
         self.worker.submit(Load(source, self.device, self.settings, self.hardware, self.max_context,
                                 messages=tuple(self.messages)))
 
-    def send(self, text: str) -> None:
+    def send(self, text: str, ignore_eos: bool = False) -> None:
+        """A turn of the chat; ignore_eos: the reply runs to its token budget (keep-decoding)."""
         if self.replying or self._closed:
             return
         if self.engine_dead:
@@ -236,7 +251,8 @@ class MainWindow(QMainWindow):
         self.chat.begin_reply()
         self.chat.set_ready(False)
         self.chat.set_streaming(True)
-        self.worker.submit(Chat(text))
+        self.action.emit("send", (text, ignore_eos))
+        self.worker.submit(Chat(text, ignore_eos=ignore_eos))
 
     def stop(self) -> None:
         if self.replying:
@@ -245,10 +261,11 @@ class MainWindow(QMainWindow):
     def new_chat(self) -> None:
         self.stop()
         self._messages_before_reset, self.messages = self.messages, []
+        self.action.emit("new_chat", None)
         if not self.engine_dead:
             self.worker.submit(Reset())
         self.chat.clear()
-        self.chat.add_notice("new chat")
+        self.chat.add_notice(translate("Window", "new chat"))
 
     def apply_settings(self, new: Settings) -> None:
         """Ask the engine for `new` (from the controls, mid-reply too). Only the changes from what is
@@ -294,7 +311,8 @@ class MainWindow(QMainWindow):
         self._show_model_line()
         if event.changes:  # marks the step at which it took effect
             self.data.annotate(", ".join(event.changes), event.settings.label, event.t_s)
-        if event.settings.users > 0 and (old is None or old.users == 0) and self.side_tabs.isVisibleTo(self):
+        if event.settings.users > 0 and (old is None or old.users == 0) and self.side_tabs.isVisibleTo(self) \
+                and not self.side_tab_chosen:
             self.side_tabs.setCurrentWidget(self.serving_panel)  # where the batch shows
 
     def _show_model_line(self) -> None:
@@ -316,7 +334,7 @@ class MainWindow(QMainWindow):
             self.settings = event.settings
             self.controls.set_settings(event.settings)
         self._show_pending()
-        self.show_error(f"not applied: {event.reason}")
+        self.show_error(translate("Window", "not applied: {reason}").format(reason=event.reason))
 
     def pick_model(self) -> None:
         from app.model_picker import ModelPicker
@@ -346,7 +364,9 @@ class MainWindow(QMainWindow):
         self.serving_panel.set_theme(self.theme)
         self.hardware_strip.set_theme(self.theme)
         self.plots.set_theme(self.theme)
-        self.theme_button.setText(("Dark" if self.theme.name == "light" else "Light") + " theme  F9")
+        light = self.theme.name == "light"
+        self.theme_button.setText(translate("Window", "Dark theme  F9") if light
+                                  else translate("Window", "Light theme  F9"))
         self.fonts_button.setChecked(self.theme.large)
 
     def toggle_theme(self) -> None:
@@ -402,13 +422,13 @@ class MainWindow(QMainWindow):
         if restarted:
             self.chat.add_notice(f"the engine is back: {info.label}, {len(info.messages) // 2} turns of the "
                                  "conversation kept")
-            self.data.annotate("engine restarted", info.settings.label, time.monotonic())
+            self.data.annotate("engine restarted", info.settings.label, self.clock())
         else:
             self.data.clear()
             if not first:
                 self.chat.clear()
-            self.chat.add_notice(f"loaded {info.label}")
-            self.data.annotate(f"start: {info.settings.label}", info.settings.label, time.monotonic())
+            self.chat.add_notice(translate("Window", "loaded {model}").format(model=info.label))
+            self.data.annotate(f"start: {info.settings.label}", info.settings.label, self.clock())
         for note in dict.fromkeys(info.capabilities.notes.values()):
             self.chat.add_notice(note, error=True)
         self.hardware_strip.engine_pid = self.worker.pid
@@ -435,9 +455,12 @@ class MainWindow(QMainWindow):
                 self.nvml_timer.start()
 
     def _sample_hardware(self) -> None:
-        if self._sampler is None:
-            return
-        sample = self._sampler.sample()
+        if self._sampler is not None:
+            self.show_hardware_sample(self._sampler.sample())
+
+    def show_hardware_sample(self, sample) -> None:
+        """An NVML sample: the strip's memory figures and, while steps run, the plots' NVML series."""
+        self.action.emit("hardware", sample)
         self.hardware_strip.update_memory(sample)
         if self.replying or (self.settings is not None and self.settings.users > 0):
             self.data.add_hardware(sample)
@@ -450,11 +473,24 @@ class MainWindow(QMainWindow):
         self.quality = table
         self.controls.set_quality(table)
 
+    def _follow_flops_peak(self, step: StepMetrics) -> None:
+        """A CPU engine raises its measured FLOP/s peak when a step beats it (engine/engine.py
+        `_held_to_peak`). The strip then says the new peak, the one the plots draw."""
+        spec, settings = self.hardware, self.settings
+        if spec is None or settings is None or spec.kind != "cpu" or not step.peak_flops > 0:
+            return
+        dtype = settings.dtype
+        if step.peak_flops > spec.peak_flops.get(dtype, 0.0) * (1 + 1e-9):
+            self.hardware = replace(spec, peak_flops={**spec.peak_flops, dtype: step.peak_flops},
+                                    measured_flops={**spec.measured_flops, dtype: step.peak_flops})
+            self.hardware_strip.set_device(self.hardware, self.hardware_strip.weight_bytes)
+
     def _on_events(self, batch: list) -> None:
         text = []
         for event in batch:
             if isinstance(event, StepMetrics):
                 self.data.add_step(event)
+                self._follow_flops_peak(event)
                 if self.replying:  # (with simulated users, steps also run between replies)
                     self._reply_steps.append(event)
             elif isinstance(event, TokenEvent):
@@ -484,7 +520,8 @@ class MainWindow(QMainWindow):
         if self.data.ttft_s is None and done.ttft_s > 0:  # a batched reply: its first token's own time
             self.data.ttft_s = done.ttft_s
             self.data.version += 1
-        parts = [f"{done.n_new_tokens} tokens, {DONE_WORDS.get(done.reason, done.reason)}",
+        how = translate("Window", DONE_WORDS[done.reason]) if done.reason in DONE_WORDS else done.reason
+        parts = [translate("Window", "{n} tokens, {how}").format(n=done.n_new_tokens, how=how),
                  done.ttft_note]
         decode = [m for m in self._reply_steps if m.phase in DECODE_PHASES]
         if decode:
@@ -611,6 +648,7 @@ class MainWindow(QMainWindow):
         if self._closed:
             return
         self._closed = True
+        self.closing.emit()
         self.frame_timer.stop()
         self.nvml_timer.stop()
         if not self.worker.shutdown():

@@ -58,7 +58,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompt", help="(app) prompt to send at start")
     parser.add_argument("--engine-thread", action="store_true",
                         help="(app) run the engine on a thread of the app's process, not in its own process")
+    parser.add_argument("--tour", metavar="FILE", help="(app) run a guided tour: a TOML file, or 'default'")
+    parser.add_argument("--lang", choices=["en", "es"],
+                        help="(app) the language of the window and the tour: en or es (default: the system's)")
+    parser.add_argument("--autoplay", action="store_true", help="(app) the tour steps on by itself")
+    parser.add_argument("--keep-decoding", action="store_true",
+                        help="(app) the model keeps talking until stopped (Ctrl+K in the app)")
+    parser.add_argument("--record", metavar="FILE", help="(app) record the session to FILE (membound replay plays it)")
     sub = parser.add_subparsers(dest="command")
+
+    replay = sub.add_parser("replay", help="play a recorded session in the app (no engine, no torch)")
+    replay.add_argument("file", nargs="?", default="default",
+                        help="a recording (membound --record FILE), or 'default': the bundled tour")
+    replay.add_argument("--speed", type=float, default=1.0, help="1, 2, 4, … times real time (default 1)")
+    replay.add_argument("--lang", choices=["en", "es"], default=argparse.SUPPRESS,
+                        help="the window's language (default: the system's)")
+    replay.add_argument("--screenshot", dest="replay_screenshot", metavar="PNG",
+                        help="play it all at once, save a PNG of the window, exit")
+    replay.add_argument("--export", metavar="DIR",
+                        help="play it all at once, export the window, plots, steps CSV and report into DIR, exit")
 
     chat = sub.add_parser("chat", help="chat in the terminal")
     add_model_args(chat)
@@ -151,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_headless(args)
         if args.command == "models":
             return run_models(args)
+        if args.command == "replay":
+            raise ValueError("a replay plays in the desktop app: run `membound replay FILE`")
         if args.command == "bench":
             from engine.bench.run import run_bench
             return run_bench(args, _progress_printer())

@@ -25,6 +25,7 @@ from engine.events import (
     TokenEvent,
 )
 from engine.graphs import GraphDecoder
+from engine.hardware.spec import dtype_name
 from engine.io.loader import LoadedWeights, load_model
 from engine.kv.cache import DEFAULT_BLOCK_SIZE, ContiguousKVCache, PagedKVCache
 from engine.metrics import StepMetrics, step_cost
@@ -413,12 +414,13 @@ class Engine:
         if self._server is not None:
             self._server.runner.scheduler.drop_retained()
 
-    def chat(self, user_text: str) -> Iterator:
-        """One turn of the conversation; it is kept once the reply has run (finished or stopped)."""
+    def chat(self, user_text: str, ignore_eos: bool = False) -> Iterator:
+        """One turn of the conversation; it is kept once the reply has run (finished or stopped).
+        ignore_eos: the reply runs to its token budget or the context's end."""
         ids = self.conversation.prompt_ids(user_text)
         self._check_prompt_length(len(ids))
         done = None
-        for event in self.generate(ids):
+        for event in self.generate(ids, ignore_eos=ignore_eos):
             if isinstance(event, DoneEvent):
                 done = event
             yield event
@@ -462,16 +464,16 @@ class Engine:
                     if self.settings.users > 0:  # users are on (or joined mid-reply): the rest runs batched
                         person = self._submit_person(reply, gen)
                 if person is None and self.settings.speculate != "off" and reply.n_new > 0:
-                    yield from self._speculative_step(reply, gen)
+                    yield from self._held_to_peak(self._speculative_step(reply, gen))
                 elif person is None:
-                    yield from self._plain_step(reply, gen)
+                    yield from self._held_to_peak(self._plain_step(reply, gen))
                 elif self._stop.is_set():
                     self._server.cancel(person.request_id)
                     break
                 elif person.is_finished:
                     break
                 else:
-                    yield from self._batched_step(reply, person)
+                    yield from self._held_to_peak(self._batched_step(reply, person))
         finally:
             self._reply_active = False
             if person is not None and self._server is not None:
@@ -491,6 +493,27 @@ class Engine:
             yield TokenEvent(-1, tail, reply.n_new)
         yield DoneEvent(reply.reason, "".join(reply.parts), reply.n_prompt, reply.n_new, reply.ttft_s,
                         reply.decode_s, reply.n_cached)
+
+    def _held_to_peak(self, events: Iterator) -> Iterator:
+        """A CPU's FLOP/s peak is a matmul measured at load, and a busy machine measures it low. A step
+        that beats it shows the machine can do at least that much, so the peak rises to what the step
+        reached (here and on every later step). Otherwise the window would show MFU over 100%.
+        A GPU's peak comes from its datasheet, so it is never raised."""
+        for event in events:
+            if isinstance(event, StepMetrics) and self.hardware.kind == "cpu":
+                event = self._raise_flops_peak(event)
+            yield event
+
+    def _raise_flops_peak(self, metrics: StepMetrics) -> StepMetrics:
+        dtype = dtype_name(self.settings.dtype)
+        known = self.hardware.peak_flops.get(dtype, 0.0)
+        peak = max(known, metrics.peak_flops if metrics.peak_flops == metrics.peak_flops else 0.0)
+        if metrics.step_s > 0 and metrics.achieved_flops > peak:
+            peak = metrics.achieved_flops
+        if peak > known:
+            self.hardware = replace(self.hardware, peak_flops={**self.hardware.peak_flops, dtype: peak},
+                                    measured_flops={**self.hardware.measured_flops, dtype: peak})
+        return replace(metrics, peak_flops=peak) if peak != metrics.peak_flops else metrics
 
     def _plain_step(self, reply: "_Reply", gen) -> Iterator:
         (token,), metrics = self._step(reply.ids, produced=reply.n_new, gen=gen)

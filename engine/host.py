@@ -194,7 +194,7 @@ class EngineHost:
             if isinstance(command, Load):
                 self._load(command)
             elif isinstance(command, Chat):
-                self._chat(command.text)
+                self._chat(command.text, command.ignore_eos)
             elif isinstance(command, MeasureQuality):
                 self._measure_quality(command)
             elif isinstance(command, Reset):
@@ -277,7 +277,7 @@ class EngineHost:
             return
         self.emit("kv_snapshot", snapshot)
 
-    def _chat(self, text: str) -> None:
+    def _chat(self, text: str, ignore_eos: bool = False) -> None:
         engine = self.engine
         if engine is None:
             self.emit("failed", "reply", "no model is loaded yet")
@@ -288,7 +288,7 @@ class EngineHost:
         last_emit = last_snapshot = time.monotonic()
         try:
             inject("chat")
-            for event in engine.chat(text):
+            for event in engine.chat(text, ignore_eos=ignore_eos):
                 batch.append(event)
                 # Metrics come just before their step's token: hold them so the two travel together.
                 if isinstance(event, StepMetrics):

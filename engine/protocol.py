@@ -101,6 +101,7 @@ class Load:
 @dataclass(frozen=True)
 class Chat:
     text: str
+    ignore_eos: bool = False  # the reply runs to its token budget (the app's keep-decoding mode)
 
 
 @dataclass(frozen=True)

@@ -7,21 +7,23 @@ import math
 import numpy as np
 import pyqtgraph as pg
 
+from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.plots.step_plot import StepPlot, StepWindow
 from app.plots.style import flops_unit, format_rate, nice_ceiling, pen
 
 
 class ComputePlot(StepPlot):
-    title = "Compute"
+    title = QT_TRANSLATE_NOOP("Plots", "Compute")
 
     def build(self) -> None:
         t = self.theme
-        plot = self.style("% of peak FLOP/s", self.data.x_label)
+        plot = self.style(QT_TRANSLATE_NOOP("Plots", "% of peak FLOP/s"), self.data.x_label)
         self.nvml = bool(self.hardware is not None and self.hardware.nvml)
         self.sm_item = pg.PlotDataItem(pen=pen(t.text, 2, dotted=True), connect="finite",
-                                       name="SM busy (NVML)" if self.nvml else None)
+                                       name=translate("Plots", "SM busy (NVML)") if self.nvml else None)
         self.tensor_item = pg.PlotDataItem(pen=pen(t.spec_peak, 2, dotted=True), connect="finite",
-                                           name="tensor cores busy (NVML GPM)" if self.nvml else None)
+                                           name=translate("Plots", "tensor cores busy (NVML GPM)")
+                                           if self.nvml else None)
         if self.nvml:
             plot.addItem(self.sm_item)
             plot.addItem(self.tensor_item)
@@ -47,10 +49,11 @@ class ComputePlot(StepPlot):
         scale, unit = flops_unit(peak_flops if math.isfinite(peak_flops) else 0)
         if self.data.source != "model":  # a server's figures: the peak is the datasheet's, for its dtype
             dtype = spec.ridge_dtype or ""
-        origin = "measured" if spec.kind == "cpu" or dtype in spec.measured_flops and \
-            spec.measured_flops.get(dtype) == peak_flops else "spec"
+        origin = translate("Plots", "measured") if spec.kind == "cpu" or dtype in spec.measured_flops and \
+            spec.measured_flops.get(dtype) == peak_flops else translate("Plots", "spec")
         self.hline("peak_flops", 100.0 if math.isfinite(peak_flops) else None,
-                   f"peak {peak_flops / scale:.1f} {unit} {dtype} ({origin})", self.theme.peak)
+                   translate("Plots", "peak {value} {unit} {dtype} ({origin})").format(
+                       value=f"{peak_flops / scale:.1f}", unit=unit, dtype=dtype, origin=origin), self.theme.peak)
         mfu = steps.column("mfu_pct")
         top_mfu = max(100.0, float(np.nanmax(mfu)) if np.isfinite(mfu).any() else 0)
         self.set_range("y", 0, nice_ceiling(1.4 * top_mfu))  # headroom for the legend
@@ -62,4 +65,5 @@ class ComputePlot(StepPlot):
         scale, unit = flops_unit(peak_flops if math.isfinite(peak_flops) else 0)
         mfu = steps.column("mfu_pct", last=8)
         mean_mfu = np.nanmean(mfu) if np.isfinite(mfu).any() else float("nan")
-        return f"{format_rate(np.mean(flops) / scale, unit)} (model) · MFU {mean_mfu:.0f}%"
+        return translate("Plots", "{rate} (model) · MFU {mfu}%").format(rate=format_rate(np.mean(flops) / scale, unit),
+                                                                      mfu=f"{mean_mfu:.0f}")

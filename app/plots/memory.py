@@ -5,19 +5,20 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 
+from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.plots.step_plot import StepPlot, StepWindow
 from app.plots.style import nice_ceiling, pen
 
 
 class MemoryPlot(StepPlot):
-    title = "Memory traffic"
+    title = QT_TRANSLATE_NOOP("Plots", "Memory traffic")
 
     def build(self) -> None:
         plot = self.style("GB/s", self.data.x_label)
         # NVML series only where NVML answers: a CPU run shows what is modelled, and says so.
         self.nvml = bool(self.hardware is not None and self.hardware.nvml)
         self.dram_item = pg.PlotDataItem(pen=pen(self.theme.text, 2, dotted=True), connect="finite",
-                                         name="DRAM bandwidth (NVML GPM)" if self.nvml else None)
+                                         name=translate("Plots", "DRAM bandwidth (NVML GPM)") if self.nvml else None)
         if self.nvml:
             plot.addItem(self.dram_item)
 
@@ -36,8 +37,11 @@ class MemoryPlot(StepPlot):
     def _draw_peaks(self, spec) -> None:
         t = self.theme
         measured, spec_bw = spec.measured_bandwidth_gbs, spec.spec_bandwidth_gbs
-        self.hline("measured_bw", measured, f"measured peak {measured:.0f} GB/s" if measured else "", t.peak)
-        self.hline("spec_bw", spec_bw, f"spec peak {spec_bw:.0f} GB/s (datasheet)" if spec_bw else "", t.spec_peak)
+        measured_text = translate("Plots", "measured peak {gbs} GB/s").format(gbs=f"{measured:.0f}") if measured else ""
+        self.hline("measured_bw", measured, measured_text, t.peak)
+        spec_text = (translate("Plots", "spec peak {gbs} GB/s (datasheet)").format(gbs=f"{spec_bw:.0f}")
+                     if spec_bw else "")
+        self.hline("spec_bw", spec_bw, spec_text, t.spec_peak)
         gbs = self.data.steps.column("gbs")
         top_gbs = max(measured or 0, spec_bw or 0, float(np.nanmax(gbs)) if np.isfinite(gbs).any() else 0)
         self.set_range("y", 0, nice_ceiling(1.4 * max(top_gbs, 1e-6)))  # headroom for the legend
@@ -46,4 +50,5 @@ class MemoryPlot(StepPlot):
         steps = self.data.steps
         gbs = steps.column("gbs", last=8)
         peak_gbs = steps.last("peak_bps") / 1e9
-        return f"{np.mean(gbs):.1f} GB/s (model) · {100 * np.mean(gbs) / peak_gbs:.0f}% of peak"
+        return translate("Plots", "{gbs} GB/s (model) · {pct}% of peak").format(
+            gbs=f"{np.mean(gbs):.1f}", pct=f"{100 * np.mean(gbs) / peak_gbs:.0f}")

@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from PySide6.QtWidgets import QGridLayout, QWidget
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QGridLayout, QSplitter, QWidget
 
 from app.live_data import LiveData
 from app.plots.acceptance import AcceptancePlot, PositionPlot
@@ -42,6 +43,11 @@ class PlotsPanel(QWidget):
         self._readout_version = -1
         self.frames_drawn = 0
         self.extra = extra
+        self._extra_visible = True
+        self.shown: list[str] | None = None  # the presenter's plots (None: the grid)
+        self._stack = QSplitter(Qt.Orientation.Vertical, self)  # the presenter's one or two cells
+        self._stack.setChildrenCollapsible(False)
+        self._stack.setVisible(False)
         self._grid = QGridLayout(self)
         self._grid.setContentsMargins(0, 0, 0, 0)
         self._grid.setSpacing(6)
@@ -52,6 +58,7 @@ class PlotsPanel(QWidget):
         self._grid.addWidget(self.timeline, 2, 0)
         if extra is not None:
             self._grid.addWidget(extra, 2, 1)
+        self._grid.addWidget(self._stack, 0, 0, 3, 2)
         self._grid.addWidget(self.acceptance, 3, 0)
         self._grid.addWidget(self.positions, 3, 1)
         self._set_speculation_visible(False)
@@ -64,9 +71,42 @@ class PlotsPanel(QWidget):
         """Show or hide the sixth cell (the seed table); the timeline takes the row when hidden."""
         if self.extra is None:
             return
+        self._extra_visible = visible
+        if self.shown is not None:  # presenting: the choice applies when the grid comes back
+            return
         self.extra.setVisible(visible)
         self._grid.removeWidget(self.timeline)
         self._grid.addWidget(self.timeline, 2, 0, 1, 1 if visible else 2)
+
+    def arrange(self, shown: list[str] | None) -> None:
+        """None: the grid of five plots (and the extra cell). A list of one or two names of
+        `views` (or "extra"): only those, stacked in a splitter as large as the panel (the presenter
+        layout; the side panel, with its text, gets a little more height than a plot)."""
+        cells = dict(self.views, extra=self.extra) if self.extra is not None else dict(self.views)
+        for widget in cells.values():
+            self._grid.removeWidget(widget)
+            if widget.parent() is self._stack:
+                widget.setParent(self)
+        self.shown = list(shown) if shown else None
+        if self.shown is None:
+            self._stack.setVisible(False)
+            cells_at = ((0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (3, 0), (3, 1))  # speculation's row last
+            for widget, (row, col) in zip(self.views.values(), cells_at):
+                self._grid.addWidget(widget, row, col)
+                widget.setVisible(True)
+            self._set_speculation_visible(self.speculation_visible)  # its row only while speculating
+            if self.extra is not None:
+                self._grid.addWidget(self.extra, 2, 1)
+            self.set_extra_visible(self._extra_visible)
+            return
+        for name, widget in cells.items():
+            if name not in self.shown:
+                widget.setVisible(False)
+        for name in self.shown:
+            self._stack.addWidget(cells[name])
+            cells[name].setVisible(True)
+        self._stack.setSizes([1300 if name == "extra" else 1000 for name in self.shown])
+        self._stack.setVisible(True)
 
     def _set_speculation_visible(self, visible: bool) -> None:
         """The speculation row, only while the data holds speculative steps."""
@@ -96,11 +136,12 @@ class PlotsPanel(QWidget):
         self._drawn_version = self.data.version
         frame = StepWindow(self.data)
         speculating = bool((self.data.steps.column("verify") > 0.5).any())
-        if speculating != self.speculation_visible:
+        if speculating != self.speculation_visible and self.shown is None:
             self._set_speculation_visible(speculating)
         for name, view in self.views.items():
-            if self.speculation_visible or name not in ("acceptance", "positions"):
+            if self.speculation_visible or name not in ("acceptance", "positions") or name in (self.shown or ()):
                 view.draw(frame)
+                view.fit_legend()  # (a new settings label may have joined the legend)
         self.frames_drawn += 1
         return True
 

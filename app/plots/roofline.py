@@ -8,6 +8,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtGui import QColor
 
+from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.plots.step_plot import StepWindow
 from app.plots.style import MIXED_NAME, NO_PEN, flops_unit, label_font, pen, with_alpha
 from app.plots.view import PlotView
@@ -16,26 +17,27 @@ TRAIL_STEPS = 24  # dots left behind by the live one
 
 
 class RooflinePlot(PlotView):
-    title = "Roofline"
+    title = QT_TRANSLATE_NOOP("Plots", "Roofline")
 
     def build(self) -> None:
         t = self.theme
-        plot = self.style("FLOP/s (log)", "arithmetic intensity, FLOP/B (log)", legend_offset=(-6, -6))
+        plot = self.style(QT_TRANSLATE_NOOP("Plots", "FLOP/s (log)"),
+                          QT_TRANSLATE_NOOP("Plots", "arithmetic intensity, FLOP/B (log)"), legend_offset=(-6, -6))
         plot.setLogMode(x=True, y=True)
         plot.setClipToView(False)
         plot.setDownsampling(auto=False)
         self._brushes: dict[tuple[str, int], object] = {}  # one brush object per style: see NO_PEN
-        self.roof_item = pg.PlotDataItem(pen=pen(t.peak, 2.5, dashed=True), name="roofline")
+        self.roof_item = pg.PlotDataItem(pen=pen(t.peak, 2.5, dashed=True), name=translate("Plots", "roofline"))
         self.ridge_item = pg.PlotDataItem(pen=None, symbol="d", symbolSize=t.font_pt + 4,
                                           symbolBrush=pg.mkBrush(QColor(t.spec_peak)), symbolPen=NO_PEN)
         self.ridge_text = pg.TextItem(color=QColor(t.spec_peak), anchor=(0, 1.1))
         self.ridge_text.setFont(label_font(t))
         self.trail_item = pg.PlotDataItem(pen=None, symbol="o", symbolSize=t.font_pt - 1, symbolPen=NO_PEN)
         self.dot_item = pg.PlotDataItem(pen=None, symbol="o", symbolSize=t.font_pt + 9,
-                                        symbolPen=pen(t.text, 2), name="this step")
+                                        symbolPen=pen(t.text, 2), name=translate("Plots", "this step"))
         self.last_prefill_item = pg.PlotDataItem(pen=None, symbol="t1", symbolSize=t.font_pt + 7,
                                                  symbolBrush=pg.mkBrush(QColor(t.prefill)), symbolPen=pen(t.text, 1),
-                                                 name="last prefill")
+                                                 name=translate("Plots", "last prefill"))
         for item in (self.roof_item, self.ridge_item, self.trail_item, self.last_prefill_item, self.dot_item):
             plot.addItem(item)
         plot.addItem(self.ridge_text)
@@ -104,7 +106,8 @@ class RooflinePlot(PlotView):
     def readout(self) -> str | None:
         steps = self.data.steps
         ai = steps.last("ai")
-        bound = "compute-bound" if ai >= steps.last("peak_flops") / steps.last("peak_bps") else "memory-bound"
+        bound = translate("Plots", "compute-bound") if ai >= steps.last("peak_flops") / steps.last("peak_bps") \
+            else translate("Plots", "memory-bound")
         phase = MIXED_NAME if steps.last("mixed") > 0.5 else "prefill" if steps.last("prefill") > 0.5 \
             else "decode"
         return f"{phase} {ai:.2g} FLOP/B: {bound}"

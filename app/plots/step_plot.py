@@ -93,6 +93,30 @@ class StepPlot(PlotView):
                 x, y = x[~skip], y[~skip]
             item.setData(x=x, y=y)
             self._set_keys[id(item)] = None
+        self._legend_codes = tuple(sorted(frame.present))
+        self.fit_legend()
+
+    # the legend names the settings in view; when room runs out, the newest stay
+    def legend_wanted(self) -> tuple:
+        return getattr(self, "_legend_codes", ())
+
+    def show_legend_entries(self) -> None:
+        legend = self.plot.legend
+        wanted = set(self.legend_wanted())
+        for code, item in self.series.items():
+            listed = legend.getLabel(item) is not None
+            if listed and code not in wanted:
+                legend.removeItem(item)
+            elif not listed and code in wanted:
+                legend.addItem(item, self.data.labels[code])
+
+    def spare_legend_entry(self) -> bool:
+        legend = self.plot.legend
+        listed = sorted(code for code, item in self.series.items() if legend.getLabel(item) is not None)
+        if len(listed) <= 1:
+            return False
+        legend.removeItem(self.series[listed[0]])
+        return True
 
     def _label_series(self, code: int) -> pg.PlotDataItem:
         if code not in self.series:
@@ -107,3 +131,4 @@ class StepPlot(PlotView):
     def draw_step_axis(self, frame: StepWindow) -> None:
         self.sync_annotations(frame.notes)
         self.set_range("x", frame.x_lo, frame.x_hi)
+        self.place_annotation_labels()

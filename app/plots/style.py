@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pyqtgraph as pg
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QColor, QFont
 
 from app.theme import Theme
@@ -52,6 +52,8 @@ def style_plot(widget: pg.PlotWidget, theme: Theme, left: str, bottom: str, lege
     plot = widget.getPlotItem()
     plot.clear()
     if plot.legend is not None:
+        if plot.legend in _layout_items(plot):
+            plot.layout.removeItem(plot.legend)
         plot.legend.scene() and plot.legend.scene().removeItem(plot.legend)
         plot.legend = None
     tick_font = QFont()
@@ -67,11 +69,76 @@ def style_plot(widget: pg.PlotWidget, theme: Theme, left: str, bottom: str, lege
     plot.getAxis("left").setWidth(int(3.6 * t.font_pt + 12))
     plot.hideButtons()
     plot.getViewBox().setMouseEnabled(x=False, y=False)
-    legend = plot.addLegend(offset=legend_offset, labelTextColor=QColor(t.text),
-                            labelTextSize=f"{t.font_pt - legend_smaller}pt", brush=with_alpha(t.panel, 200),
-                            pen=pen(t.border, 1), verSpacing=-6, colCount=legend_columns)
-    legend.setZValue(50)
+    # The legend sits in the plot's own layout, in the row above the data (the title's, unused):
+    # it takes room from the view box and so never covers a curve, at any font size.
+    legend = _Legend(offset=None, labelTextColor=QColor(t.text), labelTextSize=f"{t.font_pt - legend_smaller}pt",
+                           brush=with_alpha(t.panel, 0), pen=pg.mkPen(None), verSpacing=-6, horSpacing=4,
+                           colCount=legend_columns, frame=False)
+    legend.setParentItem(plot)
+    plot.legend = legend
+    if plot.titleLabel in _layout_items(plot):
+        plot.layout.removeItem(plot.titleLabel)
+        plot.titleLabel.setVisible(False)
+    plot.layout.addItem(legend, 0, 1, alignment=Qt.AlignmentFlag.AlignLeft)
+    plot.layout.setRowMinimumHeight(0, 0)
+    plot.layout.setRowMaximumHeight(0, 10_000)
     return plot
+
+
+class _Legend(pg.LegendItem):
+    """A legend placed by its plot's layout, in the row above the data, its entries flowing left to
+    right and wrapping at `room_px` (a long settings label takes a line, short ones share one).
+    Entries are placed by hand, not by the legend's grid; its height is what they take."""
+    room_px = 10_000.0
+    GAP_PX = 14.0
+
+    def updateSize(self) -> None:
+        self.updateGeometry()
+
+    def _addItemToLayout(self, sample, label) -> None:
+        sample.setParentItem(self)
+        label.setParentItem(self)
+        self.relayout()
+
+    def _removeItemFromLayout(self, *items) -> None:
+        for item in items:
+            item.close()
+            scene = item.scene()
+            if scene:
+                scene.removeItem(item)
+
+    def removeItem(self, item) -> None:
+        super().removeItem(item)
+        self.relayout()
+
+    def setColumnCount(self, columnCount: int) -> None:
+        self.columnCount = max(1, int(columnCount))
+
+    def relayout(self) -> None:
+        x = y = row_h = 0.0
+        rows = 0
+        for sample, label in self.items:
+            text = label.item.boundingRect()
+            width = 20 + 4 + text.width()
+            if x > 0 and x + width > self.room_px:
+                x, y, rows = 0.0, y + row_h, rows + 1
+                row_h = 0.0
+            height = max(text.height(), 20.0)
+            sample.setPos(x, y + (height - 20) / 2)
+            label.setGeometry(QRectF(x + 24, y, text.width() + 4, height))
+            x += width + self.GAP_PX
+            row_h = max(row_h, height - 4)
+        self.rowCount = rows + 1 if self.items else 0
+        height = y + row_h + 2 if self.items else 0.0
+        self.setMinimumHeight(height)
+        self.setMaximumHeight(height)
+        self.setPreferredHeight(height)
+        self.updateGeometry()
+
+
+def _layout_items(plot: pg.PlotItem) -> list:
+    layout = plot.layout
+    return [layout.itemAt(i) for i in range(layout.count())]
 
 
 def flops_unit(peak_flops: float) -> tuple[float, str]:

@@ -7,6 +7,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtGui import QColor
 
+from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.plots.step_plot import StepWindow
 from app.plots.style import MIXED_NAME, label_font, nice_ceiling, pen, with_alpha
 from app.plots.view import PlotView
@@ -27,12 +28,14 @@ def merge_bars(x0: np.ndarray, step_ms: np.ndarray, max_bars: int = MAX_BARS):
 
 
 class TimelinePlot(PlotView):
-    title = "Phase timeline"
+    title = QT_TRANSLATE_NOOP("Plots", "Phase timeline")
 
     def build(self) -> None:
         t = self.theme
         # one legend column on the right: the TTFT line's label sits at the top left, where the reply starts
-        plot = self.style("step time (ms)", "time since send (s)", legend_offset=(-6, 4), legend_columns=1)
+        plot = self.style(QT_TRANSLATE_NOOP("Plots", "step time (ms)"),
+                          QT_TRANSLATE_NOOP("Plots", "time since send (s)"),
+                          legend_offset=(-6, 4), legend_columns=1)
         plot.setClipToView(False)
         plot.setDownsampling(auto=False)  # bar outlines: every corner counts
         self.bars: dict[object, pg.PlotDataItem] = {}  # "prefill", "mixed" or a settings label code
@@ -85,6 +88,7 @@ class TimelinePlot(PlotView):
             end = float(np.nanmax(steps.column("t_s")[in_reply]) - t0)
             self.set_range("x", 0, nice_ceiling(max(end, 0.05) * 1.03))
             self.set_range("y", 0, nice_ceiling(float(np.nanmax(step_ms[in_reply])) * 1.35))
+        self.place_annotation_labels()
 
     def _bar_item(self, key) -> pg.PlotDataItem:
         t = self.theme
@@ -125,7 +129,7 @@ class TimelinePlot(PlotView):
         if (steps.column("verify")[in_reply] > 0.5).any():  # draft and verify rows make their tokens together
             parts.append(f"{np.sum(inter) / max(np.nansum(steps.column('tokens_out')[in_reply]), 1):.0f} ms/token")
         elif len(inter):
-            parts.append(f"{np.median(inter):.0f} ms/token (median)")
+            parts.append(translate("Plots", "{ms} ms/token (median)").format(ms=f"{np.median(inter):.0f}"))
         overhead = steps.column("overhead_ms")[in_reply]
         overhead = overhead[np.isfinite(overhead)]
         if len(overhead):

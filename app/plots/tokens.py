@@ -8,19 +8,20 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtGui import QColor
 
+from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.plots.step_plot import StepPlot, StepWindow
 from app.plots.style import MIXED_NAME, NO_PEN, pen
 
 
 class TokensPlot(StepPlot):
-    title = "Tokens/s"
+    title = QT_TRANSLATE_NOOP("Plots", "Tokens/s")
 
     def build(self) -> None:
         t = self.theme
-        plot = self.style("tokens/s (log)", self.data.x_label)
+        plot = self.style(QT_TRANSLATE_NOOP("Plots", "tokens/s (log)"), self.data.x_label)
         plot.setLogMode(y=True)
         self.ceiling_item = pg.PlotDataItem(pen=pen(t.peak, 2, dashed=True), connect="finite",
-                                            name="ceiling = peak BW ÷ bytes/token")
+                                            name=translate("Plots", "ceiling = peak BW ÷ bytes/token"))
         self.prefill_item = pg.PlotDataItem(pen=None, symbol="t1", symbolSize=t.font_pt + 3,
                                             symbolBrush=pg.mkBrush(QColor(t.prefill)), symbolPen=NO_PEN,
                                             name="prefill")
@@ -30,7 +31,7 @@ class TokensPlot(StepPlot):
                                           symbolBrush=pg.mkBrush(QColor(t.mixed)), symbolPen=NO_PEN)
         # where the step is compute-bound (KV cache off, long prefills) the roofline's ceiling is lower
         self.roof_ceiling_item = pg.PlotDataItem(pen=pen(t.spec_peak, 2, dotted=True), connect="finite",
-                                                 name="ceiling, compute-bound")
+                                                 name=translate("Plots", "ceiling, compute-bound"))
         for item in (self.ceiling_item, self.roof_ceiling_item, self.prefill_item, self.mixed_item):
             plot.addItem(item)
 
@@ -76,7 +77,7 @@ class TokensPlot(StepPlot):
         text = f"decode {np.mean(recent_tps):,.1f} tok/s"
         ceiling = steps.column("ceiling_tps", last=64)[decode][-1:]
         if len(ceiling):
-            text += f" · ceiling {ceiling[0]:,.0f} (model)"
+            text += " · " + translate("Plots", "ceiling {tps} (model)").format(tps=f"{ceiling[0]:,.0f}")
         tokens = steps.column("tokens_out", last=64)[decode][-8:]
         if (steps.column("verify", last=8) > 0.5).any() and (tokens > 1).any():
             text += f" · {np.nanmean(tokens):.1f} tokens per weight read"

@@ -7,13 +7,17 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QFrame, QLabel, QVBoxLayout
 
+from app.i18n import translate
 from app.live_data import Annotation, LiveData
 from app.plots.style import label_font, pen, style_plot, title_html, with_alpha
 from app.theme import SettingColours, Theme
+
+LEGEND_SHARE = 0.3  # of a plot's height, the most its legend may take
+ANNOTATION_SHARE = 0.35  # of a plot's height, where setting-change labels go (at least two rows)
 
 
 class PlotView(QFrame):
@@ -27,7 +31,7 @@ class PlotView(QFrame):
         self.hardware = None  # DeviceSpec, once a model is loaded
         self.setObjectName("panel")
         self.widget = pg.PlotWidget()
-        self.widget.setMinimumSize(200, 140)
+        self.widget.setMinimumSize(200, 90)  # small enough for a 720-pixel screen with projector fonts
         self.widget.setMenuEnabled(False)
         # The title is a Qt label above the plot: it wraps in large-font mode, where a pyqtgraph
         # title wider than its plot would push the axes out of view.
@@ -78,10 +82,11 @@ class PlotView(QFrame):
         self.rebuild()
 
     def show_readout(self, readout: str = "") -> None:
-        self.title_label.setText(title_html(self.theme, self.title, readout))
+        self.title_label.setText(title_html(self.theme, translate("Plots", self.title), readout))
 
     def style(self, left: str, bottom: str, legend_offset=(6, 4), legend_columns: int = 2) -> pg.PlotItem:
-        plot = style_plot(self.widget, self.theme, left, bottom, legend_offset, legend_columns)
+        plot = style_plot(self.widget, self.theme, translate("Plots", left), translate("Plots", bottom), legend_offset,
+                          legend_columns)
         plot.setDownsampling(auto=True, mode="peak")
         plot.setClipToView(True)
         return plot
@@ -140,6 +145,7 @@ class PlotView(QFrame):
                                    labelOpts={"position": 0.98, "color": QColor(colour), "anchors": [(1, 1), (1, 1)],
                                               "fill": with_alpha(self.theme.panel, 200)})
             line.label.setFont(label_font(self.theme))
+            line.setZValue(45)  # its label over the setting-change lines (40) that cross it
             self.plot.addItem(line, ignoreBounds=False)
             self._peak_lines[key] = line
         if self._set_keys.get(id(line)) == (y, text):
@@ -159,11 +165,11 @@ class PlotView(QFrame):
         for line in self.annotation_lines or []:
             self.plot.removeItem(line)
         self.annotation_lines = []
-        for i, note in enumerate(notes):
+        for note in notes:
             colour = self.colours.colour(note.label)
             line = pg.InfiniteLine(pos=note.x - 0.5, angle=90, pen=pen(colour, 2), movable=False,
                                    label=f"▸ {note.text}",
-                                   labelOpts={"position": (0.6, 0.47, 0.34)[i % 3], "color": QColor(colour),
+                                   labelOpts={"position": 0.9, "color": QColor(colour),
                                               "fill": with_alpha(self.theme.panel, 220),
                                               "anchors": [(0, 0.5), (0, 0.5)]})
             line.setZValue(40)
@@ -172,3 +178,97 @@ class PlotView(QFrame):
             self.plot.addItem(line, ignoreBounds=True)
             self.annotation_lines.append(line)
         self._drawn_notes = notes
+
+    def place_annotation_labels(self) -> None:
+        """Lay the setting-change labels out in rows from the top (in ANNOTATION_SHARE of the plot)
+        so that no two overlap: the newest first, each in the highest row with room; a label that
+        would run past the right edge hangs left of its line; one that finds no room is hidden (its
+        line stays)."""
+        lines = [line for line in self.annotation_lines or [] if line.isVisible()]
+        view = self.plot.getViewBox()
+        rect = view.sceneBoundingRect()
+        (x_lo, x_hi), _ = view.viewRange()
+        key = (tuple((id(line), line.value()) for line in lines), x_lo, x_hi, rect.width(), rect.height())
+        if not lines or self._set_keys.get("annotation_labels") == key or rect.width() < 20 or x_hi <= x_lo:
+            return
+        self._set_keys["annotation_labels"] = key
+        gap = 6.0
+        label_h = max(line.label.boundingRect().height() for line in lines)
+        # the rows stay in the top of the plot, the headroom the y ranges leave above the data
+        rows = max(2, int(ANNOTATION_SHARE * rect.height() // (label_h + 2)))
+        free_left = [math.inf] * rows  # per row, where the labels already placed (to the right) begin
+        blocked = self._peak_label_spans(rect, label_h)  # per row, the peak lines' labels (x spans)
+        for line in sorted(lines, key=lambda line: line.value(), reverse=True):
+            width = line.label.boundingRect().width()
+            x_px = rect.left() + (line.value() - x_lo) / (x_hi - x_lo) * rect.width()
+            hang_left = x_px + width > rect.right() - 2 and x_px - width >= rect.left()
+            start, end = (x_px - width, x_px) if hang_left else (x_px, x_px + width)
+            row = next((r for r in range(rows) if end + gap <= free_left[r] and not any(
+                start < b_end and b_start < end for b_start, b_end in blocked.get(r, ()))), None)
+            if row is None:
+                line.label.setVisible(False)
+                continue
+            free_left[row] = start
+            anchor = (1, 0.5) if hang_left else (0, 0.5)
+            line.label.anchors = [anchor, anchor]
+            line.label.setVisible(True)
+            line.label.setPosition(1 - ((row + 0.5) * (label_h + 2) + 4) / rect.height())
+
+    def _peak_label_spans(self, rect, label_h: float) -> dict[int, list[tuple[float, float]]]:
+        """The rows (as place_annotation_labels counts them) a peak line's label sits in, with its
+        x span in pixels: a setting's label never lands on one."""
+        spans: dict[int, list[tuple[float, float]]] = {}
+        (_, _), (y_lo, y_hi) = self.plot.getViewBox().viewRange()
+        log_y = self.plot.getAxis("left").logMode
+        for line in self._peak_lines.values():
+            if not line.isVisible() or y_hi <= y_lo:
+                continue
+            y = math.log10(line.value()) if log_y and line.value() > 0 else line.value()
+            bottom = rect.top() + (y_hi - y) / (y_hi - y_lo) * rect.height()  # the label sits above its line
+            width = line.label.boundingRect().width()
+            right = rect.left() + 0.98 * rect.width()
+            for row in range(int(max(0, bottom - line.label.boundingRect().height() - rect.top() - 4) // (label_h + 2)),
+                             int(max(0, bottom - rect.top() - 4) // (label_h + 2)) + 1):
+                spans.setdefault(row, []).append((right - width, right))
+        return spans
+
+    def fit_legend(self) -> None:
+        """Flow the legend's entries into the plot's width, in at most LEGEND_SHARE of its height:
+        past that, `spare_legend_entry` takes out what the plot can spare (the oldest settings: their
+        labelled change lines stay)."""
+        legend = self.plot.legend
+        if legend is None:
+            return
+        room = self.plot.getViewBox().width() or self.widget.width() - 80
+        key = (self.legend_wanted(), tuple(label.text for _, label in legend.items), room, self.widget.height(),
+               self.theme.font_pt)
+        if self._set_keys.get("legend") == key:
+            return
+        self.show_legend_entries()
+        legend.room_px = max(room, 100.0)
+        legend.relayout()
+        while legend.maximumHeight() > LEGEND_SHARE * self.widget.height() and self.spare_legend_entry():
+            legend.relayout()
+        key = (self.legend_wanted(), tuple(label.text for _, label in legend.items), room, self.widget.height(),
+               self.theme.font_pt)
+        self._set_keys["legend"] = key
+
+    def legend_wanted(self) -> tuple:
+        """What the legend should list beyond its fixed entries (a plot with changing entries overrides)."""
+        return ()
+
+    def show_legend_entries(self) -> None:
+        """Put every wanted entry in the legend (before fit_legend spares any)."""
+
+    def spare_legend_entry(self) -> bool:
+        """Take one entry out of a legend too tall for its plot; False: none can go."""
+        return False
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        QTimer.singleShot(0, self, self._after_resize)
+
+    def _after_resize(self) -> None:
+        self.fit_legend()
+        if self.annotation_lines:
+            self.place_annotation_labels()

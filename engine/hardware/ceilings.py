@@ -30,13 +30,21 @@ GPU_MEMORY_BYTES: dict[str, int] = {
     "RTX 3090": 24 * GIB,
 }
 
+# NVLink bandwidth per GPU, both directions together, as the datasheets quote it (GB/s); an
+# all-reduce moves data one way at a time, so half of it is what a ring step gets.
+NVLINK_GBS: dict[str, float] = {
+    "H200 SXM": 900, "H200 NVL": 900, "H100 SXM": 900, "H100 NVL": 600, "A100 80GB SXM": 600, "A100 40GB": 600,
+}
+TP_DEGREES = (2, 4, 8)
+TP_GPU = "H100 SXM"  # the eight-GPU node the tensor-parallel columns assume
+
 # Storage bytes per weight. INT8 is per-output-channel (one scale per row: negligible); INT4 is
 # group-wise, 128 weights per group with one fp16 scale (0.5 + 2/128 bytes).
 BYTES_PER_WEIGHT: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1.0, "int4": 0.5 + 2 / 128}
 
 # The chips every table compares against, and the reference model shapes beside the loaded one.
 REFERENCE_GPUS = ("A100 80GB SXM", "H100 SXM", "H200 SXM")
-REFERENCE_SHAPES = ("llama3.2-1b", "llama3-8b", "llama-13b", "llama3-70b")
+REFERENCE_SHAPES = ("llama3.2-1b", "llama3-8b", "llama-13b", "llama3-70b", "llama3.1-405b")
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,7 @@ class Chip:
     bandwidth_gbs: float
     memory_bytes: int | None  # None: unknown, never OOM
     source: str  # where the bandwidth comes from, e.g. "spec" or "measured"
+    link_gbs: float | None = None  # NVLink, both directions (datasheet); None: no NVLink
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,8 @@ class ModelSize:
     label: str
     read_params: int  # weights one decode step reads: every matmul, the output head included
     stored_params: int  # weights held in memory: the above + the embedding table (if untied) + norms
+    n_layers: int = 0
+    dim: int = 0  # the hidden vector a tensor-parallel layer all-reduces
 
 
 @dataclass(frozen=True)
@@ -74,7 +85,7 @@ class Ceiling:
 
 def model_size(cfg: ModelConfig, label: str | None = None) -> ModelSize:
     read = cfg.n_layers * cfg.layer_linear_params + cfg.vocab_size * cfg.dim
-    return ModelSize(label or cfg.name, read, cfg.n_params)
+    return ModelSize(label or cfg.name, read, cfg.n_params, cfg.n_layers, cfg.dim)
 
 
 def reference_models(shapes: tuple[str, ...] = REFERENCE_SHAPES) -> list[ModelSize]:
@@ -85,7 +96,7 @@ def gpu_chip(label: str) -> Chip:
     """A chip from the datasheet table, by its KNOWN_GPUS label."""
     for sheet in KNOWN_GPUS:
         if sheet.label == label:
-            return Chip(label, sheet.bandwidth_gbs, GPU_MEMORY_BYTES.get(label), "spec")
+            return Chip(label, sheet.bandwidth_gbs, GPU_MEMORY_BYTES.get(label), "spec", NVLINK_GBS.get(label))
     raise KeyError(f"no datasheet for {label!r}")
 
 
@@ -107,6 +118,23 @@ def decode_ceiling(model: ModelSize, chip: Chip, weight_format: str) -> Ceiling:
     fits = chip.memory_bytes is None or stored_bytes <= chip.memory_bytes
     tokens_per_s = chip.bandwidth_gbs * 1e9 / read_bytes if fits and read_bytes > 0 else None
     return Ceiling(tokens_per_s, read_bytes, stored_bytes, fits)
+
+
+def tp_ceiling(model: ModelSize, chip: Chip, n_gpus: int, weight_format: str, act_bytes: int = 2) -> Ceiling:
+    """Batch-1 decode ceiling with tensor parallelism over `n_gpus` of `chip`: each GPU holds and reads
+    1/n of every weight matrix, and each layer ends its attention and its MLP with an all-reduce of
+    the hidden vector (a ring: 2(n-1)/n of it crosses each GPU's link, one way at half the NVLink
+    figure). Bandwidth terms only — an all-reduce's few microseconds of latency are not counted,
+    so this is a ceiling, as the one-GPU columns are."""
+    if chip.link_gbs is None:
+        raise ValueError(f"{chip.label} has no NVLink figure for tensor parallelism")
+    per_weight = BYTES_PER_WEIGHT[weight_format]
+    read_bytes = model.read_params * per_weight / n_gpus
+    stored_bytes = model.stored_params * per_weight / n_gpus
+    fits = chip.memory_bytes is None or stored_bytes <= chip.memory_bytes
+    allreduce_bytes = 2 * model.n_layers * 2 * (n_gpus - 1) / n_gpus * model.dim * act_bytes
+    step_s = read_bytes / (chip.bandwidth_gbs * 1e9) + allreduce_bytes / (chip.link_gbs / 2 * 1e9)
+    return Ceiling(1 / step_s if fits and step_s > 0 else None, read_bytes, stored_bytes, fits)
 
 
 def seed_table(models: list[ModelSize], chips: list[Chip], weight_format: str) -> list[list[Ceiling]]:

@@ -143,6 +143,27 @@ def test_seed_table_says_oom_where_the_weights_do_not_fit():
     assert not ceilings.decode_ceiling(big, cpu, "fp16").fits  # 16 GiB of RAM
 
 
+def test_tensor_parallel_columns_split_the_weights_and_pay_for_the_all_reduces():
+    h100 = ceilings.gpu_chip("H100 SXM")
+    assert h100.link_gbs == 900
+    big = ceilings.model_size(ModelConfig.from_name("llama3-70b"))
+    one = ceilings.decode_ceiling(big, h100, "bf16")
+    two, eight = (ceilings.tp_ceiling(big, h100, n, "bf16") for n in (2, 8))
+    assert not one.fits and two.fits and eight.fits  # 141 GB: not on one 80 GB GPU, on two
+    assert two.weight_bytes_per_token == pytest.approx(2 * big.read_params / 2)
+    # by hand: each GPU reads its half at 3.35 TB/s; 80 layers x 2 all-reduces of 8192 bf16 values,
+    # a ring moving 2(n-1)/n of them one way at 450 GB/s
+    step_s = big.read_params / 3350e9 + 80 * 2 * (2 * 1 / 2) * 8192 * 2 / 450e9
+    assert two.tokens_per_s == pytest.approx(1 / step_s)
+    assert 3.5 * two.tokens_per_s < eight.tokens_per_s < 4 * two.tokens_per_s  # the all-reduces cost a little
+    slow_link = ceilings.Chip("slow", 3350, 80 * 2**30, "spec", link_gbs=1.0)  # a link 900x slower
+    assert ceilings.tp_ceiling(big, slow_link, 8, "bf16").tokens_per_s < 0.5 * eight.tokens_per_s
+    huge = ceilings.model_size(ModelConfig.from_name("llama3.1-405b"))  # 811 GB in bf16
+    assert not ceilings.tp_ceiling(huge, h100, 8, "bf16").fits and ceilings.tp_ceiling(huge, h100, 8, "int8").fits
+    with pytest.raises(ValueError, match="no NVLink"):
+        ceilings.tp_ceiling(big, ceilings.gpu_chip("L4"), 2, "bf16")
+
+
 def test_ceiling_text_is_short():
     cell = ceilings.Ceiling
     assert cell(12345.0, 1, 1, True).text() == "12k" and cell(2.5e6, 1, 1, True).text() == "2.5M"

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 import pytest
-from app_test_helpers import activate, confirmed, send_and_wait
+from app_test_helpers import GREEDY, activate, confirmed, fake_cpu, send_and_wait
 from PySide6.QtCore import Qt
 
 from engine.engine import Engine
@@ -208,11 +208,13 @@ def test_the_hardware_strip_and_seed_table_name_their_sources(make_window):
     assert "(model)" in strip.memory_label.text() and "no NVML" in strip.live_label.text()
     table = window.seed_table.table
     headers = [table.horizontalHeaderItem(i).text() for i in range(table.columnCount())]
-    assert headers[0].startswith("this CPU") and [h.split()[0] for h in headers[1:]] == ["A100", "H100", "H200"]
+    assert headers[0].startswith("this CPU") and [h.split()[0] for h in headers[1:4]] == ["A100", "H100", "H200"]
+    assert [h.split("\n")[0] for h in headers[4:]] == ["TP 2", "TP 4", "TP 8"]  # tensor parallelism over H100s
     rows = [table.verticalHeaderItem(i).text() for i in range(table.rowCount())]
     assert rows[0].startswith("tiny") and any(r.startswith("llama3-70b") for r in rows)
     r70 = next(i for i, r in enumerate(rows) if r.startswith("llama3-70b"))
     assert table.item(r70, 1).text() == "OOM"  # 70B fp32 weights do not fit in 80 GB
+    assert table.item(r70, 4).text() == "OOM" != table.item(r70, 5).text()  # nor on 2 H100s (282 GB): on 4
 
 
 def test_model_picker_builds_engine_specs(qtbot):
@@ -292,3 +294,22 @@ def test_the_roofline_trail_reuses_its_rendered_symbols(make_window, qtbot):
     for _ in range(5):
         window.plots.refresh(force=True)
     assert len(window.plots.roofline.trail_item.scatter.fragmentAtlas) <= size + 1  # (one new colour at most)
+
+
+def test_a_cpu_peak_measured_low_follows_the_engine_so_mfu_and_the_strip_agree(qtbot, tiny_model):
+    """A busy machine measured a low matmul peak at load: the engine raises it to what a step reached,
+    and the strip says the peak the plots draw (never MFU over 100%)."""
+    from dataclasses import replace
+
+    from app.window import MainWindow
+    low = replace(fake_cpu(), peak_flops={"fp32": 1e3}, measured_flops={"fp32": 1e3})
+    window = MainWindow(model=tiny_model, hardware=low, settings=Settings(max_new_tokens=8, sampling=GREEDY))
+    qtbot.addWidget(window)
+    with qtbot.waitSignal(window.model_ready, timeout=30_000):
+        pass
+    send_and_wait(window, qtbot, "hi")
+    mfu = window.data.steps.column("mfu_pct")
+    assert len(mfu) and np.nanmax(mfu) <= 100 + 1e-6
+    peak = window.hardware.peak_flops["fp32"]
+    assert peak > 1e3 and f"fp32 {peak / 1e9:.1f} GFLOP/s (measured)" in window.hardware_strip.compute_label.text()
+    window.close()

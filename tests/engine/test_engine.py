@@ -1,6 +1,7 @@
 """The engine loop on a tiny random model: multi-turn cache reuse, settings between steps,
 stop, and bad input."""
 import threading
+from dataclasses import replace
 
 import pytest
 import torch
@@ -171,3 +172,22 @@ def test_seeded_sampling_is_reproducible():
     a, _, _, _ = run(make_engine(s).generate([1, 2, 3]))
     b, _, _, _ = run(make_engine(s).generate([1, 2, 3]))
     assert a == b
+
+
+def test_a_cpu_peak_measured_low_rises_to_what_a_step_reached_so_mfu_never_passes_100_percent():
+    # a busy machine measured its matmul peak low at load (the tour's pictures showed MFU 277%)
+    eng = make_engine()
+    eng.hardware = replace(fake_cpu(), peak_flops={"fp32": 1e3}, measured_flops={"fp32": 1e3})
+    _, steps, _, _ = run(eng.chat("hello there"))
+    assert all(s.mfu <= 1.0 + 1e-9 for s in steps)
+    best = max(s.achieved_flops for s in steps)
+    assert eng.hardware.peak_flops["fp32"] == pytest.approx(best)  # the best the machine has shown
+    assert steps[-1].peak_flops == pytest.approx(best)  # every step after it is held to it
+
+
+def test_a_gpu_datasheet_peak_is_never_raised():
+    eng = make_engine()
+    eng.hardware = replace(fake_cpu(), kind="cuda", peak_flops={"fp32": 1e3})
+    _, steps, _, _ = run(eng.chat("hello there"))
+    assert max(s.mfu for s in steps) > 1.0  # a cost-model error on a GPU must stay visible
+    assert eng.hardware.peak_flops["fp32"] == 1e3

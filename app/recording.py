@@ -1,0 +1,551 @@
+"""Record a session to a file; play one back in the window with no engine and no torch.
+
+A recording is gzip'd JSON lines: a header, then one entry per thing the window acted on, in the
+order it acted — `[t_s since start, monotonic time, kind, args]`, where `kind` is a worker signal
+("events", "model_loaded", …; args as the signal carried them) or a window action ("send",
+"new_chat", "hardware", "tour", …). Values are the engine contract's plain dataclasses, written by
+class name; reading builds only those classes (nothing else is ever constructed from a file)."""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import gzip
+import importlib
+import json
+import math
+import sys
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
+from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtWidgets import QComboBox, QFrame, QHBoxLayout, QLabel, QPushButton, QSlider
+
+from app.i18n import translate
+from engine.events import SettingsRefused
+
+DEFAULT_RECORDING = Path(__file__).resolve().parents[1] / "assets" / "tour-default.membound"
+FORMAT = "membound-recording"
+VERSION = 1
+FLUSH_MS = 1000
+TICK_MS = 30
+SPEEDS = (0.5, 1.0, 2.0, 4.0)
+SEEK_STEP_S = 10.0
+KV_SNAPSHOT_EVERY_S = 0.5  # the KV panel's pictures kept in a recording (the plots' data: every one)
+
+# the worker signals a recording keeps (app/worker.py), with what each carries
+WORKER_SIGNALS = ("progress", "model_loaded", "events", "reply_started", "busy_changed", "failed", "kv_snapshot",
+                  "quality", "state", "engine_died")
+# the torch-free contract: every dataclass a recording may hold is defined in one of these
+CONTRACT_MODULES = ("engine.settings", "engine.events", "engine.metrics", "engine.protocol", "engine.model.config",
+                    "engine.hardware.spec", "engine.hardware.nvml", "engine.kv.blocks")
+
+
+class RecordingError(ValueError):
+    """A recording that cannot be read (one line, naming the file)."""
+
+
+def _contract_types() -> dict[str, type]:
+    types: dict[str, type] = {}
+    for name in CONTRACT_MODULES:
+        module = importlib.import_module(name)
+        for value in vars(module).values():
+            if isinstance(value, type) and dataclasses.is_dataclass(value) and value.__module__ == name:
+                types[value.__name__] = value
+    return types
+
+
+TYPES = _contract_types()
+
+
+# ---- values <-> JSON ----------------------------------------------------------------------------
+def encode(value: Any) -> Any:
+    """A JSON-able form of a contract value: dataclasses by name, tuples and dicts tagged (floats
+    as Python writes them, so they read back bit for bit; NaN and infinities included)."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        name = type(value).__name__
+        if TYPES.get(name) is not type(value):
+            raise TypeError(f"a recording holds the engine contract's dataclasses, not {name}")
+        out = {"@": name}
+        for field in dataclasses.fields(value):
+            out[field.name] = encode(getattr(value, field.name))
+        return out
+    if isinstance(value, tuple):
+        return {"@t": [encode(v) for v in value]}
+    if isinstance(value, list):
+        return [encode(v) for v in value]
+    if isinstance(value, dict):
+        return {"@d": [[encode(k), encode(v)] for k, v in value.items()]}
+    if hasattr(value, "item"):  # a numpy scalar
+        return encode(value.item())
+    raise TypeError(f"cannot record a {type(value).__name__}")
+
+
+def decode(value: Any) -> Any:
+    if isinstance(value, list):
+        return [decode(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if "@t" in value:
+        return tuple(decode(v) for v in value["@t"])
+    if "@d" in value:
+        return {decode(k): decode(v) for k, v in value["@d"]}
+    name = value.get("@")
+    cls = TYPES.get(name)
+    if cls is None:
+        raise ValueError(f"unknown type {name!r}")
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    # fields a newer membound wrote and this one lacks are dropped; missing ones take their defaults
+    return cls(**{k: decode(v) for k, v in value.items() if k in names})
+
+
+# ---- the file -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Entry:
+    t_s: float  # seconds since the recording started
+    mono_s: float  # time.monotonic() when the window acted on it
+    kind: str
+    args: tuple
+
+
+@dataclass
+class Recording:
+    path: str
+    header: dict
+    entries: list[Entry]
+    truncated: bool = False  # the file ended mid-write (the app was killed): what came before is kept
+
+    @property
+    def duration_s(self) -> float:
+        return self.entries[-1].t_s if self.entries else 0.0
+
+    def first(self, kind: str) -> Entry | None:
+        return next((e for e in self.entries if e.kind == kind), None)
+
+    @property
+    def model_info(self):
+        entry = self.first("model_loaded")
+        return entry.args[0] if entry is not None else None
+
+    def describe(self, model: bool = True) -> str:
+        """'recorded 2025-11-30 14:02 · NVIDIA H200 · SmolLM2-135M…' (model=False: the date alone)."""
+        parts = []
+        created = self.header.get("created")
+        if created:
+            try:
+                created = datetime.datetime.fromisoformat(created).strftime("%Y-%m-%d %H:%M")
+            except ValueError:
+                pass
+            parts.append(translate("Replay", "recorded {when}").format(when=created))
+        info = self.model_info
+        if info is not None and model:
+            parts += [info.hardware.name, info.label.split(" (")[0]]
+        return " · ".join(parts)
+
+
+def read_recording(path: str | Path) -> Recording:
+    """The whole file; RecordingError (one line naming the file) if it is not a recording."""
+    name = str(path)
+    try:
+        raw = gzip.open(path, "rt", encoding="utf-8")
+        header_line = raw.readline()
+    except FileNotFoundError:
+        raise RecordingError(f"{name}: no such file") from None
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as error:
+        raise RecordingError(f"{name}: not a membound recording ({error})") from None
+    try:
+        header = json.loads(header_line)
+    except json.JSONDecodeError:
+        header = None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise RecordingError(f"{name}: not a membound recording (no {FORMAT} header)")
+    if header.get("version", 0) > VERSION:
+        raise RecordingError(f"{name}: recording format {header.get('version')} is newer than this membound reads "
+                             f"({VERSION}); update membound")
+    entries, truncated = [], False
+    with raw:
+        line_no = 1
+        while True:
+            try:
+                line = raw.readline()
+            except (OSError, EOFError, zlib.error):
+                truncated = True
+                break
+            if not line:
+                break
+            line_no += 1
+            try:
+                t_s, mono_s, kind, args = json.loads(line)
+                entries.append(Entry(float(t_s), float(mono_s), str(kind), tuple(decode(a) for a in args)))
+            except json.JSONDecodeError:
+                if not line.endswith("\n"):  # the last line, cut short
+                    truncated = True
+                    break
+                raise RecordingError(f"{name}: line {line_no} is not JSON") from None
+            except (TypeError, ValueError) as error:
+                raise RecordingError(f"{name}: line {line_no}: {error}") from None
+    return Recording(name, header, entries, truncated)
+
+
+class Recorder(QObject):
+    """Writes everything the window acts on to `path`. `MainWindow(recorder=...)` attaches it before
+    the window connects to its worker, so each signal is written before the window handles it and
+    the file's order is the window's. Writes go out once a second and at close."""
+
+    def __init__(self, path: str | Path, parent=None):
+        super().__init__(parent)
+        self.path = str(path)
+        try:
+            self._file = gzip.open(self.path, "wt", encoding="utf-8", compresslevel=9)
+        except OSError as error:
+            raise RecordingError(f"cannot record to {self.path}: {error.strerror or error}") from None
+        self._t0 = time.monotonic()
+        self._pending: list[str] = []
+        self._last_snapshot_s = -math.inf
+        self.skipped: set[str] = set()  # kinds with a value a recording cannot hold
+        self.count = 0
+        self._taps: list[_Tap] = []
+        self._timer: QTimer | None = None
+        header = {"format": FORMAT, "version": VERSION,
+                  "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+        self._pending.append(json.dumps(header))
+
+    def attach(self, window) -> None:
+        for name in WORKER_SIGNALS:
+            tap = _Tap(self, name)
+            getattr(window.worker, name).connect(tap.on)
+            self._taps.append(tap)
+        window.action.connect(self._on_action)
+        window.closing.connect(self.close)
+        self._timer = QTimer(self)
+        self._timer.setInterval(FLUSH_MS)
+        self._timer.timeout.connect(self.flush)
+        self._timer.start()
+
+    def _on_action(self, kind: str, args) -> None:
+        self.record(kind, args if isinstance(args, tuple) else (args,))
+
+    def record(self, kind: str, args: tuple) -> None:
+        if self._file is None:
+            return
+        now = time.monotonic()
+        if kind == "kv_snapshot":  # a GPU's pool has ~10^5 blocks: a few pictures a second are plenty
+            if now - self._last_snapshot_s < KV_SNAPSHOT_EVERY_S:
+                return
+            self._last_snapshot_s = now
+        try:
+            line = json.dumps([round(now - self._t0, 6), now, kind, [encode(a) for a in args]])
+        except TypeError as error:  # a value outside the contract: the window showed it, the file says so once
+            if kind not in self.skipped:
+                self.skipped.add(kind)
+                print(f"membound: recording leaves out {kind!r}: {error}", file=sys.stderr)
+            return
+        self._pending.append(line)
+        self.count += 1
+
+    def flush(self) -> None:
+        if self._file is None or not self._pending:
+            return
+        lines, self._pending = self._pending, []
+        self._file.write("\n".join(lines) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.stop()
+        if self._file is not None:
+            self.flush()
+            self._file.close()
+            self._file = None
+
+
+class _Tap(QObject):
+    """One worker signal into the recorder (a QObject slot: queued to the GUI thread like the window's)."""
+
+    def __init__(self, recorder: Recorder, name: str):
+        super().__init__(recorder)
+        self.recorder, self.name = recorder, name
+
+    def on(self, *args) -> None:
+        self.recorder.record(self.name, args)
+
+
+# ---- playing back -------------------------------------------------------------------------------
+REPLAY_REFUSAL = "this is a replay: the settings are the recording's (the engine is not running)"
+
+
+class ReplayWorker(QObject):
+    """Stands in for app.worker.EngineWorker in a replay: the same signals, fed by a `Player`;
+    commands go nowhere and a settings request is refused with one line."""
+    progress = Signal(float, str)
+    model_loaded = Signal(object)
+    events = Signal(object)
+    reply_started = Signal(float)
+    busy_changed = Signal(str, bool)
+    failed = Signal(str, str)
+    kv_snapshot = Signal(object)
+    quality = Signal(object)
+    state = Signal(object)
+    engine_died = Signal(str)
+
+    process_mode = False
+    engine = None
+    pid = -1  # no engine process: the hardware strip shows the recorded machine's memory, not this process's
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.settings = None  # what the recording's engine last ran
+
+    def start(self) -> None:
+        pass
+
+    def submit(self, command) -> None:
+        pass  # the recording holds the answers to the commands it was given
+
+    def request(self, command) -> None:
+        self.events.emit([SettingsRefused(command.request_id, REPLAY_REFUSAL, self.settings)])
+
+    def stop(self) -> None:
+        pass
+
+    def query(self) -> None:
+        self.state.emit(self.settings)
+
+    def process_alive(self) -> bool:
+        return False
+
+    def isRunning(self) -> bool:
+        return False
+
+    def shutdown(self, timeout_s: float = 0.0) -> bool:
+        return True
+
+
+class Player(QObject):
+    """Plays a `Recording` into a window built with a `ReplayWorker`: entries go out when the
+    playing position (seconds of the recording, advancing at `speed`) passes them. `seek` jumps;
+    backwards it starts the window over and plays up to the mark at once."""
+    position_changed = Signal(float)
+    state_changed = Signal()
+    finished = Signal()
+
+    def __init__(self, recording: Recording, window, speed: float = 1.0, parent=None):
+        super().__init__(parent or window)
+        self.recording = recording
+        self.window = window
+        self.worker: ReplayWorker = window.worker
+        self.speed = speed
+        self.position_s = 0.0
+        self.index = 0  # the next entry to play
+        self.playing = False
+        self._now_mono = recording.entries[0].mono_s if recording.entries else time.monotonic()
+        window.clock = lambda: self._now_mono
+        # window actions by kind; talk mode adds its own ("tour", "layout", "notice")
+        self.handlers: dict[str, Callable[..., None]] = {
+            "send": lambda text, ignore_eos=False: window.send(text, ignore_eos),
+            "new_chat": lambda *_: window.new_chat(),
+            "hardware": window.show_hardware_sample,
+            "notice": lambda text, error=False: window.chat.add_notice(text, error),
+        }
+        self._timer = QTimer(self)
+        self._timer.setInterval(TICK_MS)
+        self._timer.timeout.connect(self._tick)
+        self._last_tick = time.monotonic()
+        window.closing.connect(self._timer.stop)
+
+    @property
+    def duration_s(self) -> float:
+        return self.recording.duration_s
+
+    @property
+    def at_end(self) -> bool:
+        return self.index >= len(self.recording.entries)
+
+    def play(self) -> None:
+        if self.at_end:
+            self.seek(0.0)
+        self.playing = True
+        self._last_tick = time.monotonic()
+        self._timer.start()
+        self.state_changed.emit()
+
+    def pause(self) -> None:
+        self.playing = False
+        self._timer.stop()
+        self.state_changed.emit()
+
+    def toggle(self) -> None:
+        self.pause() if self.playing else self.play()
+
+    def set_speed(self, speed: float) -> None:
+        self.speed = float(speed)
+        self.state_changed.emit()
+
+    def seek(self, position_s: float) -> None:
+        position_s = min(max(0.0, position_s), self.duration_s)
+        if position_s < self.position_s:
+            self._start_over()
+        self._play_until(position_s)
+
+    def play_all(self) -> None:
+        """Everything, at once (exports, screenshots, tests)."""
+        self._play_until(self.duration_s)
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        elapsed, self._last_tick = now - self._last_tick, now
+        self._play_until(self.position_s + elapsed * self.speed)
+        if self.at_end:
+            self.pause()
+            self.finished.emit()
+
+    def _play_until(self, position_s: float) -> None:
+        entries = self.recording.entries
+        while self.index < len(entries) and entries[self.index].t_s <= position_s + 1e-9:
+            entry = entries[self.index]
+            self.index += 1
+            self._now_mono = entry.mono_s
+            self._dispatch(entry)
+        self.position_s = position_s
+        self.position_changed.emit(position_s)
+
+    def _dispatch(self, entry: Entry) -> None:
+        if entry.kind in WORKER_SIGNALS:
+            if entry.kind == "model_loaded":
+                self.worker.settings = entry.args[0].settings
+            elif entry.kind == "events":
+                for event in entry.args[0]:
+                    settings = getattr(event, "settings", None)
+                    if settings is not None:
+                        self.worker.settings = settings
+            getattr(self.worker, entry.kind).emit(*entry.args)
+            if entry.kind == "model_loaded":
+                self._no_local_sampler()
+            return
+        handler = self.handlers.get(entry.kind)
+        if handler is not None:  # an action this version does not know is passed over
+            handler(*entry.args)
+
+    def _no_local_sampler(self) -> None:
+        """A recording of an NVML-equipped GPU makes the window start sampling NVML: here that would
+        be this machine's GPU. Its samples come from the recording instead."""
+        window = self.window
+        window.nvml_timer.stop()
+        if window._sampler is not None:
+            window._sampler.close()
+            window._sampler = None
+
+    def _start_over(self) -> None:
+        """The window as before the first entry: no reply streaming, nothing pending, empty plots."""
+        window = self.window
+        if window.replying:
+            window.replying = False
+            window.chat.set_streaming(False)
+        window._pending.clear()
+        window._show_pending()
+        window.data.clear()
+        window.chat.clear()
+        window.clear_error()
+        self.index = 0
+        self.position_s = 0.0
+
+
+def open_replay(path: str, speed: float = 1.0, theme: str = "dark", large_fonts: bool = False):
+    """A window that plays `path` (RecordingError if it cannot be read): (window, player)."""
+    from app.window import MainWindow
+
+    if not (isinstance(speed, (int, float)) and math.isfinite(speed) and 0.1 <= speed <= 64):
+        raise RecordingError(f"--speed must be between 0.1 and 64, got {speed}")
+    recording = read_recording(path)
+    if recording.model_info is None:
+        raise RecordingError(f"{path}: the recording holds no loaded model (nothing to replay)")
+    worker = ReplayWorker()
+    window = MainWindow(model="replay", theme=theme, large_fonts=large_fonts, autoload=False, worker=worker)
+    worker.setParent(window)
+    player = Player(recording, window, speed)
+    bar = ReplayBar(player, window)
+    window.replay_bar = bar
+    window.setWindowTitle(f"membound — REPLAY · {recording.describe()}")
+    return window, player
+
+
+class ReplayBar(QFrame):
+    """A banner that says plainly this is a replay (of what hardware, when), with play/pause, the
+    speed and a seek slider. Space plays and pauses, ] and [ change the speed, Ctrl+Right/Left seek."""
+
+    def __init__(self, player: Player, window):
+        super().__init__(window)
+        self.player = player
+        self.setObjectName("replay")
+        row = QHBoxLayout(self)
+        row.setContentsMargins(10, 4, 10, 4)
+        recording = player.recording
+        info = recording.model_info
+        where = " · ".join(p for p in (info.hardware.name if info else "", recording.describe(model=False)) if p)
+        self.label = QLabel(translate("Replay", "<b>REPLAY</b> of {where} — no engine is running").format(where=where))
+        self.label.setToolTip(f"{recording.path}: {recording.describe()}")
+        self.label.setObjectName("replay_label")
+        self.label.setWordWrap(True)  # a narrow window wraps it rather than widening
+        self.play_button = QPushButton(translate("Replay", "Play  Space"))
+        self.play_button.clicked.connect(player.toggle)
+        self.speed_box = QComboBox()
+        for speed in SPEEDS:
+            self.speed_box.addItem(f"{speed:g}x", speed)
+        self.speed_box.currentIndexChanged.connect(lambda i: player.set_speed(self.speed_box.itemData(i)))
+        self.slider = QSlider(Qt.Orientation.Horizontal)
+        self.slider.setRange(0, max(1, int(player.duration_s * 10)))
+        self.slider.setMinimumWidth(120)
+        self.slider.sliderReleased.connect(lambda: player.seek(self.slider.value() / 10))
+        self.time_label = QLabel()
+        row.addWidget(self.label, 3)  # the label's lines before the slider's width
+        row.addWidget(self.play_button)
+        row.addWidget(self.speed_box)
+        row.addWidget(self.slider, 1)
+        row.addWidget(self.time_label)
+        window.centralWidget().layout().insertWidget(1, self)
+        # the chat cannot talk to a recording: its input row goes, the transcript stays
+        for widget in (window.chat.input, window.chat.send_button, window.chat.stop_button, window.chat.new_button):
+            widget.setVisible(False)
+        self.shortcuts = []
+        for keys, action in (("Space", player.toggle), ("]", lambda: self._step_speed(+1)),
+                             ("[", lambda: self._step_speed(-1)),
+                             ("Ctrl+Right", lambda: player.seek(player.position_s + SEEK_STEP_S)),
+                             ("Ctrl+Left", lambda: player.seek(player.position_s - SEEK_STEP_S))):
+            shortcut = QShortcut(QKeySequence(keys), window)
+            shortcut.activated.connect(action)
+            self.shortcuts.append(shortcut)
+        player.position_changed.connect(self._show_position)
+        player.state_changed.connect(self._show_state)
+        self._show_state()
+        self._show_position(0.0)
+
+    def _step_speed(self, direction: int) -> None:
+        index = min(max(self.speed_box.currentIndex() + direction, 0), self.speed_box.count() - 1)
+        self.speed_box.setCurrentIndex(index)
+
+    def _show_state(self) -> None:
+        playing = self.player.playing
+        self.play_button.setText(translate("Replay", "Pause  Space") if playing else translate("Replay", "Play  Space"))
+        index = self.speed_box.findData(self.player.speed)
+        if index >= 0 and index != self.speed_box.currentIndex():
+            self.speed_box.setCurrentIndex(index)
+
+    def _show_position(self, position_s: float) -> None:
+        if not self.slider.isSliderDown():
+            self.slider.setValue(int(position_s * 10))
+        self.time_label.setText(f"{_clock(position_s)} / {_clock(self.player.duration_s)}  ·  "
+                                f"{self.player.speed:g}x")
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60}:{seconds % 60:02d}"
