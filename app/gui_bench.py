@@ -3,9 +3,11 @@ does a 10 ms QTimer fire (the GUI event loop's latency), and how fast does the e
 compared with the same engine headless (`membound bench`'s workload)?
 
     QT_QPA_PLATFORM=offscreen python -m app.gui_bench [--model default] [--tokens 128] [--replies 2]
+                                                       [--dtype fp32|bf16] [--weights fp|int8|int4]
 
 Prints one JSON object: timer lateness p50/p95/max (ms), decode tok/s in the app and headless,
-and their ratio. The issue's bar: p95 lateness < 50 ms, ratio >= 0.90.
+and their ratio. The issue's bar: p95 lateness < 50 ms, ratio >= 0.90. --dtype/--weights set the
+precision of both (one per run: the app's ratios between precisions are those of separate runs).
 
     QT_QPA_PLATFORM=offscreen python -m app.gui_bench --attach URL [--replies 2]
 
@@ -22,19 +24,21 @@ PROMPT = ("Write a long, detailed explanation of how a transformer language mode
           "token at a time, and why each new token needs every weight of the model to be read from memory.")
 
 
-def headless_decode_tokens_per_s(model: str, tokens: int) -> float:
+def headless_decode_tokens_per_s(model: str, tokens: int, dtype: str = "fp32", weights: str = "fp") -> float:
     from engine.bench.prompts import bench_prompt_ids
     from engine.bench.run import run_ours
     from engine.engine import Engine
     from engine.settings import SamplingParams, Settings
 
-    engine = Engine(model, settings=Settings(max_new_tokens=tokens, sampling=SamplingParams(greedy=True)))
+    engine = Engine(model, dtype=dtype, settings=Settings(dtype=dtype, weights=weights, max_new_tokens=tokens,
+                                                          sampling=SamplingParams(greedy=True)))
     run_ours(engine, bench_prompt_ids(engine.tokenizer, 32), 8)  # warm-up
     result, _ = run_ours(engine, bench_prompt_ids(engine.tokenizer, 32), tokens)
     return result.decode_tokens_per_s
 
 
-def in_app(model: str, tokens: int, replies: int, engine_process: bool = True) -> dict:
+def in_app(model: str, tokens: int, replies: int, engine_process: bool = True, dtype: str = "fp32",
+           weights: str = "fp") -> dict:
     import numpy as np
     import pyqtgraph as pg
     from PySide6.QtCore import QElapsedTimer, QEventLoop, QTimer
@@ -45,7 +49,8 @@ def in_app(model: str, tokens: int, replies: int, engine_process: bool = True) -
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     pg.setConfigOptions(antialias=True)  # as the app draws (app/main.py)
-    window = MainWindow(model=model, settings=Settings(max_new_tokens=tokens, sampling=SamplingParams(greedy=True)),
+    window = MainWindow(model=model, settings=Settings(dtype=dtype, weights=weights, max_new_tokens=tokens,
+                                                      sampling=SamplingParams(greedy=True)),
                         engine_process=engine_process)
     window.resize(1600, 960)
     window.show()
@@ -157,6 +162,8 @@ def main(argv=None) -> int:
     parser.add_argument("--engine-thread", action="store_true",
                         help="the engine on a thread of the app's process (the app's --engine-thread)")
     parser.add_argument("--attach", metavar="URL", help="measure the window attached to this server instead")
+    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="activations and fp weights")
+    parser.add_argument("--weights", choices=["fp", "int8", "int4"], default="fp", help="weight storage")
     args = parser.parse_args(argv)
     if args.attach:
         print(json.dumps(attached(args.attach, args.replies), indent=2))
@@ -164,11 +171,13 @@ def main(argv=None) -> int:
     t0 = time.time()
     # headless before and after the app, so a machine that slows down or speeds up mid-run (shared
     # cores) shows as a spread between the two instead of hiding in the ratio
-    before = headless_decode_tokens_per_s(args.model, args.tokens)
-    result = in_app(args.model, args.tokens, args.replies, engine_process=not args.engine_thread)
-    after = headless_decode_tokens_per_s(args.model, args.tokens)
+    before = headless_decode_tokens_per_s(args.model, args.tokens, args.dtype, args.weights)
+    result = in_app(args.model, args.tokens, args.replies, engine_process=not args.engine_thread, dtype=args.dtype,
+                    weights=args.weights)
+    after = headless_decode_tokens_per_s(args.model, args.tokens, args.dtype, args.weights)
     headless = (before + after) / 2
     result["engine"] = "thread" if args.engine_thread else "process"
+    result["dtype"], result["weights"] = args.dtype, args.weights
     result["headless_decode_tokens_per_s_before_after"] = [before, after]
     result["headless_decode_tokens_per_s"] = headless
     result["app_over_headless"] = result["app_decode_tokens_per_s"] / headless

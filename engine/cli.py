@@ -12,6 +12,14 @@ from engine.protocol import default_dtype
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, PermissionError, MemoryError)
 
 
+def _cpu_step_note(engine) -> None:
+    """On a CPU, one line when the C++ decode step could not be built (the reason); nothing otherwise."""
+    if engine.device == "cpu":
+        from engine.model.cpu_step import fallback_line
+        if line := fallback_line():
+            print(line, file=sys.stderr)
+
+
 def _progress_printer(stream=sys.stderr):
     last = {"msg": ""}
 
@@ -96,14 +104,21 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--prompt-tokens", type=int, default=128)
     bench.add_argument("--decode-tokens", type=int, default=128)
     bench.add_argument("--repeats", type=int, default=1, help="runs of the workload; the best is reported")
-    bench.add_argument("--compare", choices=["hf"], help="also run transformers' generate on the same model")
+    bench.add_argument("--compare", choices=["hf", "llamacpp"],
+                       help="also run transformers' generate on the same model (hf), or llama.cpp's llama-server on "
+                            "the same GGUF with the same threads, interleaved with ours (llamacpp; `make peers` builds it)")
     bench.add_argument("--json", metavar="FILE", help="write the figures as JSON")
+    bench.add_argument("--profile", action="store_true",
+                       help="(cpu) where one decode step's time goes, per setting: the C++ step's phases with "
+                            "their bytes at peak vs the time taken, and PyTorch's biggest operators")
     bench.add_argument("--no-kv-cache", action="store_true")
     bench.add_argument("--weights", choices=["fp", "int8", "int4"], default="fp",
                        help="weight storage: the dtype itself, int8 per channel, int4 group-wise (default fp)")
     bench.add_argument("--group-size", type=int, choices=[32, 64, 128], default=32, help="int4 group size (default 32)")
-    bench.add_argument("--sweep", choices=["weights", "attention", "kv", "batch", "speculative", "overhead"],
+    bench.add_argument("--sweep", choices=["weights", "precision", "attention", "kv", "batch", "speculative",
+                                           "overhead"],
                        help="weights: fp, int8 and int4 in one run, side by side, with perplexity and top-1 agreement; "
+                            "precision: fp32, bf16, int8 and int4 (bf16 activations), each against the one before; "
                             "attention: naive vs flash over contexts (prefill and decode); kv: contiguous, paged "
                             "and no cache over contexts 128..4096; batch: batch sizes 1..64 (engine/bench/batch.py); "
                             "speculative: each draft source at k = 0, 2, 4, 8, greedy and sampled "
@@ -210,6 +225,7 @@ def run_chat(args) -> int:
     engine = Engine(args.model, device=args.device, dtype=dtype, max_context=args.max_context,
                     progress=progress, settings=settings)
     print(f"membound · {engine.loaded.label} · {describe(engine.hardware)}", file=sys.stderr)
+    _cpu_step_note(engine)
 
     def turn(text: str) -> None:
         metrics = []

@@ -3,9 +3,9 @@ PyTorch reference; one that fails to compile, raises or disagrees is switched of
 (kernels/registry.py) and the engine takes the PyTorch path for that op.
 
 `check_kernels(engine)` runs the checks that apply (on a GPU with triton: the INT8 and INT4 matmuls,
-flash-decoding, the paged decode, the CUDA-graph decode step; none on a CPU, whose paths are
-PyTorch's, though a fault injected there still fails its check: engine/faults.py) and returns the
-notes for `Engine.kernel_notes`: "field=value" of each switch whose kernel is off -> one line."""
+flash-decoding, the paged decode, the CUDA-graph decode step; on a CPU: the C++ decode step, the
+others passing unrun, though a fault injected there still fails its check: engine/faults.py) and
+returns the notes for `Engine.kernel_notes`: "field=value" of each switch whose kernel is off -> one line."""
 from __future__ import annotations
 
 import time
@@ -34,7 +34,7 @@ MATMUL_ROWS = (1, 80)  # a decode step and a prefill chunk: the two families of 
 # keys in the attention checks: not a multiple of the tile (the masked tail runs), and long enough
 # that a GPU splits it (the reduction runs); models with a shorter context use theirs
 CONTEXT_LEN = 1000
-GRAPH_PROMPT = 4  # positions prefilled before the checked graph step
+GRAPH_PROMPT = 4  # positions prefilled before the checked graph step (and the C++ CPU step)
 REASON_CHARS = 90  # a note is one line: the reason is cut here
 
 
@@ -45,6 +45,7 @@ class KernelCheck:
     options: tuple[str, ...]  # "field=value" of the switches that select it: their tooltips say why
     fallback: str  # what runs instead
     run: Callable[..., str | None]  # (engine) -> the problem in one line, "" if none, None: does not apply
+    device: str = "cuda"  # where it runs: "cuda" (with triton) or "cpu"
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def run_checks(engine) -> list[CheckResult]:
     for check in CHECKS:
         if not registry.enabled(check.kernel):
             continue
-        result = run_check(check, engine, on_gpu)
+        result = run_check(check, engine, on_gpu if check.device == "cuda" else engine.device == check.device)
         results.append(result)
         if result.problem:
             registry.disable(check.kernel, result.problem)
@@ -84,7 +85,7 @@ def run_checks(engine) -> list[CheckResult]:
 
 
 def run_check(check: KernelCheck, engine, run: bool = True) -> CheckResult:
-    """One check; `run` False (a CPU) passes it unrun, unless a fault is injected into it."""
+    """One check; `run` False (not its device) passes it unrun, unless a fault is injected into it."""
     t0 = time.perf_counter()
     problem, ran = "", False
     try:
@@ -204,6 +205,31 @@ def check_graphs(engine) -> str | None:
     return mismatch(got, want, GRAPH_TOLERANCE)
 
 
+@torch.inference_mode()
+def check_cpu_step(engine) -> str | None:
+    """One decode step of the engine's model in C++ (engine/model/cpu_step.py) against PyTorch's
+    step, after a short prompt; a C++ step that cannot be built is a failed check too (the note says
+    why the CPU runs PyTorch's step). None where the C++ step does not apply (this model or dtype)."""
+    from engine.model import cpu_step
+    model, cfg = engine.model, engine.cfg
+    cache = ContiguousKVCache(cfg, 1, min(cfg.max_seq_len, GRAPH_PROMPT + 1), model.dtype, "cpu")
+    token = torch.tensor([[GRAPH_PROMPT % cfg.vocab_size]])
+    if cpu_step.refusal(model, token, cache, "flash"):
+        return None
+    unavailable = cpu_step.unavailable_reason()
+    if unavailable:
+        return unavailable
+    ids = torch.arange(1, GRAPH_PROMPT + 1)[None] % cfg.vocab_size
+    model(ids, start_pos=0, cache=cache)
+    got = cpu_step.decode_step(model, token, GRAPH_PROMPT, cache)
+    cache.truncate(GRAPH_PROMPT)
+    with cpu_step.pytorch_only():
+        want = model(token, start_pos=GRAPH_PROMPT, cache=cache)
+    if got is None:
+        return "the C++ step did not run"
+    return mismatch(got, want, GRAPH_TOLERANCE, model.dtype)  # fp32 logits of a model that computes in its dtype
+
+
 def _fp_weight(engine) -> torch.Tensor:
     """A layer's floating-point weight at the engine's dtype: the longest K of a layer (w_down)."""
     return engine.model_for(replace(engine.settings, weights="fp")).layers[0].w_down.weight
@@ -232,13 +258,16 @@ CHECKS = (
                 lambda engine: check_paged(engine.cfg, engine.model.dtype, engine.device)),
     # last: the captured step holds the kernels above that are still on
     KernelCheck("graphs", "CUDA-graph decode", ("cuda_graphs=True",), "decoding without graphs", check_graphs),
+    KernelCheck("cpu_step", "C++ CPU decode step", ("attention=flash", "kv_layout=contiguous"),
+                "using PyTorch's step", check_cpu_step, device="cpu"),
 )
 
 
 # ---- helpers --------------------------------------------------------------------------------
-def mismatch(got: torch.Tensor, want: torch.Tensor, tolerance: dict = TOLERANCE) -> str:
-    """"" when `got` is within the dtype's tolerance of `want`, relative to want's largest |value|;
-    else what is wrong, in a few words."""
+def mismatch(got: torch.Tensor, want: torch.Tensor, tolerance: dict = TOLERANCE,
+             dtype: torch.dtype | None = None) -> str:
+    """"" when `got` is within the tolerance of `dtype` (default want's) of `want`, relative to
+    want's largest |value|; else what is wrong, in a few words."""
     if got.shape != want.shape or got.dtype != want.dtype:
         return f"returned {got.dtype} {tuple(got.shape)}, expected {want.dtype} {tuple(want.shape)}"
     got32, want32 = got.float(), want.float()
@@ -246,7 +275,7 @@ def mismatch(got: torch.Tensor, want: torch.Tensor, tolerance: dict = TOLERANCE)
         return "returned non-finite values"
     scale = want32.abs().max().clamp(min=1e-6)
     worst = ((got32 - want32).abs().max() / scale).item()
-    allowed = tolerance[want.dtype]
+    allowed = tolerance[dtype or want.dtype]
     if not worst <= allowed:
         return f"max error {worst:.2g} of the largest output, allowed {allowed:g}"
     return ""

@@ -3,12 +3,13 @@
 its check at load, and the engine takes the PyTorch path for that op from then on.
 
 Names: "int8", "int4" (the weight-only matmuls), "flash" (flash-decoding over a contiguous cache),
-"paged" (flash-decoding through block tables), "graphs" (the CUDA-graph decode step)."""
+"paged" (flash-decoding through block tables), "graphs" (the CUDA-graph decode step), "cpu_step"
+(the C++ decode step on a CPU, kernels/cpu_decode.cpp)."""
 from __future__ import annotations
 
 import threading
 
-KERNELS = ("int8", "int4", "flash", "paged", "graphs")
+KERNELS = ("int8", "int4", "flash", "paged", "graphs", "cpu_step")
 
 _disabled: dict[str, str] = {}  # name -> why it is off
 _lock = threading.Lock()

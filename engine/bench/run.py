@@ -1,17 +1,20 @@
 """`membound bench`: a fixed workload (a prompt of N tokens, then M greedy decode steps that
 ignore EOS), reported against the device's peak; `--compare hf` runs transformers' generate
-on the same weights, prompt, dtype and device in the same run."""
+on the same weights, prompt, dtype and device in the same run; `--compare llamacpp` llama.cpp's
+server on the same GGUF file and threads, its runs interleaved with ours."""
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import torch
 
 from engine.bench.prompts import bench_prompt_ids
 from engine.bench.record import JsonReport, device_clocks
-from engine.bench.single import BenchResult, path_line, run_ours, timed_run, warm_up  # run_ours: app/gui_bench.py
+# run_ours: for app/gui_bench.py
+from engine.bench.single import BenchResult, path_line, reprobe_peak, run_ours, timed_run, warm_up
 from engine.bench.tables import rows_of, side_by_side
 
 __all__ = ["BenchResult", "format_sweep", "format_table", "run_bench", "run_hf", "run_ours", "run_weight_sweep"]
@@ -98,11 +101,13 @@ def _value(r: BenchResult, label: str) -> float:
 
 # ---- --sweep weights ------------------------------------------------------------------------
 def run_weight_sweep(engine, variants: dict, prompt_ids: list[int], decode_tokens: int, repeats: int,
-                     eval_tokens: int, progress, report: JsonReport | None = None) -> tuple[dict, dict, dict, dict]:
+                     eval_tokens: int, progress, report: JsonReport | None = None,
+                     peer=None) -> tuple[dict, dict, dict, dict]:
     """Every weight setting on one engine, in one process: (results, steps, quality, paths) by
     label. Each setting is warmed up with the whole workload first; repeats are interleaved across
     settings, so background load falls on each alike; the best run of each is kept. Quality:
-    perplexity and top-1 agreement with the fp model."""
+    perplexity and top-1 agreement with the first setting. `peer` (a callable returning a
+    BenchResult: llama.cpp's run of the same workload) runs after the settings in each repeat."""
     from dataclasses import replace
 
     from engine.model.quality import weight_quality
@@ -116,6 +121,10 @@ def run_weight_sweep(engine, variants: dict, prompt_ids: list[int], decode_token
         engine.model_for(s)  # quantised copies are made in the background: wait for this one
         seconds["warmup_by_setting"][label] = warm_up(engine, prompt_ids, decode_tokens)
         seconds["quantise_and_warmup"] += time.perf_counter() - t0
+    if peer is not None:
+        t0 = time.perf_counter()
+        peer()
+        seconds["warmup_by_setting"]["peer"] = time.perf_counter() - t0
     seconds["warmup"] = sum(seconds["warmup_by_setting"].values())
     if report is not None:
         report.update(seconds=seconds)
@@ -131,6 +140,11 @@ def run_weight_sweep(engine, variants: dict, prompt_ids: list[int], decode_token
                 raise RuntimeError(f"the sweep asked for {label}, but a step ran other settings")
             if label not in results or result.decode_tokens_per_s > results[label].decode_tokens_per_s:
                 results[label], steps[label], paths[label] = replace(result, name=label), run_steps, run_paths
+        if peer is not None:
+            progress((r + 1) / repeats, f"decoding {decode_tokens} tokens with the peer (run {r + 1}/{repeats})")
+            other = peer()
+            if other.name not in results or other.decode_tokens_per_s > results[other.name].decode_tokens_per_s:
+                results[other.name] = other
         if report is not None:  # what is measured so far, in case the run is cut short
             report.update(results=[asdict(res) for res in results.values()], paths=paths, repeats_done=r + 1,
                           seconds=seconds)
@@ -146,21 +160,33 @@ def run_weight_sweep(engine, variants: dict, prompt_ids: list[int], decode_token
     return results, steps, quality, paths
 
 
-def format_sweep(results: list[BenchResult], quality: dict) -> str:
-    """Settings side by side; speed-up and perplexity change are relative to the first (fp)."""
+def format_sweep(results: list[BenchResult], quality: dict, chain: bool = False, quality_base: str | None = None,
+                 peers: int = 0) -> str:
+    """Settings side by side, then `peers` columns of another engine. Speed-up: relative to the
+    first column, or with `chain` to the column before it; perplexity change: relative to
+    `quality_base` (default the first). A column without quality figures (a peer's) shows none."""
     base = results[0]
-    rows = list(TABLE_ROWS[:2]) + [
-        (f"speed-up vs {base.name}", lambda r: f"{r.decode_tokens_per_s / base.decode_tokens_per_s:.2f}x"),
-    ] + list(TABLE_ROWS[2:])
+    ours = results[:len(results) - peers]
+    if chain:
+        before = {r.name: p for p, r in zip(ours, ours[1:])}
+        speed_up = ("speed-up vs column before", lambda r: f"{r.decode_tokens_per_s / before[r.name].decode_tokens_per_s:.2f}x"
+                    if r.name in before else "")
+    else:
+        speed_up = (f"speed-up vs {base.name}", lambda r: f"{r.decode_tokens_per_s / base.decode_tokens_per_s:.2f}x"
+                    if r in ours else "")
+    rows = list(TABLE_ROWS[:2]) + [speed_up] + list(TABLE_ROWS[2:])
     if quality:
-        base_ppl = quality[base.name].perplexity
+        ref = quality_base or base.name
+        base_ppl = quality[ref].perplexity
         rows += [
-            ("perplexity", lambda r: f"{quality[r.name].perplexity:.3f}"),
-            (f"perplexity vs {base.name}", lambda r: f"{100 * (quality[r.name].perplexity / base_ppl - 1):+.2f}%"),
-            ("top-1 agreement", lambda r: f"{100 * quality[r.name].top1_agreement:.1f}%"),
+            ("perplexity", lambda r: f"{quality[r.name].perplexity:.3f}" if r.name in quality else ""),
+            (f"perplexity vs {ref}", lambda r: f"{100 * (quality[r.name].perplexity / base_ppl - 1):+.2f}%"
+             if r.name in quality else ""),
+            (f"top-1 agreement ({base.name})", lambda r: f"{100 * quality[r.name].top1_agreement:.1f}%"
+             if r.name in quality else ""),
         ]
     width = max(12, *(len(r.name) for r in results))
-    return "\n".join(side_by_side("", [r.name for r in results], rows_of(results, rows), 24, width + 2))
+    return "\n".join(side_by_side("", [r.name for r in results], rows_of(results, rows), 26, width + 2))
 
 
 def run_bench(args, progress) -> int:
@@ -174,10 +200,13 @@ def run_bench(args, progress) -> int:
     dtype = args.dtype or default_dtype(args.device)
     weights, group_size = getattr(args, "weights", "fp"), getattr(args, "group_size", 32)
     sweep = getattr(args, "sweep", None)
-    if args.compare and (sweep or weights != "fp"):
+    if args.compare == "hf" and (sweep or weights != "fp"):
         raise ValueError("--compare hf runs transformers on floating-point weights: use it without --weights/--sweep")
-    if sweep == "weights" and weights != "fp":
-        raise ValueError("--sweep weights runs fp, int8 and int4 itself: drop --weights")
+    gguf = None
+    if args.compare == "llamacpp":
+        gguf = _llamacpp_model(args.model, sweep)
+    if sweep in ("weights", "precision") and weights != "fp":
+        raise ValueError(f"--sweep {sweep} runs fp, int8 and int4 itself: drop --weights")
     if sweep == "batch" or getattr(args, "workload", None):  # the scheduler under load: engine/bench/batch.py
         from engine.bench.batch import run_batch_bench
         return run_batch_bench(args, progress)
@@ -203,13 +232,19 @@ def run_bench(args, progress) -> int:
         raise ValueError(f"workload needs {need} positions; the model's context is {engine.max_context}")
     print(f"model: {engine.loaded.label}", file=sys.stderr)
     print(f"device: {describe(engine.hardware)}", file=sys.stderr)
+    if engine.device == "cpu":
+        from engine.model.cpu_step import fallback_line
+        if line := fallback_line():
+            print(line, file=sys.stderr)
     report = JsonReport(args.json, model=engine.loaded.label, device=engine.hardware.to_dict(), dtype=dtype,
                         workload={"prompt_tokens": args.prompt_tokens, "decode_tokens": args.decode_tokens,
                                   "repeats": args.repeats, "settings": settings.label},
                         seconds={"load": load_s})
     prompt_ids = bench_prompt_ids(engine.tokenizer, args.prompt_tokens)
-    if sweep == "weights":
-        return _print_weight_sweep(engine, settings, prompt_ids, args, progress, report)
+    if sweep in ("weights", "precision"):
+        return _print_weight_sweep(engine, settings, prompt_ids, args, progress, report, gguf)
+    if gguf is not None:
+        return _run_against_llamacpp(engine, gguf, settings, prompt_ids, args, progress, report, load_s)
     progress(0.0, "warming up")
     warmup_s = warm_up(engine, prompt_ids, args.decode_tokens)
     report.update(seconds={"load": load_s, "warmup": warmup_s})
@@ -227,36 +262,168 @@ def run_bench(args, progress) -> int:
     results = [best]
     if args.compare == "hf":
         results.append(run_hf(engine, prompt_ids, args.decode_tokens, steps, progress))
+    results, peak_line = reprobe_peak(engine, results)
     print(f"\nworkload: batch 1, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens} tokens, "
           f"greedy, {settings.label.replace(' · kv', ', KV cache')}")
     print(format_table(results))
+    if peak_line:
+        print(peak_line)
     print(path_line(paths))
-    report.finish(results=[asdict(r) for r in results], paths=paths, clocks=clocks,
+    profiles = _profiles(engine, {settings.label: settings}, prompt_ids, args, progress)
+    report.finish(peak=peak_line, peak_bandwidth_gbs=engine.hardware.peak_bandwidth_gbs,
+                  results=[asdict(r) for r in results], paths=paths, clocks=clocks, profile=profiles,
                   seconds={"load": load_s, "warmup": warmup_s, "timed": timed_s},
                   steps=[s.to_dict() for s in steps])
     return 0
 
 
-def _print_weight_sweep(engine, settings, prompt_ids: list[int], args, progress, report: JsonReport) -> int:
+def precision_variants(settings, group_size: int = 32) -> dict:
+    """label -> settings for fp32, bf16, then int8 and int4 with bf16 activations: each halves (about)
+    the bytes of the one before."""
+    from dataclasses import replace
+    bf16 = replace(settings, dtype="bf16", weights="fp")
+    return {"fp32": replace(settings, dtype="fp32", weights="fp"), "bf16": bf16,
+            "int8": replace(bf16, weights="int8"), f"int4 g{group_size}": replace(bf16, weights="int4",
+                                                                                  group_size=group_size)}
+
+
+def _print_weight_sweep(engine, settings, prompt_ids: list[int], args, progress, report: JsonReport,
+                        gguf=None) -> int:
     from engine.model.quality import evaluation_ids, text_description, weight_variants
 
-    variants = weight_variants(settings, args.group_size)
+    precision = args.sweep == "precision"
+    variants = precision_variants(settings, args.group_size) if precision else weight_variants(settings, args.group_size)
     clocks_before = device_clocks(engine.hardware)
-    results, steps, quality, paths = run_weight_sweep(engine, variants, prompt_ids, args.decode_tokens,
-                                                      args.repeats, args.eval_tokens, progress, report)
+    with contextlib.ExitStack() as stack:
+        peer = _llamacpp_peer(stack, engine, gguf, prompt_ids, args) if gguf is not None else None
+        results, steps, quality, paths = run_weight_sweep(engine, variants, prompt_ids, args.decode_tokens,
+                                                          args.repeats, args.eval_tokens, progress, report, peer)
     clocks = {"before_timed": clocks_before, "after_timed": device_clocks(engine.hardware)}
-    ordered = [results[label] for label in variants]
+    ordered = [results[label] for label in variants] + [r for label, r in results.items() if label not in variants]
+    ordered, peak_line = reprobe_peak(engine, ordered)
+    activations = "fp32 and bf16 weights, then bf16" if precision else settings.dtype
     print(f"\nworkload: batch 1, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens} tokens, greedy, "
-          f"{settings.dtype} activations, KV cache {'off' if args.no_kv_cache else 'on'}; int8 per output channel, "
-          f"int4 asymmetric group {args.group_size}; the head is int8 in both (engine/model/quant.py)")
-    print(format_sweep(ordered, quality))
+          f"{torch.get_num_threads()} threads, {activations} activations, KV cache "
+          f"{'off' if args.no_kv_cache else 'on'}; int8 per output channel, int4 asymmetric group {args.group_size}; "
+          "the head is int8 in both (engine/model/quant.py)")
+    print(format_sweep(ordered, quality, chain=precision, quality_base="bf16" if precision else None,
+                       peers=len(ordered) - len(variants)))
+    if peak_line:
+        print(peak_line)
     if quality:
         n = next(iter(quality.values())).n_tokens
         print(f"quality text: {text_description(evaluation_ids(engine.tokenizer, args.eval_tokens))}, "
               f"{n} tokens predicted")
     for label in variants:
         print(f"{label} {path_line(paths[label])}")
-    report.finish(results=[asdict(r) for r in ordered], paths=paths, clocks=clocks,
+    profiles = _profiles(engine, variants, prompt_ids, args, progress)
+    if gguf is not None:
+        int4 = ordered[len(variants) - 1]
+        ratio = int4.decode_tokens_per_s / ordered[-1].decode_tokens_per_s
+        print(f"llama.cpp: {gguf.name}, {torch.get_num_threads()} threads, its own timings; "
+              f"{int4.name} / llama.cpp decode tok/s: {ratio:.2f}x")
+    report.finish(peak=peak_line, peak_bandwidth_gbs=engine.hardware.peak_bandwidth_gbs,
+                  results=[asdict(r) for r in ordered], paths=paths, clocks=clocks, profile=profiles,
                   quality={label: asdict(q) for label, q in quality.items()},
                   steps={label: [s.to_dict() for s in run_steps] for label, run_steps in steps.items()})
+    return 0
+
+
+def _profiles(engine, variants: dict, prompt_ids: list[int], args, progress) -> dict:
+    """--profile: each setting's decode step profiled and printed (engine/bench/profile.py)."""
+    if not getattr(args, "profile", False):
+        return {}
+    if engine.device != "cpu":
+        print("profile: the C++ step's profile is for a CPU (on a GPU: nsys or torch.profiler)")
+        return {}
+    from engine.bench.profile import format_profile, profile_step
+    found = {}
+    for label, s in variants.items():
+        progress(0.0, f"profiling a decode step of {label}")
+        found[label] = profile_step(engine, s, prompt_ids)
+        print(format_profile(label, found[label], engine.hardware.peak_bandwidth_gbs))
+    return found
+
+
+# ---- --compare llamacpp -----------------------------------------------------------------------
+def _llamacpp_model(model: str, sweep: str | None):
+    """The GGUF file llama.cpp reads, or ValueError (one line) saying why it cannot compare."""
+    from pathlib import Path
+
+    from engine.bench.llamacpp import HOW_TO_GET, find_server
+    if sweep not in (None, "weights", "precision"):
+        raise ValueError(f"--compare llamacpp runs with one setting or --sweep weights/precision, not --sweep {sweep}")
+    if model == "default":
+        from engine.io.default_model import find_default_model
+        path = find_default_model()
+    else:
+        path = Path(model).expanduser()
+        if path.suffix.lower() != ".gguf" or not path.is_file():
+            raise ValueError(f"--compare llamacpp needs a .gguf file llama.cpp can read, got {model}")
+    if find_server() is None:
+        raise ValueError(HOW_TO_GET)
+    return path
+
+
+def _llamacpp_peer(stack: contextlib.ExitStack, engine, gguf, prompt_ids: list[int], args):
+    """A callable running llama.cpp's server (started now, stopped with `stack`) on the workload."""
+    from engine.bench.llamacpp import LlamaServer, find_server, gguf_matmul_bytes, result_of
+
+    n_predict = args.decode_tokens + 1
+    server = stack.enter_context(LlamaServer(find_server(), gguf, torch.get_num_threads(),
+                                             len(prompt_ids) + n_predict + 16))
+    weight_bytes = gguf_matmul_bytes(gguf)
+    peak_flops = engine.hardware.peak_flops_for("fp32") or float("nan")
+    return lambda: result_of("llama.cpp", server.complete(prompt_ids, n_predict), engine.cfg, len(prompt_ids),
+                             weight_bytes, engine.hardware.peak_bandwidth_gbs, peak_flops)
+
+
+def _run_against_llamacpp(engine, gguf, settings, prompt_ids: list[int], args, progress, report: JsonReport,
+                          load_s: float) -> int:
+    """Ours and llama.cpp's server, warmed up, then their runs interleaved (ours, then its, each
+    repeat): load on a shared machine falls on both alike. The best run of each is kept."""
+    from engine.bench.llamacpp import LlamaServer, find_server, gguf_matmul_bytes, result_of
+
+    threads = torch.get_num_threads()
+    n_predict = args.decode_tokens + 1  # as ours: the first token, then decode_tokens decode steps
+    weight_bytes = gguf_matmul_bytes(gguf)
+    peak_flops = engine.hardware.peak_flops_for(settings.dtype) or float("nan")
+    with LlamaServer(find_server(), gguf, threads, len(prompt_ids) + n_predict + 16) as server:
+        progress(0.0, "warming up membound and llama.cpp")
+        t0 = time.perf_counter()
+        warm_up(engine, prompt_ids, args.decode_tokens)
+        server.complete(prompt_ids, n_predict)
+        warmup_s = time.perf_counter() - t0
+        ours = theirs = steps = paths = None
+        runs = []
+        for r in range(args.repeats):
+            progress(r / args.repeats, f"decoding {args.decode_tokens} tokens, membound then llama.cpp "
+                                       f"(run {r + 1}/{args.repeats})")
+            result, run_steps, run_paths = timed_run(engine, prompt_ids, args.decode_tokens)
+            peer = result_of("llama.cpp", server.complete(prompt_ids, n_predict), engine.cfg, len(prompt_ids),
+                             weight_bytes, engine.hardware.peak_bandwidth_gbs, peak_flops)
+            runs.append({"membound_decode_tokens_per_s": result.decode_tokens_per_s,
+                         "llamacpp_decode_tokens_per_s": peer.decode_tokens_per_s})
+            if ours is None or result.decode_tokens_per_s > ours.decode_tokens_per_s:
+                ours, steps, paths = result, run_steps, run_paths
+            if theirs is None or peer.decode_tokens_per_s > theirs.decode_tokens_per_s:
+                theirs = peer
+            report.update(runs=runs)
+    progress(1.0, "done")
+    ours = replace(ours, name=f"membound {settings.weights if settings.weights != 'fp' else settings.dtype}")
+    (ours, theirs), peak_line = reprobe_peak(engine, [ours, theirs])
+    print(f"\nworkload: batch 1, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens} tokens, greedy, "
+          f"{threads} threads; membound {settings.label.replace(' · kv', ', KV cache')}; llama.cpp "
+          f"({find_server()}) on {gguf.name}, fp16 KV cache")
+    print(format_table([ours, theirs]))
+    if peak_line:
+        print(peak_line)
+    print(path_line(paths))
+    profiles = _profiles(engine, {settings.label: settings}, prompt_ids, args, progress)
+    print("llama.cpp's times are its server's own (prompt_ms, predicted_ms); its bytes are the cost model's for "
+          "what it reads: the GGUF's tensors as stored")
+    report.finish(peak=peak_line, peak_bandwidth_gbs=engine.hardware.peak_bandwidth_gbs,
+                  results=[asdict(ours), asdict(theirs)], paths=paths, runs=runs, threads=threads, profile=profiles,
+                  llamacpp={"server": str(find_server()), "model": str(gguf), "weight_bytes": weight_bytes},
+                  seconds={"load": load_s, "warmup": warmup_s}, steps=[s.to_dict() for s in steps])
     return 0

@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from engine.model import cpu_step
 from engine.model.transformer import Linear, Transformer
 from engine.settings import GROUP_SIZES, QuantError, check_weights, weights_label
 from kernels import registry as kernel_registry
@@ -35,6 +36,15 @@ INT4_CPU_ZERO_CODE = 8  # PyTorch's CPU int4 kernel dequantises (code - 8) * sca
 # threads (2-core AMD EPYC): int8 packed 3.10 ms vs dequantise + GEMM 1.40 ms at 128 rows
 # (even at 32); int4 packed 2.70 vs 3.17 ms at 128 rows, 5.47 vs 4.54 ms at 256.
 CPU_PACKED_MAX_ROWS = {"int8": 32, "int4": 192}
+# Bytes per weight that a dequantising path writes and reads beyond the stored ones (the cost model
+# counts them: engine/metrics.py takes what `bytes_read` says). CPU int8: the bf16 copy written and
+# read by the GEMM (2 + 2). CPU int4: the nibbles split (0.5 + 0.5 read, 0.5 + 0.5 written), stacked
+# (1 + 1), made bf16 (1 + 2), scaled (2 + 2), read by the GEMM (2). Reference (any device, the dtype's
+# 2 bytes; fp32 costs more, counted as 2): int8 q.float() (1 + 4), * scale (4 + 4), .to (4 + 2),
+# matmul (2); int4 unpacked (0.5 + 1 + 1 + 1), .float() (1 + 4), * scale + min (4 + 4 + 4), .to
+# (4 + 2), matmul (2). Prefill-sized steps only: a decode step takes none of these paths.
+DEQUANTISED_COPY_BYTES = {("int8", "cpu"): 4, ("int4", "cpu"): 13, ("int8", "reference"): 21,
+                          ("int4", "reference"): 32.5}
 
 
 # ---- quantisers (tensor → stored tensors) ---------------------------------------------------
@@ -137,7 +147,7 @@ class Int8Linear(nn.Module):
         if self.backend == "cpu":
             x2 = x.reshape(-1, self.in_features).bfloat16()
             if x2.shape[0] > CPU_PACKED_MAX_ROWS["int8"]:
-                y = F.linear(x2, self.q.to(torch.bfloat16) * self.scales_bf16[:, None])
+                y = F.linear(x2, self.q * self.scales_bf16[:, None])  # one kernel: int8 * bf16 -> bf16
             else:
                 y = torch._weight_int8pack_mm(x2, self.q, self.scales_bf16)
             return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
@@ -145,11 +155,23 @@ class Int8Linear(nn.Module):
             return _int8_op(x, self.q, self.scales)
         return self.reference(x)
 
+    def cpu_matrix(self) -> tuple | None:
+        """The codes and bf16 scales for the C++ CPU decode step (engine/model/cpu_step.py)."""
+        return cpu_step.matrix(2, self.q, self.scales_bf16) if self.backend == "cpu" else None
+
     @property
     def weight_bytes(self) -> int:
         """What forward reads per step: the int8 codes and one scale per row, as stored."""
         scales = self.scales_bf16 if self.backend == "cpu" else self.scales
         return self.q.numel() + scales.numel() * scales.element_size()
+
+    def bytes_read(self, rows: int) -> int:
+        """Bytes a forward over `rows` rows moves for its weight: as stored, plus the dequantised
+        copy a path writes and reads back (bytes per weight: DEQUANTISED_COPY_BYTES)."""
+        path = "cpu" if self.backend == "cpu" and rows > CPU_PACKED_MAX_ROWS["int8"] else \
+            "reference" if self.backend == "reference" or (self.backend == "triton" and not kernel_registry.enabled("int8")) \
+            else None
+        return self.weight_bytes + (DEQUANTISED_COPY_BYTES["int8", path] * self.q.numel() if path else 0)
 
 
 class Int4Linear(nn.Module):
@@ -181,6 +203,32 @@ class Int4Linear(nn.Module):
         self.register_buffer("cpu_scale_zeros", torch.stack([scales.t(), zeros.t()], dim=-1).bfloat16().contiguous(),
                              persistent=False)
 
+    def cpu_matrix(self) -> tuple | None:
+        """The codes and fp16 scales and mins in the C++ step's tiles of 16 rows (kernels/cpu_decode.cpp
+        gemv_int4), for the CPU decode step (engine/model/cpu_step.py)."""
+        if self.backend != "cpu" or self.in_features % 8 or self.group_size % 8:
+            return None
+        if getattr(self, "cpu_tiles", None) is None:
+            self._make_cpu_tiles()
+        return cpu_step.matrix(3, self.cpu_tiles, self.cpu_tile_scales, self.cpu_tile_mins, self.group_size,
+                               n=self.out_features, k=self.in_features)
+
+    def _make_cpu_tiles(self) -> None:
+        n, k, g = self.out_features, self.in_features, self.group_size
+        tiles = -(-n // 16)
+        codes = F.pad(unpack_int4(self.packed), (0, 0, 0, 16 * tiles - n)).long()  # (16T, K), zero rows added
+        octets = codes.view(tiles, 16, k // 8, 4, 2).permute(0, 2, 1, 3, 4)  # (T, K/8, 16 rows, a, b): input 2a + b
+        shifts = 4 * torch.arange(4)[:, None] + 16 * torch.arange(2)[None, :]  # nibble at bit 4a + 16b
+        words = (octets << shifts).sum(dim=(-2, -1))  # (T, K/8, 16): the bits do not overlap
+        self.register_buffer("cpu_tiles", words.to(torch.int32).contiguous().view(torch.uint8).view(tiles, -1),
+                             persistent=False)
+
+        def per_tile(t: torch.Tensor) -> torch.Tensor:  # (N, K/g) -> (T, K/g, 16)
+            return F.pad(t, (0, 0, 0, 16 * tiles - n)).view(tiles, 16, k // g).transpose(1, 2).contiguous()
+
+        self.register_buffer("cpu_tile_scales", per_tile(self.scales), persistent=False)
+        self.register_buffer("cpu_tile_mins", per_tile(self.mins), persistent=False)
+
     @classmethod
     def from_weight(cls, weight: torch.Tensor, group_size: int) -> "Int4Linear":
         return cls(*quantize_int4(weight, group_size), group_size)
@@ -205,6 +253,15 @@ class Int4Linear(nn.Module):
         n, k, g = self.out_features, self.in_features, self.group_size
         codes = torch.stack([self.packed & 0xF, self.packed >> 4], dim=-1).view(n, k // g, g).to(torch.bfloat16)
         return torch.addcmul(self.mins.bfloat16()[..., None], codes, self.scales.bfloat16()[..., None]).view(n, k)
+
+    def bytes_read(self, rows: int) -> int:
+        """Bytes a forward over `rows` rows moves for its weight: as stored, plus the dequantised
+        copy a path writes and reads back (bytes per weight: DEQUANTISED_COPY_BYTES)."""
+        path = "cpu" if self.backend == "cpu" and rows > CPU_PACKED_MAX_ROWS["int4"] else \
+            "reference" if self.backend == "reference" or (self.backend == "triton" and not kernel_registry.enabled("int4")) \
+            else None
+        weights = self.out_features * self.in_features
+        return self.weight_bytes + (DEQUANTISED_COPY_BYTES["int4", path] * weights if path else 0)
 
     @property
     def weight_bytes(self) -> int:

@@ -13,9 +13,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
+from engine.model import cpu_step
 from engine.model.attention import attend
 from engine.model.config import ModelConfig
 from engine.model.rope import rope_tables
+from kernels import registry as kernel_registry
 
 # Decode on a CPU is a matrix-vector product per weight. PyTorch's plain F.linear (one
 # GEMV on (N, K) weights) streams about 11 GB/s on the 2-core machines here; viewing the
@@ -63,6 +65,11 @@ class Linear(nn.Module):
     def weight_bytes(self) -> int:
         return self.weight.numel() * self.weight.element_size()
 
+    def cpu_matrix(self) -> tuple | None:
+        """This weight for the C++ CPU decode step (engine/model/cpu_step.py); None: it cannot."""
+        fmt = {torch.float32: 0, torch.bfloat16: 1}.get(self.weight.dtype)
+        return None if fmt is None else cpu_step.matrix(fmt, self.weight.detach())
+
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // x.shape[-1]
@@ -82,6 +89,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 # weight -> (its version when packed, the packed copy); weak keys: a dropped model frees its copies,
 # and the modules themselves hold nothing extra (copies, state dicts and pickles see plain weights)
 _PACKED = WeakIdKeyDictionary()  # keyed by identity (tensors compare elementwise)
+_BYTES_READ = WeakIdKeyDictionary()  # model -> its matmul modules and their bytes by rows (not an attribute:
+# quantize_model's shallow copies of a model would share it)
 _PACK_LOCK = threading.Lock()
 
 
@@ -285,6 +294,10 @@ class Transformer(nn.Module):
         B, T = tokens.shape
         if start_pos + T > self.cfg.max_seq_len:
             raise ValueError(f"context of {start_pos + T} tokens exceeds the model's {self.cfg.max_seq_len}")
+        if T == 1 and cache is not None and tokens.device.type == "cpu":  # batch-1 decode: one C++ call
+            logits = cpu_step.decode_step(self, tokens, start_pos, cache, attention)
+            if logits is not None:
+                return logits
         x = F.embedding(tokens, self.embed)
         cos = self.rope_cos[start_pos:start_pos + T]
         sin = self.rope_sin[start_pos:start_pos + T]
@@ -309,12 +322,25 @@ class Transformer(nn.Module):
         x = F.rms_norm(x, (self.cfg.dim,), self.norm, self.cfg.norm_eps)
         return self.head(x).float()
 
-    def linear_weight_bytes(self) -> int:
-        """Bytes of every matmul weight one forward step reads (head included), as stored:
-        any module that stores a matmul weight (plain or quantised) reports `weight_bytes`."""
-        seen, total = set(), 0
-        for m in self.modules():
-            if hasattr(type(m), "weight_bytes") and id(m) not in seen:
-                seen.add(id(m))
-                total += m.weight_bytes
+    def linear_weight_bytes(self, rows: int = 1, head_rows: int = 1) -> int:
+        """Bytes of every matmul weight one forward step reads, the layers over `rows` rows (all
+        sequences' new tokens) and the head over `head_rows`: as stored (each module's `weight_bytes`),
+        plus any dequantised copy a module's path for that many rows writes and reads back
+        (`bytes_read(rows)`, where it has one)."""
+        counted = _BYTES_READ.get(self)
+        if counted is None:  # asked every step: the walk over the modules (~0.5 ms) is made once
+            seen, counted = set(), {"modules": [], "by_rows": {}}
+            for m in self.modules():
+                if hasattr(type(m), "weight_bytes") and id(m) not in seen:
+                    seen.add(id(m))
+                    counted["modules"].append(m)
+            _BYTES_READ[self] = counted
+        key = (rows, head_rows, tuple(sorted(kernel_registry.disabled())))  # a switched-off kernel: another path
+        total = counted["by_rows"].get(key)
+        if total is None:
+            total = int(sum(0 if m is self.head and head_rows == 0 else  # no row samples: the head does not run
+                            m.bytes_read(head_rows if m is self.head else rows) if hasattr(m, "bytes_read")
+                            else m.weight_bytes for m in counted["modules"]))
+            if len(counted["by_rows"]) < 256:
+                counted["by_rows"][key] = total
         return total

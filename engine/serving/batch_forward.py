@@ -178,7 +178,6 @@ class BatchRunner:
         self.sample = sample or (lambda logits: logits.argmax(dim=-1))
         self.settings_label = settings_label
         self.step_count = 0
-        self._weight_bytes = model.linear_weight_bytes()
         self._elem_bytes = model.embed.element_size()
 
     def step(self):
@@ -195,7 +194,9 @@ class BatchRunner:
         step_s = time.perf_counter() - t0
         sampled = dict(zip(ids, tokens))
         self.scheduler.update_from_output(plan, sampled)
-        cost = plan_cost(self.model.cfg, plan.seqs, weight_bytes=self._weight_bytes, elem_bytes=self._elem_bytes,
+        weight_bytes = self.model.linear_weight_bytes(rows=plan.total_num_scheduled_tokens,
+                                                      head_rows=sum(s.samples for s in plan.seqs))
+        cost = plan_cost(self.model.cfg, plan.seqs, weight_bytes=weight_bytes, elem_bytes=self._elem_bytes,
                          attention=self.attention, block_size=self.cache.block_size)
         n = len(plan.seqs)
         metrics = StepMetrics.from_cost(
@@ -213,4 +214,3 @@ class BatchRunner:
         if model.dtype != self.cache.k.dtype:
             raise ValueError(f"the KV pool is {self.cache.k.dtype}, the model {model.dtype}: make a new runner")
         self.model = model
-        self._weight_bytes = model.linear_weight_bytes()

@@ -23,6 +23,15 @@ from engine.hardware.nvml import HardwareSample
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(autouse=True)
+def pytorch_decode_steps(monkeypatch):
+    """PyTorch's decode step, in the engine's process or thread: the C++ CPU step decodes the tiny
+    model's 400 tokens before the session below can switch the cache off and stop the reply."""
+    from kernels import registry as kernel_registry
+    monkeypatch.setenv("MEMBOUND_CPU_STEP", "0")
+    kernel_registry.disable("cpu_step", "test_recording needs a reply still running")
+
+
 def record_session(make_window, qtbot, path: Path) -> object:
     """A short session: a reply with the KV cache switched off mid-way, NVML samples, simulated
     users (batched steps: the serving buffer), a second reply. Returns the (closed) window."""

@@ -65,6 +65,9 @@ def process_window(qtbot, tiny_model, monkeypatch):
     from app.window import MainWindow
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    # PyTorch's step: the C++ one decodes the tiny model's 400 tokens before the first event batch
+    # leaves the engine process (engine/host.py BATCH_INTERVAL_S), and mid_reply needs a reply running
+    monkeypatch.setenv("MEMBOUND_CPU_STEP", "0")
     window = MainWindow(model=tiny_model, hardware=fake_cpu(), engine_process=True,
                         settings=Settings(max_new_tokens=400, sampling=GREEDY))
     qtbot.addWidget(window)

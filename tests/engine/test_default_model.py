@@ -34,8 +34,13 @@ def test_config_from_gguf_metadata(engine):
 
 
 def test_greedy_tokens_identical_to_transformers(engine, hf_model):
+    """Through the C++ CPU decode step (engine/model/cpu_step.py), as the app decodes on a CPU."""
+    from engine import dispatch
+    from engine.model.cpu_step import STEP_LABEL
     engine.reset()
+    before = dispatch.counts()
     events = list(engine.chat(PROMPT))
+    assert dispatch.since(before)["decode step"].get(STEP_LABEL, 0) >= 10
     ours = [e.token_id for e in events if isinstance(e, TokenEvent) and e.token_id >= 0]
     done = events[-1]
     assert isinstance(done, DoneEvent)

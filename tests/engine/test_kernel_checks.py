@@ -53,11 +53,11 @@ def test_a_named_kernel_check_fault_fails_that_check_only(inject):
         faults.inject_kernel_check("int4")
 
 
-def test_on_a_cpu_no_check_runs_and_no_kernel_is_switched_off():
+def test_on_a_cpu_only_the_cpu_step_check_runs_and_no_kernel_is_switched_off():
     engine = make_engine()
     results = run_checks(engine)
     assert [r.kernel for r in results] == list(registry.KERNELS)
-    assert not any(r.ran or r.problem for r in results)
+    assert [r.kernel for r in results if r.ran] == ["cpu_step"] and not any(r.problem for r in results)
     assert check_kernels(engine) == {} and registry.disabled() == {}
     assert engine.graphs.unavailable == "not on a GPU"
 
@@ -164,3 +164,29 @@ def test_mismatch_says_what_is_wrong():
 @pytest.fixture
 def tiny_weights():
     return make_engine().loaded
+
+
+def test_a_cpu_step_that_disagrees_with_pytorch_is_switched_off_and_pytorch_decodes(monkeypatch):
+    from engine.model import cpu_step
+    real = cpu_step.decode_step
+    monkeypatch.setattr(cpu_step, "decode_step", lambda *args, **kw: None if (got := real(*args, **kw)) is None
+                        else got + 1.0)  # a wrong step: every logit off by one
+    engine = make_engine()
+    notes = check_kernels(engine)
+    assert notes["attention=flash"].startswith("C++ CPU decode step failed its check (max error")
+    assert notes["attention=flash"].endswith("— using PyTorch's step") and not registry.enabled("cpu_step")
+    monkeypatch.undo()
+    ids = engine.tokenizer.encode("hello")
+    steps = [e for e in engine.generate(ids, max_new_tokens=3) if type(e).__name__ == "StepMetrics"]
+    assert len(steps) == 3 and cpu_step.unavailable_reason().startswith("max error")
+
+
+def test_the_cpu_step_passes_its_check_on_the_default_model_in_bf16():
+    """bf16 rounds at other points in C++ than in PyTorch's ops: held to the bf16 bound, not fp32's
+    (the fp32 logits of a bf16 model once failed it, and the app loaded in bf16 never ran C++)."""
+    from engine.engine import Engine
+    from engine.settings import Settings
+    engine = Engine("default", device="cpu", dtype="bf16", max_context=64, hardware=fake_cpu(),
+                    settings=Settings(dtype="bf16"))
+    results = {r.kernel: r for r in run_checks(engine)}
+    assert results["cpu_step"].ran and results["cpu_step"].problem == "" and registry.enabled("cpu_step")

@@ -15,6 +15,7 @@ from engine.events import SettingsApplied, TokenEvent
 from engine.io.byte_tokenizer import ByteTokenizer
 from engine.io.loader import LoadedWeights, synthetic_weights
 from engine.metrics import StepMetrics
+from engine.model import cpu_step
 from engine.model.config import ModelConfig
 from engine.model.quality import evaluate, evaluation_ids, evaluation_text, score, weight_quality
 from engine.model.quant import (
@@ -290,10 +291,10 @@ def test_weight_sweep_reports_each_setting_side_by_side():
     assert "1.00x" in table and "100.0%" in table
     assert results["int4 g32"].decode_bytes_per_token < results["int8"].decode_bytes_per_token \
         < results["fp32"].decode_bytes_per_token
-    # each setting's record names the path it ran: its matmul modules, eager steps on a CPU
+    # each setting's record names the path it ran: its matmul modules, C++ decode steps on a CPU
     assert paths["int8"]["matmul"]["Int8Linear"] == "PyTorch CPU int kernels"
     assert paths["fp32"]["matmul"] == {"Linear": "PyTorch"} and paths["fp32"]["cuda_graphs"] == "not on a GPU"
-    assert paths["int4 g32"]["ops"]["decode step"] == {"eager": 4}
+    assert paths["int4 g32"]["ops"]["decode step"] == {cpu_step.STEP_LABEL: 4}
 
 
 def test_default_model_quality_int8_within_1_percent_int4_within_10():
@@ -320,3 +321,25 @@ def test_engine_and_kernels_import_without_triton():
                          cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr
     assert "triton is not installed" in out.stdout
+
+
+def test_a_path_that_dequantises_counts_the_copy_it_writes_and_reads():
+    """Prefill-sized steps on a CPU dequantise (past CPU_PACKED_MAX_ROWS): the cost model's weight
+    bytes then carry the copy too, by the bytes per weight quant.py lists; decode steps do not."""
+    from engine.model.quant import CPU_PACKED_MAX_ROWS, DEQUANTISED_COPY_BYTES
+    w = torch.randn(96, 64)
+    int8, int4 = Int8Linear.from_weight(w), Int4Linear.from_weight(w, 32)
+    for layer, kind in ((int8, "int8"), (int4, "int4")):
+        rows = CPU_PACKED_MAX_ROWS[kind]
+        assert layer.bytes_read(1) == layer.bytes_read(rows) == layer.weight_bytes
+        assert layer.bytes_read(rows + 1) == layer.weight_bytes + DEQUANTISED_COPY_BYTES[kind, "cpu"] * w.numel()
+    model = quantize_model(Transformer(CFG, tiny_loaded().weights), "int8")
+    layers = [m for m in model.modules() if isinstance(m, Int8Linear) and m is not model.head]
+    head = model.head.weight_bytes
+    assert model.linear_weight_bytes(1) == head + sum(m.weight_bytes for m in layers)
+    # 64 rows through the layers (dequantised), one through the head (packed)
+    assert model.linear_weight_bytes(64) == head + sum(m.weight_bytes + 4 * m.q.numel() for m in layers)
+    assert model.linear_weight_bytes(64, head_rows=0) == model.linear_weight_bytes(64) - head
+    eng = tiny_engine(weights="int8")
+    steps = [e for e in eng.generate(list(range(1, 60)), max_new_tokens=2) if isinstance(e, StepMetrics)]
+    assert steps[0].phase == "prefill" and steps[0].weight_bytes > steps[1].weight_bytes  # 59 rows: the copy

@@ -1,0 +1,243 @@
+"""The C++ CPU decode step (kernels/cpu_decode.cpp through engine/model/cpu_step.py) against the
+PyTorch step it replaces: logits and the K/V it writes, for every weight format and both activation
+dtypes, on awkward shapes (GQA, rows not a multiple of 16, Qwen2's biases, Qwen3's q/k norms), built
+for this machine's vector units and for a plain x86-64-v3 (AVX2, the laptop case); and the cases it
+leaves to PyTorch."""
+import copy
+
+import pytest
+import torch
+
+from engine.io.loader import synthetic_weights
+from engine.kv.cache import ContiguousKVCache, PagedKVCache
+from engine.model import cpu_step
+from engine.model.config import ModelConfig
+from engine.model.quant import Int4Linear, Int8Linear, quantize_model
+from engine.model.transformer import Linear, Transformer
+from kernels import cpu_decode
+from kernels import registry as kernel_registry
+from kernels.int4_pack import unpack_int4
+
+GQA = ModelConfig(name="gqa", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=250,
+                  tied_embeddings=True, max_seq_len=64)
+# Qwen-like: biases and per-head norms, 6 heads over 2 KV heads of 16, rows not a multiple of 16
+QWEN = ModelConfig(name="qwen", dim=96, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=16, ffn_dim=160,
+                   vocab_size=203, qkv_bias=True, qk_norm=True, max_seq_len=64, rope_theta=1e6)
+# fp32: the largest error allowed against PyTorch's step, relative to the largest |logit| (the sums
+# run in another order; INT4's, offset by 128 per code, carry ~5e-6 of error per product, which
+# these sharp random models amplify: test_each_product_matches_its_reference holds it tighter). bf16
+# rounds at other points than PyTorch's ops do, so both bf16 steps are held to the fp32 step of the
+# same weights: the C++ one may be off by at most 1.5x PyTorch's error.
+TOLERANCE = {("fp32", "fp"): 1e-4, ("fp32", "int8"): 1e-4, ("fp32", "int4"): 5e-3, ("bf16", "fp"): 1.5,
+             ("bf16", "int8"): 1.5, ("bf16", "int4"): 1.5}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+PROMPT = 7
+
+
+def model_of(cfg: ModelConfig, dtype: str, weights: str, seed: int = 0) -> Transformer:
+    """Random weights (bf16 values, whatever the dtype: the fp32 model of them is the bf16 one's truth)."""
+    w = synthetic_weights(cfg, torch.float32, "cpu", seed=seed)
+    # sharper logits, and norm weights that are not all ones (a swapped norm would pass otherwise)
+    gen = torch.Generator().manual_seed(seed + 1)
+    w = {k: (v * 20 if "norm" not in k else v + 0.1 * torch.randn(v.shape, generator=gen)) for k, v in w.items()}
+    model = Transformer(cfg, {k: v.bfloat16().to(DTYPES[dtype]) for k, v in w.items()})
+    return model if weights == "fp" else quantize_model(model, weights, 32)
+
+
+def reference_of(model: Transformer) -> Transformer:
+    """The same weights through PyTorch's one-line references (dequantise, then matmul); INT4 takes
+    its inputs rounded to bf16, as both CPU paths feed it."""
+    ref = copy.deepcopy(model)
+    for m in ref.modules():
+        if isinstance(m, (Int8Linear, Int4Linear)):
+            m.backend = "reference"
+        if isinstance(m, Int4Linear):
+            m.forward = lambda x, m=m: m.reference(x.bfloat16().to(x.dtype))
+    return ref
+
+
+@torch.inference_mode()
+def decode(model: Transformer, tokens: list[int], use_cpp: bool) -> tuple[list[torch.Tensor], ContiguousKVCache]:
+    """PROMPT tokens prefilled by the reference, then one step of `model` per remaining token (in C++
+    or PyTorch); the logits of each step."""
+    cache = ContiguousKVCache(model.cfg, 1, model.cfg.max_seq_len, model.dtype, "cpu")
+    reference_of(model)(torch.tensor([tokens[:PROMPT]]), 0, cache)  # the same cached prompt for both
+    if use_cpp:
+        kernel_registry.reset()
+    else:
+        kernel_registry.disable("cpu_step", "the reference run")
+    out = [model(torch.tensor([[t]]), pos, cache)[0, 0].float() for pos, t in enumerate(tokens[PROMPT:], PROMPT)]
+    return out, cache
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+
+
+@pytest.mark.parametrize("cfg", [GQA, QWEN], ids=["gqa", "qwen"])
+@pytest.mark.parametrize("dtype,weights", list(TOLERANCE))
+def test_cpp_step_matches_the_pytorch_step(cfg, dtype, weights):
+    assert cpu_step.unavailable_reason() == ""  # CI builds it: a C++ compiler is part of `make test`'s set-up
+    model = model_of(cfg, dtype, weights)
+    tokens = torch.randint(0, cfg.vocab_size, (PROMPT + 6,), generator=torch.Generator().manual_seed(3)).tolist()
+    got, got_cache = decode(model, tokens, use_cpp=True)
+    want, want_cache = decode(reference_of(model), tokens, use_cpp=False)  # (the reference of a reference: itself)
+    tol = TOLERANCE[(dtype, weights)]
+    if dtype == "fp32":
+        for step, (g, w) in enumerate(zip(got, want)):
+            assert relative_error(g, w) < tol, f"step {step}: {relative_error(g, w):.2e}"
+    else:
+        truth, _ = decode(reference_of(model_of(cfg, "fp32", weights)), tokens, use_cpp=False)
+        cpp_error = max(relative_error(g, t) for g, t in zip(got, truth))
+        pytorch_error = max(relative_error(w, t) for w, t in zip(want, truth))
+        assert cpp_error < tol * pytorch_error + 1e-3, f"C++ {cpp_error:.2e}, PyTorch {pytorch_error:.2e}"
+        tol = 5e-2  # the cache: both are rounded to bf16, from sums in another order
+    n = PROMPT + len(got)
+    assert got_cache.length == want_cache.length == n
+    # the K/V the steps wrote (RoPE'd keys, values) are PyTorch's, to the cache dtype's rounding
+    for kv_got, kv_want in ((got_cache.k, want_cache.k), (got_cache.v, want_cache.v)):
+        assert relative_error(kv_got[:, :, :, :n], kv_want[:, :, :, :n]) < max(tol, 1e-5)
+        assert not kv_got[:, :, :, n:].any()  # nothing past the live positions
+
+
+# per format: the product's largest error allowed, relative to the reference's largest |value|
+PRODUCT_TOLERANCE = {"fp32": 1e-6, "bf16": 1e-5, "int8": 1e-6, "int4": 2e-5}
+
+
+@pytest.mark.parametrize("fmt", list(PRODUCT_TOLERANCE))
+@pytest.mark.parametrize("n,k", [(40, 96), (250, 64), (3, 160)], ids=["n40", "n250", "n3"])
+def test_each_product_matches_its_reference(fmt, n, k):
+    """One matrix-vector product of each format (all threads), against PyTorch's dequantise-then-matmul
+    in fp64; bf16 weights and INT4 take their inputs rounded to bf16, as the step feeds them."""
+    import ctypes
+    gen = torch.Generator().manual_seed(n + k)
+    w = torch.randn(n, k, generator=gen) * torch.linspace(0.1, 2, n)[:, None]
+    x = torch.randn(k, generator=gen) * 3 + 1  # not centred: INT4's mins and its 128 offset both matter
+    if fmt in ("fp32", "bf16"):
+        layer = Linear(w.to(DTYPES[fmt]))
+        want = x.double() @ layer.weight.double().T if fmt == "fp32" else \
+            x.bfloat16().double() @ layer.weight.double().T
+    elif fmt == "int8":
+        layer = Int8Linear.from_weight(w)
+        want = x.double() @ (layer.q.double() * layer.scales.double()[:, None]).T
+    else:
+        layer = Int4Linear.from_weight(w, 32)
+        deq = unpack_int4(layer.packed).double().view(n, -1, 32) * layer.scales.double()[..., None] \
+            + layer.mins.double()[..., None]
+        want = x.bfloat16().double() @ deq.view(n, k).T
+    fmt_id, n_, k_, group, tensors, w_ptr, scale, mins = layer.cpu_matrix()
+    mat = cpu_decode.Mat(fmt_id, n_, k_, group, w_ptr, scale, mins)
+    got = torch.full((n,), float("nan"))
+    cpu_decode.load().membound_gemv(ctypes.byref(mat), x.data_ptr(), got.data_ptr(), torch.get_num_threads())
+    assert relative_error(got, want) < PRODUCT_TOLERANCE[fmt], f"{relative_error(got, want):.1e}"
+
+
+def test_steps_say_they_ran_in_cpp_and_pytorch_runs_what_cpp_does_not_take():
+    from engine import dispatch
+    model = model_of(GQA, "fp32", "fp")
+    token = torch.tensor([[5]])
+    with torch.inference_mode():
+        cache = ContiguousKVCache(GQA, 1, GQA.max_seq_len, torch.float32, "cpu")
+        before = dispatch.counts()
+        model(token, 0, cache)
+        assert dispatch.since(before)["decode step"] == {cpu_step.STEP_LABEL: 1}
+        assert cache.length == 1
+        refused = {
+            "naive attention": (model, token, cache, "naive"),
+            "two sequences": (model, torch.tensor([[5], [6]]), ContiguousKVCache(GQA, 2, 8, torch.float32, "cpu"),
+                              "flash"),
+            "a paged cache": (model, token, PagedKVCache(GQA, 4, 16, torch.float32, "cpu"), "flash"),
+            "a cache of another dtype": (model, token, ContiguousKVCache(GQA, 1, 8, torch.bfloat16, "cpu"), "flash"),
+            "two new tokens": (model, torch.tensor([[5, 6]]), cache, "flash"),
+        }
+        for what, args in refused.items():
+            assert cpu_step.refusal(*args), what
+            assert cpu_step.decode_step(args[0], args[1], 1, args[2], args[3]) is None, what
+
+
+def test_int4_tiles_hold_the_codes_in_the_documented_order():
+    layer = Int4Linear.from_weight(torch.randn(40, 96), 32)  # 40 rows: the last tile is half padding
+    fmt, n, k, group, tensors, *_ = layer.cpu_matrix()
+    tiles, scales, mins = tensors
+    assert (fmt, n, k, group) == (cpu_decode.INT4, 40, 96, 32) and tiles.shape == (3, 16 * 96 // 2)
+    codes = unpack_int4(layer.packed)
+    t, j, i = 1, 5, 3  # tile, octet of inputs, row in the tile
+    word = int.from_bytes(bytes(tiles[t, 64 * j + 4 * i:64 * j + 4 * i + 4].tolist()), "little")
+    row = 16 * t + i
+    # nibble 4a + 16b holds input 8j + 2a + b
+    assert [(word >> (4 * a + 16 * b)) & 15 for a in range(4) for b in range(2)] == codes[row, 8 * j:8 * j + 8].tolist()
+    assert scales[t, 2, i] == layer.scales[row, 2] and mins[t, 1, i] == layer.mins[row, 1]
+    assert not tiles[2, :].view(-1, 16, 4)[:, 8:].any()  # rows 40..47 do not exist: zero codes
+
+
+def test_a_build_for_avx2_matches_too(monkeypatch):
+    """The vector paths without AVX-512 (most laptops): the same steps from a library built for x86-64-v3."""
+    flags = tuple(f if f != "-march=native" else "-march=x86-64-v3" for f in cpu_decode.FLAGS)
+    monkeypatch.setattr(cpu_decode, "FLAGS", flags)
+    monkeypatch.setattr(cpu_step, "_PLANS", type(cpu_step._PLANS)())
+    for dtype, weights in (("fp32", "int4"), ("bf16", "fp"), ("fp32", "int8")):
+        model = model_of(QWEN, dtype, weights, seed=1)
+        tokens = list(range(3, 3 + PROMPT + 3))
+        got, _ = decode(model, tokens, use_cpp=True)
+        assert cpu_step._PLANS[model].lib is cpu_decode.load(flags)
+        want, _ = decode(reference_of(model), tokens, use_cpp=False)
+        assert max(relative_error(g, w) for g, w in zip(got, want)) < TOLERANCE[(dtype, weights)]
+
+
+def test_without_a_compiler_the_pytorch_step_runs_and_says_why(monkeypatch, tmp_path):
+    monkeypatch.setenv("CXX", "")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no g++, c++ or clang++
+    monkeypatch.setattr(cpu_decode, "FLAGS", cpu_decode.FLAGS + ("-DNEVER_BUILT",))  # not in the cache
+    monkeypatch.setattr(cpu_step, "_unavailable", None)
+    assert cpu_step.unavailable_reason() == "no C++ compiler (g++ or clang++) on PATH"
+    model = model_of(GQA, "fp32", "fp")
+    cache = ContiguousKVCache(GQA, 1, GQA.max_seq_len, torch.float32, "cpu")
+    with torch.inference_mode():
+        assert cpu_step.decode_step(model, torch.tensor([[5]]), 0, cache) is None
+        assert model(torch.tensor([[5]]), 0, cache).shape == (1, 1, GQA.vocab_size)  # PyTorch's step
+
+
+def test_a_failed_build_is_one_line_and_the_engine_decodes_in_pytorch(monkeypatch, tmp_path, capsys):
+    """A compiler that fails (an old g++, a missing header): the check's note is one line, no
+    traceback, and the engine's steps run in PyTorch."""
+    from engine.kernel_checks import check_kernels
+    from tests.engine.test_engine import make_engine
+    broken = tmp_path / "g++"
+    broken.write_text("#!/bin/sh\n[ \"$1\" = --version ] && { echo 'g++ 0.0'; exit 0; }\n"
+                      "echo 'In file included from cpu_decode.cpp:1:' >&2\n"
+                      "echo 'cpu_decode.cpp:9:10: fatal error: omp.h: No such file or directory' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("CXX", str(broken))
+    monkeypatch.setattr(cpu_decode, "FLAGS", cpu_decode.FLAGS + ("-DNEVER_BUILT",))
+    monkeypatch.setattr(cpu_decode, "_LOADED", {})
+    monkeypatch.setattr(cpu_step, "_unavailable", None)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    reason = cpu_step.unavailable_reason()
+    assert reason == f"{broken} could not build kernels/cpu_decode.cpp: " \
+                     "cpu_decode.cpp:9:10: fatal error: omp.h: No such file or directory"
+    engine = make_engine()
+    notes = check_kernels(engine)
+    assert list(notes) == ["attention=flash", "kv_layout=contiguous"]
+    assert all("\n" not in note and "could not build" in note and note.endswith("— using PyTorch's step")
+               for note in notes.values())
+    from engine import dispatch
+    before = dispatch.counts()
+    steps = [e for e in engine.generate(engine.tokenizer.encode("hello"), max_new_tokens=3)
+             if type(e).__name__ == "StepMetrics"]
+    assert len(steps) == 3 and cpu_step.STEP_LABEL not in dispatch.since(before).get("decode step", {})
+    assert not list((tmp_path / "cache").rglob("*.so"))  # nothing half-built left in the cache
+    from tests.engine.test_cli import run_cli
+    code, out, err = run_cli(capsys, "chat", "--prompt", "hi", "--greedy", "--max-tokens", "2", "--max-context", "64")
+    assert code == 0 and out.strip() and "Traceback" not in err
+    assert [line for line in err.splitlines() if "C++" in line] == \
+        [f"membound: the C++ CPU decode step is off ({reason}): PyTorch's step decodes"]
+
+
+def test_the_environment_can_switch_the_cpp_step_off(monkeypatch):
+    monkeypatch.setenv("MEMBOUND_CPU_STEP", "0")
+    monkeypatch.setattr(cpu_step, "_unavailable", None)
+    assert cpu_step.unavailable_reason() == "switched off by MEMBOUND_CPU_STEP=0"
+    model = model_of(GQA, "fp32", "fp")
+    cache = ContiguousKVCache(GQA, 1, GQA.max_seq_len, torch.float32, "cpu")
+    with torch.inference_mode():
+        assert cpu_step.decode_step(model, torch.tensor([[5]]), 0, cache) is None
