@@ -182,8 +182,8 @@ class PlotView(QFrame):
     def place_annotation_labels(self) -> None:
         """Lay the setting-change labels out in rows from the top (in ANNOTATION_SHARE of the plot)
         so that no two overlap: the newest first, each in the highest row with room; a label that
-        would run past the right edge hangs left of its line; one that finds no room is hidden (its
-        line stays)."""
+        would run past the right edge hangs left of its line; one that finds no room, or whose line
+        is outside the x range, is hidden (its line stays)."""
         lines = [line for line in self.annotation_lines or [] if line.isVisible()]
         view = self.plot.getViewBox()
         rect = view.sceneBoundingRect()
@@ -193,14 +193,17 @@ class PlotView(QFrame):
             return
         self._set_keys["annotation_labels"] = key
         gap = 6.0
-        label_h = max(line.label.boundingRect().height() for line in lines)
+        label_h = max(_text_size(line.label)[1] for line in lines)
         # the rows stay in the top of the plot, the headroom the y ranges leave above the data
         rows = max(2, int(ANNOTATION_SHARE * rect.height() // (label_h + 2)))
         free_left = [math.inf] * rows  # per row, where the labels already placed (to the right) begin
         blocked = self._peak_label_spans(rect, label_h)  # per row, the peak lines' labels (x spans)
         for line in sorted(lines, key=lambda line: line.value(), reverse=True):
-            width = line.label.boundingRect().width()
+            width = _text_size(line.label)[0]
             x_px = rect.left() + (line.value() - x_lo) / (x_hi - x_lo) * rect.width()
+            if not rect.left() <= x_px <= rect.right():  # its line is off the plot (a change after the last step)
+                line.label.setVisible(False)
+                continue
             hang_left = x_px + width > rect.right() - 2 and x_px - width >= rect.left()
             start, end = (x_px - width, x_px) if hang_left else (x_px, x_px + width)
             row = next((r for r in range(rows) if end + gap <= free_left[r] and not any(
@@ -272,3 +275,10 @@ class PlotView(QFrame):
         self.fit_legend()
         if self.annotation_lines:
             self.place_annotation_labels()
+
+
+def _text_size(label) -> tuple[float, float]:
+    """A label's size in pixels, as it will paint: its text document's own box. The TextItem's
+    boundingRect only takes a new font (F10) or the view's scale at the next paint."""
+    box = label.textItem.boundingRect()
+    return box.width(), box.height()
