@@ -202,7 +202,7 @@ def check_graphs(engine) -> str | None:
         graphs.replays = replays  # the figures count the conversation's replays only
     if ran < 3:
         return graphs.unavailable or "the graph did not run"
-    return mismatch(got, want, GRAPH_TOLERANCE)
+    return mismatch(got, want, GRAPH_TOLERANCE, model.dtype)  # fp32 logits of a model that computes in its dtype
 
 
 @torch.inference_mode()

@@ -115,6 +115,9 @@ def stand_in_graphs(engine, broken: str = "", cuda_graphs: bool = True):
         cache.length = start + 1
         if broken == "stale":
             return model(tokens, attention=attention)
+        if broken == "rounding":  # a fused graph rounds differently, by about bf16's step
+            logits = model.forward_decode_static(tokens, torch.tensor([start]), cache, kv_len, attention)
+            return logits + 0.02 * logits.abs().max() * torch.sign(torch.randn_like(logits))
         return model.forward_decode_static(tokens, torch.tensor([start]), cache, kv_len, attention)
     graphs.decode = decode
     return graphs
@@ -134,6 +137,18 @@ def test_the_graph_check_compares_the_replayed_step_with_eager_and_leaves_the_ca
     paged = make_engine(replace(GREEDY, kv_layout="paged"))  # graphs are not for its cache: a scratch one
     stand_in_graphs(paged)
     assert check_graphs(paged) == "" and paged.cache is None
+
+
+def test_the_graph_check_holds_a_bf16_model_to_bf16s_tolerance_not_its_fp32_logits():
+    bf16 = make_engine()
+    bf16.apply(replace(bf16.settings, dtype="bf16"))
+    list(bf16.take_settings())
+    assert bf16.model.dtype == torch.bfloat16
+    stand_in_graphs(bf16, broken="rounding")
+    assert check_graphs(bf16) == ""  # 2% of the largest logit: within a bf16 step's rounding
+    fp32 = make_engine()
+    stand_in_graphs(fp32, broken="rounding")
+    assert check_graphs(fp32).startswith("max error")  # but far outside an fp32 one's
 
 
 def reply(engine) -> list[int]:
