@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import torch
 import torch.nn as nn
@@ -19,10 +20,12 @@ from engine.model.config import ModelConfig
 from engine.model.rope import rope_tables
 from kernels import registry as kernel_registry
 
-# Decode on a CPU is a matrix-vector product per weight. PyTorch's plain F.linear (one
-# GEMV on (N, K) weights) streams about 11 GB/s on the 2-core machines here; viewing the
-# same weight as (n_chunks, N / n_chunks, K) and running one bmm per chunk gives each
-# thread its own row block and reached 28 GB/s (measured on a 2-core AMD EPYC, fp32).
+# Decode on a CPU is a matrix-vector product per weight, and which PyTorch call streams it
+# fastest depends on the CPU: on a 2-core AMD EPYC, plain F.linear (one GEMV on (N, K) weights)
+# streamed ~11 GB/s and the same weight viewed as (n_chunks, N / n_chunks, K), one bmm per
+# chunk (a row block per thread), 28 GB/s; on a 2-core Intel Xeon (torch 2.13) F.linear streams
+# 54-87 GB/s and the chunked bmm 14-25. So the first fp32 GEMV times both once and keeps the
+# faster (`chunked_gemv_is_faster`). (The C++ CPU step, when it runs, takes decode from both.)
 CPU_GEMV_MAX_ROWS = 1
 # Above that (a batched decode step, a prefill) the rows share each weight read, and F.linear
 # (MKL's sgemm on this AMD CPU) grows almost linearly with the rows. oneDNN's matmul on a copy of
@@ -39,6 +42,32 @@ CPU_PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 def cpu_gemv_chunks() -> int:
     return max(1, torch.get_num_threads())
+
+
+_CHUNKED_FASTER: dict[int, bool] = {}  # chunks -> the chunked bmm beat F.linear on this machine
+
+
+def chunked_gemv_is_faster(chunks: int) -> bool:
+    """Whether the chunked bmm streams an fp32 GEMV faster than F.linear here: both timed once on a
+    32 MiB weight (best of 5 after a warm-up, ~20 ms in all), the answer kept per thread count."""
+    faster = _CHUNKED_FASTER.get(chunks)
+    if faster is None:
+        n, k = chunks * (8192 // chunks), 1024
+        w, x = torch.randn(n, k), torch.randn(1, k)
+        chunked = w.view(chunks, n // chunks, k)
+        xt = x.t().unsqueeze(0).expand(chunks, k, 1)
+
+        def best_s(run) -> float:
+            run()
+            times = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                run()
+                times.append(time.perf_counter() - t0)
+            return min(times)
+        faster = best_s(lambda: torch.bmm(chunked, xt)) < best_s(lambda: F.linear(x, w))
+        _CHUNKED_FASTER[chunks] = faster
+    return faster
 
 
 class Linear(nn.Module):
@@ -77,7 +106,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
             and not torch.compiler.is_compiling():  # (a compiled step leaves the matmul to inductor)
         chunks = cpu_gemv_chunks()
         n, k = weight.shape
-        if chunks > 1 and n % chunks == 0:
+        if chunks > 1 and n % chunks == 0 and chunked_gemv_is_faster(chunks):
             w = weight.view(chunks, n // chunks, k)  # (C, N/C, K), a view: no copy
             xt = x.reshape(rows, k).t().unsqueeze(0).expand(chunks, k, rows)  # (C, K, M)
             y = torch.bmm(w, xt)  # (C, N/C, M)

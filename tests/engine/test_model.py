@@ -85,12 +85,21 @@ def test_cpu_gemv_path_equals_plain_linear(rows, monkeypatch):
     from engine.model import transformer as model
     from engine.model.transformer import linear
     monkeypatch.setattr(model, "CPU_GEMV_MAX_ROWS", 8)  # the chunked bmm for every row count here
+    monkeypatch.setattr(model, "chunked_gemv_is_faster", lambda chunks: True)  # whatever this CPU measures
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(96, 40, generator=gen)
     x = torch.randn(rows, 40, generator=gen)
     torch.testing.assert_close(linear(x, w), x @ w.t(), rtol=1e-5, atol=1e-5)
     x3 = torch.randn(1, rows, 40, generator=gen)
     torch.testing.assert_close(linear(x3, w), x3 @ w.t(), rtol=1e-5, atol=1e-5)
+
+
+def test_the_gemv_path_is_the_one_this_cpu_measures_faster():
+    from engine.model import transformer as model
+    model._CHUNKED_FASTER.clear()
+    faster = model.chunked_gemv_is_faster(3)  # a thread count that does not divide 8192
+    assert isinstance(faster, bool) and model._CHUNKED_FASTER == {3: faster}  # measured once, then kept
+    assert model.chunked_gemv_is_faster(3) is faster
 
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
