@@ -473,24 +473,34 @@ class MainWindow(QMainWindow):
         self.quality = table
         self.controls.set_quality(table)
 
-    def _follow_flops_peak(self, step: StepMetrics) -> None:
-        """A CPU engine raises its measured FLOP/s peak when a step beats it (engine/engine.py
-        `_held_to_peak`). The strip then says the new peak, the one the plots draw."""
+    def _follow_peaks(self, step: StepMetrics) -> None:
+        """A CPU engine raises its measured peaks when a step beats them (engine/engine.py
+        `_held_to_peak`). The strip then says the peaks the plots draw."""
         spec, settings = self.hardware, self.settings
-        if spec is None or settings is None or spec.kind != "cpu" or not step.peak_flops > 0:
+        if spec is None or settings is None or spec.kind != "cpu":
             return
-        dtype = settings.dtype
-        if step.peak_flops > spec.peak_flops.get(dtype, 0.0) * (1 + 1e-9):
-            self.hardware = replace(spec, peak_flops={**spec.peak_flops, dtype: step.peak_flops},
-                                    measured_flops={**spec.measured_flops, dtype: step.peak_flops})
-            self.hardware_strip.set_device(self.hardware, self.hardware_strip.weight_bytes)
+        dtype, grow = settings.dtype, 1.02  # a 2% rise redraws what shows the peaks (the strip, the plots' lines, the table)
+        flops = step.peak_flops if step.peak_flops > spec.peak_flops.get(dtype, 0.0) * grow else None
+        gbs = step.peak_bandwidth_bps / 1e9 if step.peak_bandwidth_bps > spec.peak_bandwidth_gbs * 1e9 * grow else None
+        if flops is None and gbs is None:
+            return
+        if flops is not None:
+            spec = replace(spec, peak_flops={**spec.peak_flops, dtype: flops},
+                           measured_flops={**spec.measured_flops, dtype: flops})
+        if gbs is not None:
+            spec = replace(spec, peak_bandwidth_gbs=gbs, measured_bandwidth_gbs=gbs)
+        self.hardware = spec
+        self.hardware_strip.set_device(spec, self.hardware_strip.weight_bytes)
+        self.plots.set_hardware(spec)
+        if self.model_info is not None:
+            self.seed_table.set_model(self.model_info.cfg, self.model_info.label, spec, dtype)
 
     def _on_events(self, batch: list) -> None:
         text = []
         for event in batch:
             if isinstance(event, StepMetrics):
                 self.data.add_step(event)
-                self._follow_flops_peak(event)
+                self._follow_peaks(event)
                 if self.replying:  # (with simulated users, steps also run between replies)
                     self._reply_steps.append(event)
             elif isinstance(event, TokenEvent):

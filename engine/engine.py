@@ -72,6 +72,7 @@ class Engine:
             torch.set_flush_denormal(True)
         self.graphs = GraphDecoder(device)
         self.settings = self._normalised((settings or Settings(dtype=dtype)).validate(device))
+        self.hold_cpu_peaks = False  # the app's engine: a step that beats a measured CPU peak raises it
         self.hardware = hardware or detect_device(device, progress=(lambda m: progress(0.0, m)) if progress else None)
         if isinstance(model, LoadedWeights):  # already in memory (tests, the app's model cache)
             self.loaded = model
@@ -298,7 +299,7 @@ class Engine:
         metrics, stats = self._server_step()
         if metrics is not None:
             self.step_count += 1
-            events.append(metrics)
+            events.extend(self._held_to_peak([metrics]))
         if stats is not None:
             events.append(stats)
         if not self.settings.users and not server.has_unfinished:  # the last user has left
@@ -495,25 +496,33 @@ class Engine:
                         reply.decode_s, reply.n_cached)
 
     def _held_to_peak(self, events: Iterator) -> Iterator:
-        """A CPU's FLOP/s peak is a matmul measured at load, and a busy machine measures it low. A step
-        that beats it shows the machine can do at least that much, so the peak rises to what the step
-        reached (here and on every later step). Otherwise the window would show MFU over 100%.
-        A GPU's peak comes from its datasheet, so it is never raised."""
+        """A CPU's peaks are measured at load: its FLOP/s by a matmul, its bandwidth by PyTorch's `sum`
+        over 256 MiB. A busy machine measures both low, and the C++ step streams faster than that sum.
+        A step that beats a peak shows the machine can do at least that much, so the peak rises to
+        what the step reached, for this step and every later one. Otherwise the window would show
+        MFU or MBU over 100%, and tokens/s above its own ceiling. A GPU's peaks come from its
+        datasheet and are never raised: there, going past one would be a cost-model error to see.
+        The app's engine does this (engine/host.py). The bench keeps its probes: it reports MBU
+        against them, and probes again after its runs (bench/single.py reprobe_peak)."""
         for event in events:
-            if isinstance(event, StepMetrics) and self.hardware.kind == "cpu":
-                event = self._raise_flops_peak(event)
+            if isinstance(event, StepMetrics) and self.hold_cpu_peaks and self.hardware.kind == "cpu" \
+                    and event.step_s > 0:
+                event = self._raise_peaks(event)
             yield event
 
-    def _raise_flops_peak(self, metrics: StepMetrics) -> StepMetrics:
-        dtype = dtype_name(self.settings.dtype)
-        known = self.hardware.peak_flops.get(dtype, 0.0)
-        peak = max(known, metrics.peak_flops if metrics.peak_flops == metrics.peak_flops else 0.0)
-        if metrics.step_s > 0 and metrics.achieved_flops > peak:
-            peak = metrics.achieved_flops
-        if peak > known:
-            self.hardware = replace(self.hardware, peak_flops={**self.hardware.peak_flops, dtype: peak},
-                                    measured_flops={**self.hardware.measured_flops, dtype: peak})
-        return replace(metrics, peak_flops=peak) if peak != metrics.peak_flops else metrics
+    def _raise_peaks(self, metrics: StepMetrics) -> StepMetrics:
+        spec, dtype = self.hardware, dtype_name(self.settings.dtype)
+        known_flops = spec.peak_flops.get(dtype, 0.0)
+        flops = max(known_flops, _finite(metrics.peak_flops), metrics.achieved_flops)
+        known_bps = spec.peak_bandwidth_gbs * 1e9
+        bps = max(known_bps, _finite(metrics.peak_bandwidth_bps), metrics.achieved_bandwidth_bps)
+        if flops > known_flops or bps > known_bps:
+            self.hardware = replace(spec, peak_flops={**spec.peak_flops, dtype: flops},
+                                    measured_flops={**spec.measured_flops, dtype: flops},
+                                    peak_bandwidth_gbs=bps / 1e9, measured_bandwidth_gbs=bps / 1e9)
+        if flops == metrics.peak_flops and bps == metrics.peak_bandwidth_bps:
+            return metrics
+        return replace(metrics, peak_flops=flops, peak_bandwidth_bps=bps)
 
     def _plain_step(self, reply: "_Reply", gen) -> Iterator:
         (token,), metrics = self._step(reply.ids, produced=reply.n_new, gen=gen)
@@ -746,3 +755,7 @@ class _Timer:
             self.end.synchronize()
             return self.begin.elapsed_time(self.end) / 1e3
         return time.perf_counter() - self.t0
+
+
+def _finite(value: float) -> float:
+    return value if value == value and value != float("inf") else 0.0

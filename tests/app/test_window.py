@@ -296,13 +296,14 @@ def test_the_roofline_trail_reuses_its_rendered_symbols(make_window, qtbot):
     assert len(window.plots.roofline.trail_item.scatter.fragmentAtlas) <= size + 1  # (one new colour at most)
 
 
-def test_a_cpu_peak_measured_low_follows_the_engine_so_mfu_and_the_strip_agree(qtbot, tiny_model):
+def test_cpu_peaks_measured_low_follow_the_engine_so_the_plots_and_the_strip_agree(qtbot, tiny_model):
     """A busy machine measured a low matmul peak at load: the engine raises it to what a step reached,
     and the strip says the peak the plots draw (never MFU over 100%)."""
     from dataclasses import replace
 
     from app.window import MainWindow
-    low = replace(fake_cpu(), peak_flops={"fp32": 1e3}, measured_flops={"fp32": 1e3})
+    low = replace(fake_cpu(), peak_flops={"fp32": 1e3}, measured_flops={"fp32": 1e3},
+                  peak_bandwidth_gbs=1e-6, measured_bandwidth_gbs=1e-6)
     window = MainWindow(model=tiny_model, hardware=low, settings=Settings(max_new_tokens=8, sampling=GREEDY))
     qtbot.addWidget(window)
     with qtbot.waitSignal(window.model_ready, timeout=30_000):
@@ -312,4 +313,8 @@ def test_a_cpu_peak_measured_low_follows_the_engine_so_mfu_and_the_strip_agree(q
     assert len(mfu) and np.nanmax(mfu) <= 100 + 1e-6
     peak = window.hardware.peak_flops["fp32"]
     assert peak > 1e3 and f"fp32 {peak / 1e9:.1f} GFLOP/s (measured)" in window.hardware_strip.compute_label.text()
+    gbs_col, peak_bps = window.data.steps.column("gbs"), window.data.steps.column("peak_bps")
+    assert np.nanmax(gbs_col * 1e9 / peak_bps) <= 1 + 1e-6  # the memory plot's data never above its peak line
+    gbs = window.hardware.peak_bandwidth_gbs
+    assert gbs > 1e-6 and f"{gbs:,.1f} GB/s (measured)" in window.hardware_strip.bandwidth_label.text()
     window.close()
