@@ -41,8 +41,9 @@ def find_server() -> Path | None:
 class LlamaServer:
     """One llama-server process on a free loopback port; `complete()` decodes and returns its timings."""
 
-    def __init__(self, binary: Path, model: Path, threads: int, context: int):
+    def __init__(self, binary: Path, model: Path, threads: int, context: int, extra_args: tuple[str, ...] = ()):
         self.binary, self.model, self.threads, self.context = binary, model, threads, context
+        self.extra_args = extra_args  # e.g. --metrics, for the attach tests (tests/app/llama_peer.py)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -60,8 +61,8 @@ class LlamaServer:
         # -t / -tb: the same threads as ours for decode and for the prompt; one slot; no prompt cache
         args = [str(self.binary), "-m", str(self.model), "--host", "127.0.0.1", "--port", str(self.port),
                 "-c", str(self.context), "-np", "1", "-t", str(self.threads), "-tb", str(self.threads),
-                "--no-webui", "-cram", "0"]
-        with open(self.log, "wb") as log:
+                "--no-webui", "-cram", "0", *self.extra_args]
+        with open(self.log, "ab") as log:  # a restart on the same port adds to the same log
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
