@@ -160,25 +160,7 @@ class Tokenizer:
         ))
         backend.pre_tokenizer = pre_tokenizer_for(pre)
         backend.decoder = decoders.ByteLevel()
-        # Control tokens are special (matched whole, skippable on decode); user-defined ones are matched whole.
-        backend.add_special_tokens([
-            tokenizers.AddedToken(t, special=True, normalized=False)
-            for t, tt in zip(tokens, token_types) if tt == TOKEN_TYPE_CONTROL
-        ])
-        backend.add_tokens([
-            tokenizers.AddedToken(t, special=False, normalized=False)
-            for t, tt in zip(tokens, token_types) if tt == TOKEN_TYPE_USER_DEFINED
-        ])
-
-        stop_ids = [meta[k] for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if k in meta]
-        return cls(
-            backend,
-            bos_id=meta.get("tokenizer.ggml.bos_token_id"),
-            eos_id=meta.get("tokenizer.ggml.eos_token_id"),
-            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-            chat_template=meta.get("tokenizer.chat_template"),
-            extra_stop_ids=stop_ids,
-        )
+        return cls._with_added_tokens(backend, meta, tokens, token_types, add_bos_default=False)
 
     @classmethod
     def _from_sentencepiece(cls, meta: dict[str, Any], tokens: list[str], token_types: list[int]) -> "Tokenizer":
@@ -198,6 +180,14 @@ class Tokenizer:
                                                          prepend_scheme="first" if prefix else "never")
         steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
         backend.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix else []))
+        # llama.cpp adds a BOS by default for these vocabularies
+        return cls._with_added_tokens(backend, meta, tokens, token_types, add_bos_default=True)
+
+    @classmethod
+    def _with_added_tokens(cls, backend, meta: dict[str, Any], tokens: list[str], token_types: list[int],
+                           add_bos_default: bool) -> "Tokenizer":
+        """Control tokens become special (matched whole, skippable on decode), user-defined ones are
+        matched whole; BOS/EOS, the stop tokens and the chat template come from the GGUF's keys."""
         backend.add_special_tokens([
             tokenizers.AddedToken(t, special=True, normalized=False)
             for t, tt in zip(tokens, token_types) if tt == TOKEN_TYPE_CONTROL
@@ -211,7 +201,7 @@ class Tokenizer:
             backend,
             bos_id=meta.get("tokenizer.ggml.bos_token_id"),
             eos_id=meta.get("tokenizer.ggml.eos_token_id"),
-            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", True)),  # llama.cpp's default for these
+            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", add_bos_default)),
             chat_template=meta.get("tokenizer.chat_template"),
             extra_stop_ids=stop_ids,
         )
