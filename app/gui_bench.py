@@ -37,11 +37,38 @@ def headless_decode_tokens_per_s(model: str, tokens: int, dtype: str = "fp32", w
     return result.decode_tokens_per_s
 
 
+class LatenessProbe:
+    """A 10 ms QTimer and how late each of its ticks came (ms): the GUI event loop's latency.
+    `counting`: whether a tick counts (e.g. only while a reply streams)."""
+
+    def __init__(self, parent=None, counting=lambda: True, interval_ms: int = 10):
+        from PySide6.QtCore import QElapsedTimer, QTimer
+        self.lateness_ms: list[float] = []
+        self._clock, self._timer = QElapsedTimer(), QTimer(parent)
+        self._timer.setInterval(interval_ms)
+        self._timer.timeout.connect(self._tick)
+        self._interval_ms, self._counting, self._due_ms = interval_ms, counting, float(interval_ms)
+
+    def _tick(self) -> None:
+        now_ms = self._clock.nsecsElapsed() / 1e6
+        if self._counting():
+            self.lateness_ms.append(max(0.0, now_ms - self._due_ms))
+        self._due_ms = now_ms + self._interval_ms
+
+    def start(self) -> None:
+        self._clock.start()
+        self._due_ms = float(self._interval_ms)
+        self._timer.start()
+
+    def stop(self) -> None:
+        self._timer.stop()
+
+
 def in_app(model: str, tokens: int, replies: int, engine_process: bool = True, dtype: str = "fp32",
            weights: str = "fp") -> dict:
     import numpy as np
     import pyqtgraph as pg
-    from PySide6.QtCore import QElapsedTimer, QEventLoop, QTimer
+    from PySide6.QtCore import QEventLoop
     from PySide6.QtWidgets import QApplication
 
     from app.window import MainWindow
@@ -58,26 +85,12 @@ def in_app(model: str, tokens: int, replies: int, engine_process: bool = True, d
     window.model_ready.connect(lambda _info: loop.quit())
     loop.exec()
 
-    lateness_ms: list[float] = []
-    clock = QElapsedTimer()
-    probe = QTimer()
-    probe.setInterval(10)
-    expected = {"at": 0.0}
-
-    def tick() -> None:
-        now = clock.nsecsElapsed() / 1e6
-        if window.replying:
-            lateness_ms.append(max(0.0, now - expected["at"]))
-        expected["at"] = now + 10
-
-    probe.timeout.connect(tick)
+    probe = LatenessProbe(counting=lambda: window.replying)
     decode_rates = []
     gui_cpu_s = wall_s = 0.0
     for i in range(replies):
         done_loop = QEventLoop()
         window.reply_finished.connect(done_loop.quit)
-        clock.start()
-        expected["at"] = 10
         cpu0, wall0 = time.process_time(), time.monotonic()
         probe.start()
         window.send(PROMPT if i == 0 else "Go on, in more detail.")
@@ -94,7 +107,7 @@ def in_app(model: str, tokens: int, replies: int, engine_process: bool = True, d
                 decode_rates.append((len(steps) - 1) / (steps[-1].t_s - steps[0].t_s))
     frames = window.plots.frames_drawn
     window.close()
-    lateness = np.array(lateness_ms)
+    lateness = np.array(probe.lateness_ms)
     return {"timer_lateness_ms_p50": float(np.percentile(lateness, 50)),
             "timer_lateness_ms_p95": float(np.percentile(lateness, 95)),
             "timer_lateness_ms_max": float(lateness.max()), "timer_samples": len(lateness),
@@ -109,7 +122,7 @@ def attached(url: str, replies: int, interval_s: float = 0.25) -> dict:
     """Timer lateness while the window is attached to a server and chats with it."""
     import numpy as np
     import pyqtgraph as pg
-    from PySide6.QtCore import QElapsedTimer, QEventLoop, QTimer
+    from PySide6.QtCore import QEventLoop
     from PySide6.QtWidgets import QApplication
 
     from app.window import MainWindow
@@ -121,19 +134,7 @@ def attached(url: str, replies: int, interval_s: float = 0.25) -> dict:
     window.show()
     if not window.attach.attach(url, interval_s=interval_s):
         raise SystemExit(f"gui_bench: {window.last_error}")
-    lateness_ms: list[float] = []
-    clock = QElapsedTimer()
-    probe = QTimer()
-    probe.setInterval(10)
-    expected = {"at": 10.0}
-
-    def tick() -> None:
-        now = clock.nsecsElapsed() / 1e6
-        lateness_ms.append(max(0.0, now - expected["at"]))
-        expected["at"] = now + 10
-
-    probe.timeout.connect(tick)
-    clock.start()
+    probe = LatenessProbe()
     probe.start()
     t0 = time.monotonic()
     for i in range(replies):
@@ -147,7 +148,7 @@ def attached(url: str, replies: int, interval_s: float = 0.25) -> dict:
     window.attach.detach()
     frames = window.plots.frames_drawn
     window.close()
-    lateness = np.array(lateness_ms)
+    lateness = np.array(probe.lateness_ms)
     return {"attached_to": url, "timer_lateness_ms_p50": float(np.percentile(lateness, 50)),
             "timer_lateness_ms_p95": float(np.percentile(lateness, 95)),
             "timer_lateness_ms_max": float(lateness.max()), "timer_samples": len(lateness),

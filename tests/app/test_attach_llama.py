@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 from llama_peer import LlamaServer
-from PySide6.QtCore import QElapsedTimer, QTimer
 
+from app.gui_bench import LatenessProbe
 from engine.attach.client import ChatDone, Scraper, fetch_metrics, stream_chat
 from engine.io.default_model import find_default_model
 
@@ -131,18 +131,7 @@ def test_window_attached_plots_the_server_and_survives_its_restart(qtbot, tiny_m
     assert window.attach.button.text() == "Attach to server…"
     controls = window.controls.extra
     assert controls.indexOf(window.attach.button) == controls.indexOf(window.model_button) + 1
-    # the GUI event loop's lateness while attached, measured as app/gui_bench.py does: a 10 ms timer
-    lateness_ms, clock, expected = [], QElapsedTimer(), {"at": 10.0}
-    probe = QTimer(window)
-    probe.setInterval(10)
-
-    def tick() -> None:
-        now = clock.nsecsElapsed() / 1e6
-        lateness_ms.append(max(0.0, now - expected["at"]))
-        expected["at"] = now + 10
-
-    probe.timeout.connect(tick)
-    clock.start()
+    probe = LatenessProbe(window)  # the GUI event loop's lateness while attached, as app/gui_bench.py measures it
     probe.start()
     try:
         assert window.attach.attach(llama_server.url, interval_s=0.25)
@@ -182,7 +171,7 @@ def test_window_attached_plots_the_server_and_survives_its_restart(qtbot, tiny_m
         if llama_server.process is None:
             llama_server.start()
     assert window.data.source == "model" and window.chat.send_requested  # the window is its own again
-    late = np.array(lateness_ms)
+    late = np.array(probe.lateness_ms)
     assert len(late) > 100
     print(f"attached: GUI timer lateness p50 {np.percentile(late, 50):.1f} ms, p95 {np.percentile(late, 95):.1f} ms, "
           f"max {late.max():.1f} ms over {len(late)} ticks")
