@@ -17,16 +17,16 @@ LABELS = ("fp32 · kv on", "fp32 · kv off", "bf16 · kv on")
 
 def run(frames: int, warmup: int = 50) -> dict:
     import numpy as np
-    import pyqtgraph as pg
     from PySide6.QtWidgets import QApplication
 
     from app.plots import LiveData, PlotsPanel
+    from app.plots.style import configure_pyqtgraph
     from app.theme import SettingColours, themed
     from engine.hardware.spec import DeviceSpec
     from engine.metrics import StepMetrics
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
-    pg.setConfigOptions(antialias=True)  # as the app draws (app/main.py)
+    configure_pyqtgraph()
     theme = themed("dark")
     data = LiveData()
     panel = PlotsPanel(data, theme, SettingColours(theme))

@@ -67,15 +67,15 @@ class LatenessProbe:
 def in_app(model: str, tokens: int, replies: int, engine_process: bool = True, dtype: str = "fp32",
            weights: str = "fp") -> dict:
     import numpy as np
-    import pyqtgraph as pg
     from PySide6.QtCore import QEventLoop
     from PySide6.QtWidgets import QApplication
 
+    from app.plots.style import configure_pyqtgraph
     from app.window import MainWindow
     from engine.settings import SamplingParams, Settings
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
-    pg.setConfigOptions(antialias=True)  # as the app draws (app/main.py)
+    configure_pyqtgraph()
     window = MainWindow(model=model, settings=Settings(dtype=dtype, weights=weights, max_new_tokens=tokens,
                                                       sampling=SamplingParams(greedy=True)),
                         engine_process=engine_process)
@@ -121,14 +121,14 @@ def in_app(model: str, tokens: int, replies: int, engine_process: bool = True, d
 def attached(url: str, replies: int, interval_s: float = 0.25) -> dict:
     """Timer lateness while the window is attached to a server and chats with it."""
     import numpy as np
-    import pyqtgraph as pg
     from PySide6.QtCore import QEventLoop
     from PySide6.QtWidgets import QApplication
 
+    from app.plots.style import configure_pyqtgraph
     from app.window import MainWindow
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
-    pg.setConfigOptions(antialias=True)
+    configure_pyqtgraph()
     window = MainWindow(autoload=False)
     window.resize(1600, 960)
     window.show()

@@ -95,9 +95,9 @@ def main(args=None, *, model="default", device: str = "auto", hardware=None, set
               "pip install 'PySide6-Essentials>=6.6,!=6.12.0'", file=sys.stderr)
         return 2
     app = _application(lang)
-    import pyqtgraph as pg
+    from app.plots.style import configure_pyqtgraph
 
-    pg.setConfigOptions(antialias=True)
+    configure_pyqtgraph()
     from app.window import MainWindow
 
     recorder = None
@@ -153,9 +153,9 @@ def run_replay(args) -> int:
     from app.i18n import language
 
     app = _application(language(getattr(args, "lang", None)))
-    import pyqtgraph as pg
+    from app.plots.style import configure_pyqtgraph
 
-    pg.setConfigOptions(antialias=True)
+    configure_pyqtgraph()
     try:
         window, player = open_replay(str(path), args.speed)
     except RecordingError as error:

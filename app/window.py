@@ -22,6 +22,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QMainWindow, QPushButton, QSp
 
 from app.chat import ChatPanel
 from app.controls import ControlsBar
+from app.frame_budget import FrameBudget
 from app.hardware_strip import HardwareStrip
 from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.kv_panel import KVCachePanel
@@ -39,11 +40,13 @@ FRAME_MS = 33  # ~30 fps redraw
 READOUT_EVERY_FRAMES = 8  # numbers in titles and the strip: ~4 Hz
 # With the engine on the CPU, every core the GUI thread takes is one the engine's threads wanted:
 # the GUI keeps to this share of the machine's cores (2 cores: 0.08 of one) and skips frames above
-# it, never below MIN_FPS. Measured with `python -m app.gui_bench` on 2 cores: a frame costs ~20 ms
-# of CPU; at 8 fps the app decoded at 0.78-0.86x of headless, at 4 fps see docs/benchmarks.md.
+# it (app/frame_budget.py), never below MIN_FPS_CPU. Measured with `python -m app.gui_bench` on 2
+# cores: a frame costs ~20 ms of CPU, and at 4-5 fps the app decoded int8 at 0.73x of headless
+# (0.97x with no frames drawn); at 2 fps see docs/benchmarks.md, "issue 15".
 GUI_SHARE_OF_CPU_MACHINE = 0.04
 GUI_CPU_BUDGET_GPU = 0.5  # of one core, when the engine runs on a GPU (its CPU threads mostly wait)
-MIN_FPS = 4
+MIN_FPS_CPU = 2
+MIN_FPS_GPU = 4
 NVML_SAMPLE_MS = 250
 
 _finishing_workers: list = []  # workers still inside a step when their window closed
@@ -96,10 +99,8 @@ class MainWindow(QMainWindow):
         self._quality_asked = False
         self.last_done: DoneEvent | None = None
         self._reply_steps: list[StepMetrics] = []
-        self._frame = 0
-        self.gui_cpu_share = 0.0  # of one core, smoothed over the last few frames
-        self._last_tick = (time.monotonic(), time.thread_time())
-        self._last_draw = 0.0
+        self._frame = self._readout_frame = 0
+        self.frame_budget = FrameBudget(self.gui_cpu_budget, self.min_fps)
         self._closed = False
         self._sampler = None
 
@@ -615,31 +616,41 @@ class MainWindow(QMainWindow):
 
     # ---- drawing ------------------------------------------------------------------------------
     @property
+    def _engine_on_gpu(self) -> bool:
+        return self.device == "cuda" or str(self.device).startswith("cuda:")
+
+    @property
     def gui_cpu_budget(self) -> float:
         """Cores the GUI thread may take before frames are skipped."""
-        if self.device == "cuda" or str(self.device).startswith("cuda:"):
-            return GUI_CPU_BUDGET_GPU
-        return GUI_SHARE_OF_CPU_MACHINE * (os.cpu_count() or 2)
+        return GUI_CPU_BUDGET_GPU if self._engine_on_gpu else GUI_SHARE_OF_CPU_MACHINE * (os.cpu_count() or 2)
+
+    @property
+    def min_fps(self) -> float:
+        return MIN_FPS_GPU if self._engine_on_gpu else MIN_FPS_CPU
+
+    @property
+    def gui_cpu_share(self) -> float:
+        """The GUI thread's share of one core over the last second."""
+        return self.frame_budget.share
 
     def _on_frame(self) -> None:
         """~30 fps, but the GUI thread keeps to a CPU budget: on a CPU the engine and the drawing
         share the same cores, so when drawing (and the rest of the GUI) costs more than its
-        budget (gui_cpu_budget), frames are skipped (never below MIN_FPS)."""
+        budget (gui_cpu_budget), frames are skipped (app/frame_budget.py; never below min_fps)."""
         self._frame += 1
-        now, cpu = time.monotonic(), time.thread_time()
-        elapsed = now - self._last_tick[0]
-        if elapsed > 0:
-            share = (cpu - self._last_tick[1]) / elapsed
-            self.gui_cpu_share = 0.8 * self.gui_cpu_share + 0.2 * min(share, 1.0)
-        self._last_tick = (now, cpu)
-        if self.gui_cpu_share <= self.gui_cpu_budget or now - self._last_draw >= 1 / MIN_FPS:
-            if self.plots.refresh():
-                self._last_draw = now
+        budget = self.frame_budget
+        budget.budget_cores, budget.min_fps = self.gui_cpu_budget, self.min_fps  # the device may have changed
+        now = time.monotonic()
+        drew = budget.tick(now, time.thread_time()) and self.plots.refresh()
+        if drew:
+            budget.drew(now)
         if self.side_tabs.currentWidget() is self.kv_panel and self.side_tabs.isVisible():
             self.kv_panel.refresh()
         if self.side_tabs.currentWidget() is self.serving_panel and self.side_tabs.isVisible():
             self.serving_panel.refresh()
-        if self._frame % READOUT_EVERY_FRAMES == 0:
+        # the numbers a few times a second; over budget, with the frames (a readout relays its label)
+        if self._frame - self._readout_frame >= READOUT_EVERY_FRAMES and (drew or budget.share <= budget.budget_cores):
+            self._readout_frame = self._frame
             self.plots.update_readouts()
             if self._sampler is None and self.model_info is not None:
                 self.hardware_strip.update_memory(None)

@@ -42,9 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     from app import i18n
 
     translator = i18n.install(app, args.lang)  # noqa: F841 (kept alive while the window lives)
-    import pyqtgraph as pg
+    from app.plots.style import configure_pyqtgraph
 
-    pg.setConfigOptions(antialias=True)
+    configure_pyqtgraph()
     from app import talk
     from app.recording import Recorder
     from app.tour import TourError, load_tour

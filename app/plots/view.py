@@ -20,6 +20,11 @@ LEGEND_SHARE = 0.3  # of a plot's height, the most its legend may take
 ANNOTATION_SHARE = 0.35  # of a plot's height, where setting-change labels go (at least two rows)
 
 
+def same_device(a, b) -> bool:
+    """Whether two DeviceSpecs describe the same device with the same counters (peaks aside)."""
+    return a is not None and b is not None and (a.name, a.kind, a.nvml) == (b.name, b.kind, b.nvml)
+
+
 class PlotView(QFrame):
     title = ""
 
@@ -78,8 +83,12 @@ class PlotView(QFrame):
         self.rebuild()
 
     def set_hardware(self, spec) -> None:
-        self.hardware = spec
-        self.rebuild()
+        """Another device rebuilds the plot. The same device with raised peaks (a CPU engine raises
+        its measured peaks when a step beats them) keeps its items: the next frame moves the peak
+        lines (a rebuild cost ~90 ms of the GUI thread, several times in a CPU reply's first second)."""
+        before, self.hardware = self.hardware, spec
+        if not same_device(before, spec):
+            self.rebuild()
 
     def show_readout(self, readout: str = "") -> None:
         self.title_label.setText(title_html(self.theme, translate("Plots", self.title), readout))

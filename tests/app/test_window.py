@@ -317,4 +317,7 @@ def test_cpu_peaks_measured_low_follow_the_engine_so_the_plots_and_the_strip_agr
     assert np.nanmax(gbs_col * 1e9 / peak_bps) <= 1 + 1e-6  # the memory plot's data never above its peak line
     gbs = window.hardware.peak_bandwidth_gbs
     assert gbs > 1e-6 and f"{gbs:,.1f} GB/s (measured)" in window.hardware_strip.bandwidth_label.text()
+    window.plots.refresh(force=True)  # the plots keep their items (same device) and move their peak lines
+    assert window.plots.memory._peak_lines["measured_bw"].value() == pytest.approx(gbs)
+    assert window.plots.memory.hardware is window.hardware
     window.close()
