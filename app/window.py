@@ -41,11 +41,11 @@ READOUT_EVERY_FRAMES = 8  # numbers in titles and the strip: ~4 Hz
 # With the engine on the CPU, every core the GUI thread takes is one the engine's threads wanted:
 # the GUI keeps to this share of the machine's cores (2 cores: 0.08 of one) and skips frames above
 # it (app/frame_budget.py), never below MIN_FPS_CPU. Measured with `python -m app.gui_bench` on 2
-# cores: a frame costs ~20 ms of CPU, and at 4-5 fps the app decoded int8 at 0.73x of headless
-# (0.97x with no frames drawn); at 2 fps see docs/benchmarks.md, "issue 15".
+# cores: a frame costs 20-60 ms of CPU, and at 4-5 fps the app decoded int8 at 0.73x of headless
+# (0.97x with no frames drawn), at ~2 fps at 0.88-0.91x (docs/benchmarks.md, "issue 15").
 GUI_SHARE_OF_CPU_MACHINE = 0.04
-GUI_CPU_BUDGET_GPU = 0.5  # of one core, when the engine runs on a GPU (its CPU threads mostly wait)
-MIN_FPS_CPU = 2
+GUI_CPU_BUDGET_GPU = 0.5  # of one core, when the engine runs on a GPU (its CPU threads mostly wait), or elsewhere
+MIN_FPS_CPU = 1
 MIN_FPS_GPU = 4
 NVML_SAMPLE_MS = 250
 
@@ -100,7 +100,7 @@ class MainWindow(QMainWindow):
         self.last_done: DoneEvent | None = None
         self._reply_steps: list[StepMetrics] = []
         self._frame = self._readout_frame = 0
-        self.frame_budget = FrameBudget(self.gui_cpu_budget, self.min_fps)
+        self.frame_budget = FrameBudget(GUI_CPU_BUDGET_GPU, MIN_FPS_GPU)  # set from the engine at every tick
         self._closed = False
         self._sampler = None
 
@@ -616,17 +616,22 @@ class MainWindow(QMainWindow):
 
     # ---- drawing ------------------------------------------------------------------------------
     @property
-    def _engine_on_gpu(self) -> bool:
-        return self.device == "cuda" or str(self.device).startswith("cuda:")
+    def _engine_shares_the_cpu(self) -> bool:
+        """Whether a local engine decodes on this machine's CPU cores (not on a GPU, not a replay's
+        recording, not a server the window is attached to)."""
+        on_gpu = self.device == "cuda" or str(self.device).startswith("cuda:")
+        return not (on_gpu or self.model_spec == "replay" or self.attach.attached)
 
     @property
     def gui_cpu_budget(self) -> float:
         """Cores the GUI thread may take before frames are skipped."""
-        return GUI_CPU_BUDGET_GPU if self._engine_on_gpu else GUI_SHARE_OF_CPU_MACHINE * (os.cpu_count() or 2)
+        if self._engine_shares_the_cpu:
+            return GUI_SHARE_OF_CPU_MACHINE * (os.cpu_count() or 2)
+        return GUI_CPU_BUDGET_GPU
 
     @property
     def min_fps(self) -> float:
-        return MIN_FPS_GPU if self._engine_on_gpu else MIN_FPS_CPU
+        return MIN_FPS_CPU if self._engine_shares_the_cpu else MIN_FPS_GPU
 
     @property
     def gui_cpu_share(self) -> float:

@@ -321,3 +321,25 @@ def test_cpu_peaks_measured_low_follow_the_engine_so_the_plots_and_the_strip_agr
     assert window.plots.memory._peak_lines["measured_bw"].value() == pytest.approx(gbs)
     assert window.plots.memory.hardware is window.hardware
     window.close()
+
+
+def test_the_frame_budget_guards_only_an_engine_that_shares_the_cpu(qtbot):
+    """Frames are held to a small share of the cores only while a local engine decodes on them; on a
+    GPU, in a replay or attached to a server, the GUI may draw at its timer's rate."""
+    import os
+
+    from app import window as window_module
+    from app.window import MainWindow
+    window = MainWindow(device="cpu", autoload=False)
+    qtbot.addWidget(window)
+    assert window.gui_cpu_budget == pytest.approx(window_module.GUI_SHARE_OF_CPU_MACHINE * (os.cpu_count() or 2))
+    assert window.min_fps == window_module.MIN_FPS_CPU
+    window.device = "cuda:0"
+    assert window.gui_cpu_budget == window_module.GUI_CPU_BUDGET_GPU and window.min_fps == window_module.MIN_FPS_GPU
+    replay = MainWindow(model="replay", device="cpu", autoload=False)
+    qtbot.addWidget(replay)
+    assert replay.gui_cpu_budget == window_module.GUI_CPU_BUDGET_GPU
+    window._on_frame()  # a tick hands the device's budget to the frame budget
+    assert window.frame_budget.budget_cores == window_module.GUI_CPU_BUDGET_GPU
+    window.close()
+    replay.close()
