@@ -253,7 +253,7 @@ class MainWindow(QMainWindow):
         self._restarting = True
         self.controls.set_enabled(False)
         self.chat.add_notice(translate("Window", "restarting the engine…"))
-        self.hardware_strip.set_progress(0.0, "restarting the engine…")
+        self.hardware_strip.set_progress(0.0, translate("Window", "restarting the engine…"))
         self.worker.submit(Load(source, self.device, self.settings, self.hardware, self.max_context,
                                 messages=tuple(self.messages)))
 
@@ -370,7 +370,7 @@ class MainWindow(QMainWindow):
             return
         spec = dialog.spec()
         if not spec:
-            self.show_error("no model path given")
+            self.show_error(translate("Window", "no model path given"))
             return
         same_device = dialog.device() in ("auto", self.device)
         # on the same device keep the measured spec and the user's settings; elsewhere start afresh

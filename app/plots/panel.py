@@ -166,7 +166,8 @@ class PlotsPanel(QWidget):
     def _server_readouts(self) -> None:
         """Attach mode: the latest scrapes' figures, labelled with their source; a plot whose figures
         the server does not publish says why (data.notes) instead of showing a number."""
-        steps, source, notes = self.data.steps, self.data.source, self.data.notes
+        steps, source = self.data.steps, translate("Plots", self.data.source)
+        notes = {name: translate("Plots", note) for name, note in self.data.notes.items()}  # (a server's own: as is)
 
         def recent(name: str, n: int = 4) -> float:
             values = steps.column(name)[-n:]
