@@ -158,7 +158,7 @@ def test_the_export_report_speaks_spanish(spanish):
                              replay="session.membound")
     assert "Informe de la sesión" in report and "Modelo:" in report and "parámetros" in report, report
     assert "ancho de banda" in report and "por configuración" in report and "techo" in report, report
-    assert not english_left(report, ("session report", "Model:", "Hardware:", "parameters", "peak bandwidth",
+    assert not english_left(report, ("session report", "Model:", "parameters", "peak bandwidth",
                                      "Steps recorded", "Settings timeline", "per setting", "ceiling",
                                      "From a replay", "## Plots", "settings from here")), report
 
