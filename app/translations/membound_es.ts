@@ -627,7 +627,7 @@
     </message>
     <message>
         <source>% of peak FLOP/s</source>
-        <translation>% de los FLOP/s pico</translation>
+        <translation>% FLOP/s pico</translation>
     </message>
     <message>
         <source>SM busy (NVML)</source>
@@ -747,7 +747,7 @@
     </message>
     <message>
         <source>step time (ms)</source>
-        <translation>tiempo por paso (ms)</translation>
+        <translation>ms por paso</translation>
     </message>
     <message>
         <source>time since send (s)</source>
@@ -775,7 +775,7 @@
     </message>
     <message>
         <source>overhead {ms} ms a step beyond its bytes at peak</source>
-        <translation>sobrecarga {ms} ms por paso por encima de sus bytes al pico</translation>
+        <translation>sobrecarga {ms} ms/paso sobre sus bytes al pico</translation>
     </message>
     <message>
         <source>Tokens/s</source>
@@ -803,15 +803,15 @@
     </message>
     <message>
         <source>{tokens} tokens per weight read</source>
-        <translation>{tokens} tokens por lectura de los pesos</translation>
+        <translation>{tokens} tokens por lectura de pesos</translation>
     </message>
     <message>
         <source>Speculation: guesses kept</source>
-        <translation>Especulación: propuestas aceptadas</translation>
+        <translation>Especulación: aceptación</translation>
     </message>
     <message>
         <source>guesses kept (%)</source>
-        <translation>propuestas aceptadas (%)</translation>
+        <translation>% aceptado</translation>
     </message>
     <message>
         <source>one verify step</source>
@@ -823,7 +823,7 @@
     </message>
     <message>
         <source>{pct}% kept · {tokens} tokens per weight read (k = {k})</source>
-        <translation>{pct}% aceptadas · {tokens} tokens por lectura de los pesos (k = {k})</translation>
+        <translation>{pct}% aceptadas · {tokens} tokens por lectura de pesos (k = {k})</translation>
     </message>
     <message>
         <source>Speculation: kept by guess position</source>
@@ -831,7 +831,7 @@
     </message>
     <message>
         <source>kept (%)</source>
-        <translation>aceptadas (%)</translation>
+        <translation>% aceptado</translation>
     </message>
     <message>
         <source>guess position</source>
@@ -843,11 +843,11 @@
     </message>
     <message>
         <source>guess 1 {first}% · guess {k} {last}% (last {n} steps)</source>
-        <translation>propuesta 1 {first}% · propuesta {k} {last}% (últimos {n} pasos)</translation>
+        <translation>1.ª {first}% · {k}.ª {last}% (últimos {n} pasos)</translation>
     </message>
     <message>
         <source>guess 1 {first}% (last {n} steps)</source>
-        <translation>propuesta 1 {first}% (últimos {n} pasos)</translation>
+        <translation>1.ª {first}% (últimos {n} pasos)</translation>
     </message>
     <message>
         <source>prefill + decode</source>
@@ -1084,7 +1084,7 @@
     </message>
     <message>
         <source>speculation: {pct}% of guesses kept ({per_step} a step), {tokens} tokens per weight read</source>
-        <translation>especulación: {pct}% de las propuestas aceptadas ({per_step} por paso), {tokens} tokens por lectura de los pesos</translation>
+        <translation>especulación: {pct}% de las propuestas aceptadas ({per_step} por paso), {tokens} tokens por lectura de pesos</translation>
     </message>
     <message>
         <source>finished</source>

@@ -137,7 +137,7 @@ def test_the_speculation_plots_speak_spanish(spanish, qtbot):
         axes = [view.plot.getAxis(side).labelText for side in ("left", "bottom")]
         texts += [view.title_label.text(), *legend, *axes]
     text = "\n".join(texts)
-    assert "aceptad" in text and "lectura de los pesos" in text and "posición" in text, text
+    assert "aceptad" in text and "lectura de pesos" in text and "posición" in text, text
     assert not english_left(text, ("guesses kept", "kept by", "tokens per weight read", "guess position",
                                    "one verify step", "mean of the last", "last ")), text
 
@@ -174,7 +174,7 @@ def test_the_reply_summary_speaks_spanish(spanish, make_window):
                                    ttft_s=0.012, decode_s=0.06, n_cached_tokens=8))
     summary = window.chat.plain_text().splitlines()[-1]
     assert "decodificación" in summary and "tok/s" in summary and "del pico" in summary, summary
-    assert "especulación" in summary and "aceptad" in summary and "lectura de los pesos" in summary, summary
+    assert "especulación" in summary and "aceptad" in summary and "lectura de pesos" in summary, summary
     assert "de 20 tokens del prompt en caché" in summary, summary
     assert not english_left(summary, ("decode ", "of ", "peak", "speculation", "guesses kept", "a step",
                                       "tokens per weight read", "prompt tokens cached")), summary
