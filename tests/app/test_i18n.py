@@ -180,3 +180,12 @@ def test_the_reply_summary_speaks_spanish(spanish, make_window):
                                       "tokens per weight read", "prompt tokens cached")), summary
     window.replying = False
     window.close()
+
+
+def test_qts_own_buttons_speak_spanish_too(spanish, qtbot):
+    from PySide6.QtWidgets import QDialogButtonBox
+
+    buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+    qtbot.addWidget(buttons)
+    texts = [button.text().replace("&", "") for button in buttons.buttons()]
+    assert "Aceptar" in texts and "Cancelar" in texts, texts
