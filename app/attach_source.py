@@ -32,7 +32,8 @@ from engine.attach.servers import SERVERS
 from engine.hardware.spec import KNOWN_GPUS, DeviceSpec
 
 SOURCE = QT_TRANSLATE_NOOP("Plots", "server's estimate")  # data.source: translated where shown
-NO_TIMELINE = QT_TRANSLATE_NOOP("Plots", "a server's /metrics has no per-step times: each reply's TTFT and tok/s come from its stream, in the chat")
+NO_TIMELINE = QT_TRANSLATE_NOOP("Plots", "a server's /metrics has no per-step times: each reply's TTFT and tok/s "
+                                         "come from its stream, in the chat")
 FOREVER_S = 1e12
 
 
@@ -95,7 +96,8 @@ def status_line(record: ScrapeRecord, url: str) -> str:
         parts.append("GPUs " + ", ".join(f"{key}: {figures.get('gbs', math.nan):,.0f} GB/s"
                                          for key, figures in sorted(record.gpus.items())))
     if math.isfinite(record.spec_acceptance):
-        parts.append(translate("Attach", "speculative acceptance {pct}%").format(pct=f"{100 * record.spec_acceptance:.0f}"))
+        parts.append(translate("Attach", "speculative acceptance {pct}%").format(
+            pct=f"{100 * record.spec_acceptance:.0f}"))
     if record.status != "ok":
         parts.append(record.message)
     return " · ".join(parts)
@@ -212,7 +214,8 @@ class AttachController(QObject):
         self._preempted_total = 0.0
         self._label = "server"
         self.button = QPushButton(translate("Attach", "Attach to server…"))
-        self.button.setToolTip(translate("Attach", "show a running vLLM, SGLang or llama.cpp server's figures and chat with it"))
+        self.button.setToolTip(translate("Attach", "show a running vLLM, SGLang or llama.cpp server's figures and "
+                                                   "chat with it"))
         self.button.clicked.connect(self.pick_server)
         self.status_label = QLabel("")
         self.status_label.setWordWrap(True)
@@ -275,13 +278,17 @@ class AttachController(QObject):
             strip.compute_label.setText("")
         strip.spec = None  # this machine's memory and NVML readings are not the server's
         strip.memory_label.setText("")
-        strip.live_label.setText(translate("Attach", "figures: the server's /metrics — its counters, and its own estimates of bytes and FLOPs where it publishes them"))
-        w.serving_panel.title.setText("<b>" + translate("Attach", "Serving: the server's batch, queue and latencies") + "</b>")
+        strip.live_label.setText(translate("Attach", "figures: the server's /metrics — its counters, and its own "
+                                                     "estimates of bytes and FLOPs where it publishes them"))
+        w.serving_panel.title.setText(
+            "<b>" + translate("Attach", "Serving: the server's batch, queue and latencies") + "</b>")
         w.controls.set_enabled(False)
         w.model_button.setEnabled(False)
         w.chat.clear()
         w.chat.model_label.setText(translate("Attach", "attached to {url}").format(url=url))
-        w.chat.add_notice(translate("Attach", "attached to {url}: replies stream from its /v1/chat/completions; the plots are its /metrics, one point per scrape · {note}").format(url=url, note=note))
+        w.chat.add_notice(translate("Attach", "attached to {url}: replies stream from its /v1/chat/completions; the "
+                                              "plots are its /metrics, one point per scrape · {note}").format(
+            url=url, note=note))
         w.chat.set_ready(True)
         w.centralWidget().layout().insertWidget(1, self.bar)
         self.status_label.setText(translate("Attach", "connecting to {url}…").format(url=url))
@@ -385,15 +392,16 @@ class AttachController(QObject):
                 tps=f"{done.tokens_per_s:,.1f}"))
         server_rate = self.server_rate_since(self._reply_t0)
         if math.isfinite(server_rate):
-            parts.append(translate("Attach", "server: {tps} tok/s generated, every request, since it was sent (its counters)")
-                         .format(tps=f"{server_rate:,.1f}"))
+            parts.append(translate("Attach", "server: {tps} tok/s generated, every request, since it was sent "
+                                             "(its counters)").format(tps=f"{server_rate:,.1f}"))
         self.window.chat.end_reply("— " + " · ".join(parts))
         self._end_reply()
         self.reply_finished.emit(done)
 
     def _on_chat_failed(self, message: str) -> None:
         self.window.chat.end_reply("")
-        self.window.chat.add_notice(translate("Attach", "the reply failed: {message}").format(message=message), error=True)
+        self.window.chat.add_notice(translate("Attach", "the reply failed: {message}").format(message=message),
+                                    error=True)
         self._end_reply()
         self.reply_finished.emit(None)
 

@@ -134,7 +134,8 @@ def report_markdown(window, pictures: dict[str, str], replay: str = "") -> str:
         mfu = f"{row['mfu_pct']:.1f}%" if math.isfinite(row["mfu_pct"]) else "–"
         lines.append(f"| {row['settings']} | {row['steps']} | {row['tokens_per_s']:,.1f} | "
                      f"{row['ceiling_tokens_per_s']:,.0f} | {row['gbs']:,.2f} | {row['mbu_pct']:.0f}% | {mfu} |")
-    lines += ["", translate("Report", "GB/s, MBU and MFU are the cost model's bytes and FLOPs over the measured step time (engine/metrics.py); the ceiling is peak bandwidth ÷ bytes per token."),
+    lines += ["", translate("Report", "GB/s, MBU and MFU are the cost model's bytes and FLOPs over the measured step "
+                                      "time (engine/metrics.py); the ceiling is peak bandwidth ÷ bytes per token."),
               "", "## " + translate("Report", "Plots"), ""]
     for title, file in pictures.items():
         lines += [f"### {title}", "", f"![{title}]({file})", ""]

@@ -214,6 +214,6 @@ class KVCachePanel(QFrame):
             items.append(f"<span style='color:{self.owner_colour(s.seq_id)}'>■</span> " + translate(
                 "KvPanel", "seq {seq}: {tokens} tokens in {cells} cells").format(
                 seq=s.seq_id, tokens=f"{s.num_tokens:,}", cells=f"{s.num_blocks:,}"))
-        items.append(f"<span style='color:{self.theme.muted}'>" + translate("KvPanel", "▨ reserved, empty · □ free")
-                     + "</span>")
+        free = translate("KvPanel", "▨ reserved, empty · □ free")
+        items.append(f"<span style='color:{self.theme.muted}'>{free}</span>")
         return " &nbsp; ".join(items)

@@ -109,7 +109,10 @@ class ModelPicker(QDialog):
         self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Open | QDialogButtonBox.StandardButton.Cancel)
         self.buttons.accepted.connect(self.accept)
         self.buttons.rejected.connect(self.reject)
-        note = QLabel(translate("ModelPicker", "The current chat ends when a new model loads; a model that fails to load leaves the current one in place. A quantised file (Q4_K_M…) runs at the precision chosen (fp32, bf16): the fit and ceiling columns are for that."))
+        note = QLabel(translate("ModelPicker", "The current chat ends when a new model loads; a model that fails "
+                                               "to load leaves the current one in place. A quantised file (Q4_K_M…) "
+                                               "runs at the precision chosen (fp32, bf16): the fit and ceiling "
+                                               "columns are for that."))
         note.setObjectName("caption")
         note.setWordWrap(True)
         layout = QVBoxLayout(self)
@@ -169,7 +172,8 @@ class ModelPicker(QDialog):
             return
         self._poll.stop()
         if result and isinstance(result[0], str):
-            self.scan_status.setText(translate("ModelPicker", "could not list the models: {error}").format(error=result[0]))
+            self.scan_status.setText(translate("ModelPicker", "could not list the models: {error}").format(
+                error=result[0]))
             return
         self._show_found(result)
 
@@ -194,8 +198,10 @@ class ModelPicker(QDialog):
                 self.table.setItem(row, col, item)
         usable = sum(m.supported for m in found)
         self.scan_status.setText(
-            translate("ModelPicker", "{n} found ({usable} can run) in the HF cache, LM Studio, llama.cpp, Ollama and your folders; hover a greyed row for why it cannot run").format(n=len(found), usable=usable)
-            if found else translate("ModelPicker", "no models found in the HF cache, LM Studio, llama.cpp, Ollama and your folders"))
+            translate("ModelPicker", "{n} found ({usable} can run) in the HF cache, LM Studio, llama.cpp, Ollama and "
+                                     "your folders; hover a greyed row for why it cannot run").format(
+                n=len(found), usable=usable) if found else
+            translate("ModelPicker", "no models found in the HF cache, LM Studio, llama.cpp, Ollama and your folders"))
 
     def _chosen(self):
         rows = {i.row() for i in self.table.selectedItems()}

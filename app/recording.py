@@ -280,7 +280,8 @@ class _Tap(QObject):
 
 
 # ---- playing back -------------------------------------------------------------------------------
-REPLAY_REFUSAL = QT_TRANSLATE_NOOP("Replay", "this is a replay: the settings are the recording's (the engine is not running)")
+REPLAY_REFUSAL = QT_TRANSLATE_NOOP("Replay", "this is a replay: the settings are the recording's "
+                                             "(the engine is not running)")
 
 
 class ReplayWorker(QObject):
@@ -474,7 +475,8 @@ def open_replay(path: str, speed: float = 1.0, theme: str = "dark", large_fonts:
     player = Player(recording, window, speed)
     bar = ReplayBar(player, window)
     window.replay_bar = bar
-    window.setWindowTitle(f"membound — REPLAY · {recording.describe()}")
+    window.setWindowTitle(translate("Replay", "membound — REPLAY · {recording}").format(
+        recording=recording.describe()))
     return window, player
 
 

@@ -174,6 +174,7 @@ class SeedTable(QFrame):
                 item.setForeground(QColor(self.theme.error if not cell.fits else colour))
                 if not cell.fits:
                     item.setFont(bold)
-                item.setToolTip(translate("SeedTable", "{read_gb} GB read per token; {held_gb} GB of weights held").format(
-                    read_gb=f"{cell.weight_bytes_per_token / 1e9:.2f}", held_gb=f"{cell.stored_bytes / 1e9:.1f}"))
+                tip = translate("SeedTable", "{read_gb} GB read per token; {held_gb} GB of weights held")
+                item.setToolTip(tip.format(read_gb=f"{cell.weight_bytes_per_token / 1e9:.2f}",
+                                           held_gb=f"{cell.stored_bytes / 1e9:.1f}"))
                 self.table.setItem(r, c, item)

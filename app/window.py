@@ -68,7 +68,8 @@ def speculation_summary(steps: list[StepMetrics]) -> list[str]:
     drafted = sum(s.draft_tokens for s in verifies)
     accepted = sum(s.accepted_tokens for s in verifies)
     target = [s for s in steps if s.phase in ("decode", "verify")]
-    text = translate("Window", "speculation: {pct}% of guesses kept ({per_step} a step), {tokens} tokens per weight read")
+    text = translate("Window", "speculation: {pct}% of guesses kept ({per_step} a step), {tokens} tokens per "
+                               "weight read")
     return [text.format(pct=f"{100 * accepted / drafted:.0f}", per_step=f"{accepted / len(verifies):.2f}",
                         tokens=f"{sum(s.tokens_out for s in target) / len(target):.2f}")]
 
@@ -444,8 +445,8 @@ class MainWindow(QMainWindow):
         self.controls.set_settings(info.settings)
         self._show_model_line()
         if restarted:
-            self.chat.add_notice(translate("Window", "the engine is back: {model}, {turns} turns of the conversation kept")
-                                 .format(model=info.label, turns=len(info.messages) // 2))
+            self.chat.add_notice(translate("Window", "the engine is back: {model}, {turns} turns of the conversation "
+                                                     "kept").format(model=info.label, turns=len(info.messages) // 2))
             self.data.annotate(translate("Window", "engine restarted"), info.settings.label, self.clock())
         else:
             self.data.clear()
@@ -615,7 +616,8 @@ class MainWindow(QMainWindow):
         self.chat.set_ready(True)
         self.controls.set_enabled(self.settings is not None)
         what = self.model_info.label if self.model_info is not None else translate("Window", "the model")
-        text = translate("Window", "{message} — the conversation is kept; your next message or setting starts it again with {model} and the same settings").format(message=message, model=what)
+        text = translate("Window", "{message} — the conversation is kept; your next message or setting starts it "
+                                   "again with {model} and the same settings").format(message=message, model=what)
         self.chat.add_notice(text, error=True)
         self.show_error(text)
 

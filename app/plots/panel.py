@@ -201,6 +201,7 @@ class PlotsPanel(QWidget):
         if math.isfinite(ai):
             text = f"{ai:.2g} FLOP/B ({source})"
             if math.isfinite(ridge):
-                text += ": " + (translate("Plots", "compute-bound") if ai >= ridge else translate("Plots", "memory-bound"))
+                bound = translate("Plots", "compute-bound") if ai >= ridge else translate("Plots", "memory-bound")
+                text += ": " + bound
         self.views["roofline"].show_readout(text)
         self.views["timeline"].show_readout(notes.get("timeline", ""))

@@ -55,7 +55,8 @@ class RooflinePlot(PlotView):
         scale, unit = flops_unit(peak_flops)
         if self._set_keys.get("unit") != unit:
             self._set_keys["unit"] = unit
-            self.plot.getAxis("left").setLabel(translate("Plots", "{unit} (log)").format(unit=unit), color=self.theme.text,
+            self.plot.getAxis("left").setLabel(translate("Plots", "{unit} (log)").format(unit=unit),
+                                               color=self.theme.text,
                                                **{"font-size": f"{self.theme.font_pt - 1}pt"})
         ridge = peak_flops / peak_bps
         ai = steps.column("ai", last=TRAIL_STEPS)

@@ -15,7 +15,7 @@ from app.theme import Theme
 # object, and `symbolPen=None` makes a new pen at every update, which re-renders every symbol each
 # frame and grows the atlas without end.
 NO_PEN = pg.mkPen(None)
-MIXED_NAME = QT_TRANSLATE_NOOP("Plots", "prefill + decode")  # translated where shown
+MIXED_NAME = QT_TRANSLATE_NOOP("Plots", "prefill + decode")  # translate(...) where shown
 
 
 def configure_pyqtgraph() -> None:

@@ -80,5 +80,6 @@ class TokensPlot(StepPlot):
             text += " · " + translate("Plots", "ceiling {tps} (model)").format(tps=f"{ceiling[0]:,.0f}")
         tokens = steps.column("tokens_out", last=64)[decode][-8:]
         if (steps.column("verify", last=8) > 0.5).any() and (tokens > 1).any():
-            text += " · " + translate("Plots", "{tokens} tokens per weight read").format(tokens=f"{np.nanmean(tokens):.1f}")
+            text += " · " + translate("Plots", "{tokens} tokens per weight read").format(
+                tokens=f"{np.nanmean(tokens):.1f}")
         return text

@@ -865,6 +865,10 @@
         <translation>esto es una repetición: los ajustes son los de la grabación (el motor no está en marcha)</translation>
     </message>
     <message>
+        <source>membound — REPLAY · {recording}</source>
+        <translation>membound — REPETICIÓN · {recording}</translation>
+    </message>
+    <message>
         <source>&lt;b&gt;REPLAY&lt;/b&gt; of {where} — no engine is running</source>
         <translation>&lt;b&gt;REPETICIÓN&lt;/b&gt; de {where} — no hay ningún motor en marcha</translation>
     </message>
