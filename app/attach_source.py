@@ -23,7 +23,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.i18n import translate
+from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.live_data import LiveData
 from engine.attach.client import AttachError, ChatDone, Scraper, normalise_url, server_model, stream_chat
 from engine.attach.peak import GpuPeak, resolve_peak
@@ -31,9 +31,9 @@ from engine.attach.series import ScrapeRecord
 from engine.attach.servers import SERVERS
 from engine.hardware.spec import KNOWN_GPUS, DeviceSpec
 
-SOURCE = "server's estimate"
-NO_TIMELINE = ("a server's /metrics has no per-step times: each reply's TTFT and tok/s come from its stream, "
-               "in the chat")
+SOURCE = QT_TRANSLATE_NOOP("Plots", "server's estimate")  # data.source: translated where shown
+NO_TIMELINE = QT_TRANSLATE_NOOP("Plots", "a server's /metrics has no per-step times: each reply's TTFT and tok/s "
+                                         "come from its stream, in the chat")
 FOREVER_S = 1e12
 
 
@@ -72,29 +72,32 @@ def device_spec(peak: GpuPeak) -> DeviceSpec:
     """The peak as the plots' DeviceSpec (datasheet figures only: nothing here is measured)."""
     return DeviceSpec(name=peak.label, kind="cuda", peak_bandwidth_gbs=peak.bandwidth_gbs,
                       peak_flops={"bf16": peak.flops} if peak.flops else {}, spec_bandwidth_gbs=peak.bandwidth_gbs,
-                      source=f"the server's GPU: {peak.source}")
+                      source=translate("Attach", "the server's GPU: {source}").format(source=peak.source))
 
 
 def status_line(record: ScrapeRecord, url: str) -> str:
     """One line under the toolbar: the server, its state, and the figures the plots do not carry."""
     server = SERVERS.get(record.kind)
-    head = f"{server.label if server else 'server'} at {url}"
+    head = translate("Attach", "{server} at {url}").format(
+        server=server.label if server else translate("Attach", "server"), url=url)
     if record.status in ("down", "bad answer"):
-        return f"{head} · {record.message} · retrying"
+        return translate("Attach", "{server} · {message} · retrying").format(server=head, message=record.message)
     parts = [head]
     if math.isfinite(record.running):
-        parts.append(f"running {record.running:.0f} · waiting {record.waiting:.0f}")
+        parts.append(translate("Attach", "running {running} · waiting {waiting}").format(
+            running=f"{record.running:.0f}", waiting=f"{record.waiting:.0f}"))
     if math.isfinite(record.kv_cache_usage):
-        parts.append(f"KV cache {100 * record.kv_cache_usage:.0f}% used")
+        parts.append(translate("Attach", "KV cache {pct}% used").format(pct=f"{100 * record.kv_cache_usage:.0f}"))
     if len(record.engines) > 1:  # a data-parallel server: each engine's share
-        parts.append("engines " + ", ".join(
+        parts.append(translate("Attach", "engines") + " " + ", ".join(
             f"{key}: {figures.get('generation_tokens_per_s', math.nan):,.0f} tok/s" for key, figures in
             sorted(record.engines.items())))
     if len(record.gpus) > 1:
         parts.append("GPUs " + ", ".join(f"{key}: {figures.get('gbs', math.nan):,.0f} GB/s"
                                          for key, figures in sorted(record.gpus.items())))
     if math.isfinite(record.spec_acceptance):
-        parts.append(f"speculative acceptance {100 * record.spec_acceptance:.0f}%")
+        parts.append(translate("Attach", "speculative acceptance {pct}%").format(
+            pct=f"{100 * record.spec_acceptance:.0f}"))
     if record.status != "ok":
         parts.append(record.message)
     return " · ".join(parts)
@@ -168,18 +171,18 @@ class AttachDialog(QDialog):
         super().__init__(parent)
         self.setWindowTitle(translate("Attach", "Attach to a server"))
         self.url_edit = QLineEdit(url)
-        self.url_edit.setPlaceholderText("http://host:port of a vLLM, SGLang or llama.cpp server")
+        self.url_edit.setPlaceholderText(translate("Attach", "http://host:port of a vLLM, SGLang or llama.cpp server"))
         self.gpu_box = QComboBox()
-        self.gpu_box.addItem("NVML when the server runs here", "")
+        self.gpu_box.addItem(translate("Attach", "NVML when the server runs here"), "")
         for sheet in KNOWN_GPUS:
             self.gpu_box.addItem(sheet.label, sheet.label)
         self.key_edit = QLineEdit()
         self.key_edit.setEchoMode(QLineEdit.EchoMode.Password)
-        self.key_edit.setPlaceholderText("only for a server started with --api-key")
+        self.key_edit.setPlaceholderText(translate("Attach", "only for a server started with --api-key"))
         form = QFormLayout(self)
-        form.addRow("Server", self.url_edit)
-        form.addRow("Its GPU (for MBU, MFU)", self.gpu_box)
-        form.addRow("API key", self.key_edit)
+        form.addRow(translate("Attach", "Server"), self.url_edit)
+        form.addRow(translate("Attach", "Its GPU (for MBU, MFU)"), self.gpu_box)
+        form.addRow(translate("Attach", "API key"), self.key_edit)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
@@ -211,7 +214,8 @@ class AttachController(QObject):
         self._preempted_total = 0.0
         self._label = "server"
         self.button = QPushButton(translate("Attach", "Attach to server…"))
-        self.button.setToolTip("show a running vLLM, SGLang or llama.cpp server's figures and chat with it")
+        self.button.setToolTip(translate("Attach", "show a running vLLM, SGLang or llama.cpp server's figures and "
+                                                   "chat with it"))
         self.button.clicked.connect(self.pick_server)
         self.status_label = QLabel("")
         self.status_label.setWordWrap(True)
@@ -261,30 +265,33 @@ class AttachController(QObject):
         self.records, self.messages, self._preempted_total, self._label = [], [], 0.0, "server"
         data = w.data
         data.clear()
-        data.source, data.x_label = SOURCE, f"scrape (every {interval_s:g} s)"
+        data.source = SOURCE
+        data.x_label = translate("Plots", "scrape (every {s} s)").format(s=f"{interval_s:g}")
         data.notes = {"timeline": NO_TIMELINE}
         w.plots.set_hardware(device_spec(peak) if peak else None)
         strip = w.hardware_strip
         if peak is not None:
             strip.set_device(device_spec(peak))
         else:
-            strip.device_label.setText(f"the server's GPU: unknown — {note}")
+            strip.device_label.setText(translate("Attach", "the server's GPU: unknown — {note}").format(note=note))
             strip.bandwidth_label.setText("")
             strip.compute_label.setText("")
         strip.spec = None  # this machine's memory and NVML readings are not the server's
         strip.memory_label.setText("")
-        strip.live_label.setText("figures: the server's /metrics — its counters, and its own estimates of bytes "
-                                 "and FLOPs where it publishes them")
-        w.serving_panel.title.setText("<b>Serving: the server's batch, queue and latencies</b>")
+        strip.live_label.setText(translate("Attach", "figures: the server's /metrics — its counters, and its own "
+                                                     "estimates of bytes and FLOPs where it publishes them"))
+        w.serving_panel.title.setText(
+            "<b>" + translate("Attach", "Serving: the server's batch, queue and latencies") + "</b>")
         w.controls.set_enabled(False)
         w.model_button.setEnabled(False)
         w.chat.clear()
-        w.chat.model_label.setText(f"attached to {url}")
-        w.chat.add_notice(f"attached to {url}: replies stream from its /v1/chat/completions; "
-                          f"the plots are its /metrics, one point per scrape · {note}")
+        w.chat.model_label.setText(translate("Attach", "attached to {url}").format(url=url))
+        w.chat.add_notice(translate("Attach", "attached to {url}: replies stream from its /v1/chat/completions; the "
+                                              "plots are its /metrics, one point per scrape · {note}").format(
+            url=url, note=note))
         w.chat.set_ready(True)
         w.centralWidget().layout().insertWidget(1, self.bar)
-        self.status_label.setText(f"connecting to {url}…")
+        self.status_label.setText(translate("Attach", "connecting to {url}…").format(url=url))
         self.bar.setVisible(True)
         self.source = AttachSource(url, peak=peak, api_key=api_key, interval_s=interval_s, parent=self)
         self.source.record.connect(self._on_record)
@@ -309,7 +316,7 @@ class AttachController(QObject):
         w = self.window
         self._reconnect_window()
         w.data.clear()
-        w.data.source, w.data.x_label, w.data.notes = "model", "step", {}
+        w.data.source, w.data.x_label, w.data.notes = "model", QT_TRANSLATE_NOOP("Plots", "step"), {}
         w.plots.set_hardware(w.hardware)
         if w.hardware is not None:
             w.hardware_strip.set_device(w.hardware)
@@ -317,7 +324,8 @@ class AttachController(QObject):
         w.chat.clear()
         ready = w.model_info is not None
         w.chat.model_label.setText(w.model_info.label if ready else "")
-        w.chat.add_notice("detached: the local model again" if ready else "detached")
+        w.chat.add_notice(translate("Attach", "detached: the local model again") if ready else
+                          translate("Attach", "detached"))
         w.chat.set_streaming(False)
         w.chat.set_ready(ready and not w.loading)
         w.controls.set_enabled(ready and not w.loading)
@@ -367,7 +375,7 @@ class AttachController(QObject):
         self.stop_reply()
         self.messages = []
         self.window.chat.clear()
-        self.window.chat.add_notice("new chat")
+        self.window.chat.add_notice(translate("Attach", "new chat"))
 
     def _end_reply(self) -> None:
         self.replying = False
@@ -376,22 +384,24 @@ class AttachController(QObject):
 
     def _on_chat_done(self, done: ChatDone) -> None:
         self.messages.append({"role": "assistant", "content": done.text})
-        parts = [f"{done.n_tokens} tokens ({done.finish_reason})"]
+        parts = [translate("Attach", "{n} tokens ({reason})").format(n=done.n_tokens, reason=done.finish_reason)]
         if math.isfinite(done.ttft_s):
             parts.append(f"TTFT {1e3 * done.ttft_s:,.0f} ms")
         if math.isfinite(done.tokens_per_s):
-            parts.append(f"{done.tokens_per_s:,.1f} tok/s (this reply, from the stream)")
+            parts.append(translate("Attach", "{tps} tok/s (this reply, from the stream)").format(
+                tps=f"{done.tokens_per_s:,.1f}"))
         server_rate = self.server_rate_since(self._reply_t0)
         if math.isfinite(server_rate):
-            parts.append(f"server: {server_rate:,.1f} tok/s generated, every request, since it was sent "
-                         "(its counters)")
+            parts.append(translate("Attach", "server: {tps} tok/s generated, every request, since it was sent "
+                                             "(its counters)").format(tps=f"{server_rate:,.1f}"))
         self.window.chat.end_reply("— " + " · ".join(parts))
         self._end_reply()
         self.reply_finished.emit(done)
 
     def _on_chat_failed(self, message: str) -> None:
         self.window.chat.end_reply("")
-        self.window.chat.add_notice(f"the reply failed: {message}", error=True)
+        self.window.chat.add_notice(translate("Attach", "the reply failed: {message}").format(message=message),
+                                    error=True)
         self._end_reply()
         self.reply_finished.emit(None)
 
@@ -424,10 +434,11 @@ class AttachController(QObject):
         state = "down" if record.status in ("down", "bad answer") else "up"
         if state != self.state:
             if state == "down":
-                w.chat.add_notice(f"the server stopped answering: {record.message} (retrying)", error=True)
+                w.chat.add_notice(translate("Attach", "the server stopped answering: {message} (retrying)").format(
+                    message=record.message), error=True)
             elif self.state == "down":
-                w.chat.add_notice("the server answers again" + (" (it restarted)" if record.status == "restarted"
-                                                                 else ""))
+                w.chat.add_notice(translate("Attach", "the server answers again (it restarted)")
+                                  if record.status == "restarted" else translate("Attach", "the server answers again"))
             self._set_state(state)
 
     def _set_state(self, state: str) -> None:

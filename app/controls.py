@@ -157,6 +157,10 @@ class _Tail:
         self.flow.insertWidget(self.first + index, widget)
 
 
+QUALITY_COLUMNS = (QT_TRANSLATE_NOOP("Controls", "weights"), QT_TRANSLATE_NOOP("Controls", "perplexity"),
+                   QT_TRANSLATE_NOOP("Controls", "top-1 = fp"))
+
+
 def _t(text: str) -> str:
     """A CONTROLS string (marked with QT_TRANSLATE_NOOP) in the UI's language."""
     return translate("Controls", text)
@@ -335,8 +339,9 @@ class ControlsBar(QFrame):
         rows = "".join(f"<tr><td>{label}</td><td align='right'>{q.perplexity:.2f}</td>"
                        f"<td align='right'>{100 * q.top1_agreement:.1f}%</td></tr>" for label, q in table.items())
         n = next(iter(table.values())).n_tokens
-        self._extra_tips["weights"] = (f"<b>Quality</b> on {n} tokens of evaluation text<table><tr><th>weights</th>"
-                                       f"<th>perplexity</th><th>top-1 = fp</th></tr>{rows}</table>")
+        head = translate("Controls", "<b>Quality</b> on {n} tokens of evaluation text").format(n=n)
+        columns = "".join(f"<th>{translate('Controls', name)}</th>" for name in QUALITY_COLUMNS)
+        self._extra_tips["weights"] = f"{head}<table><tr>{columns}</tr>{rows}</table>"
         self._render()
 
     def _add_shortcut(self, keys: str | None, action) -> None:

@@ -14,6 +14,8 @@ from PySide6.QtCore import QPoint, QRect, QSize
 from PySide6.QtGui import QPainter
 from PySide6.QtSvg import QSvgGenerator
 
+from app.i18n import translate
+
 PLOT_PNG_WIDTH = 1600
 CSV_COLUMNS = (("step", "x"), ("t_s", "t_s"), ("start_s", "start_s"), ("tokens_per_s", "tokens_per_s"),
                ("ceiling_tokens_per_s", "ceiling_tps"), ("roofline_tokens_per_s", "roof_tps"),
@@ -108,29 +110,33 @@ def decode_summary(data) -> list[dict]:
 def report_markdown(window, pictures: dict[str, str], replay: str = "") -> str:
     data, info = window.data, window.model_info
     now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    lines = [f"# membound session report ({now})", ""]
+    lines = ["# " + translate("Report", "membound session report ({date})").format(date=now), ""]
     if replay:
-        lines += [f"From a replay: {replay}.", ""]
+        lines += [translate("Report", "From a replay: {file}.").format(file=replay), ""]
     if info is not None:
         spec = info.hardware
         params = info.cfg.n_params
-        lines += [f"- Model: {info.label}, {params / 1e6:,.0f} M parameters, on {info.device}",
-                  f"- Hardware: {spec.name} — {spec.source}; peak bandwidth {spec.peak_bandwidth_gbs:,.1f} GB/s",
-                  f"- Steps recorded: {data.steps.total:,}", ""]
-    lines += ["## Settings timeline", "", "| step | s | change | settings from here |", "|---:|---:|---|---|"]
+        lines += ["- " + translate("Report", "Model: {model}, {params} M parameters, on {device}").format(
+                      model=info.label, params=f"{params / 1e6:,.0f}", device=info.device),
+                  "- " + translate("Report", "Hardware: {name} — {source}; peak bandwidth {gbs} GB/s").format(
+                      name=spec.name, source=spec.source, gbs=f"{spec.peak_bandwidth_gbs:,.1f}"),
+                  "- " + translate("Report", "Steps recorded: {n}").format(n=f"{data.steps.total:,}"), ""]
+    lines += ["## " + translate("Report", "Settings timeline"), "",
+              translate("Report", "| step | s | change | settings from here |"), "|---:|---:|---|---|"]
     t_first = data.steps.column("start_s")[:1]
     t0 = float(t_first[0]) if len(t_first) else (data.annotations[0].t_s if data.annotations else 0.0)
     for note in data.annotations:
         lines.append(f"| {note.x:.0f} | {note.t_s - t0:,.1f} | {note.text} | {note.label} |")
-    lines += ["", "## Decode, per setting (medians over its steps)", "",
-              "| settings | steps | tokens/s | ceiling tokens/s | GB/s | MBU | MFU |",
+    lines += ["", "## " + translate("Report", "Decode, per setting (medians over its steps)"), "",
+              translate("Report", "| settings | steps | tokens/s | ceiling tokens/s | GB/s | MBU | MFU |"),
               "|---|---:|---:|---:|---:|---:|---:|"]
     for row in decode_summary(data):
         mfu = f"{row['mfu_pct']:.1f}%" if math.isfinite(row["mfu_pct"]) else "–"
         lines.append(f"| {row['settings']} | {row['steps']} | {row['tokens_per_s']:,.1f} | "
                      f"{row['ceiling_tokens_per_s']:,.0f} | {row['gbs']:,.2f} | {row['mbu_pct']:.0f}% | {mfu} |")
-    lines += ["", "GB/s, MBU and MFU are the cost model's bytes and FLOPs over the measured step time "
-              "(engine/metrics.py); the ceiling is peak bandwidth ÷ bytes per token.", "", "## Plots", ""]
+    lines += ["", translate("Report", "GB/s, MBU and MFU are the cost model's bytes and FLOPs over the measured step "
+                                      "time (engine/metrics.py); the ceiling is peak bandwidth ÷ bytes per token."),
+              "", "## " + translate("Report", "Plots"), ""]
     for title, file in pictures.items():
         lines += [f"### {title}", "", f"![{title}]({file})", ""]
     return "\n".join(lines)
@@ -145,11 +151,11 @@ def export_session(window, folder: str | Path, replay: str = "") -> list[Path]:
     window.plots._readout_version = -1
     window.plots.update_readouts()
     written = [export_window(window, folder / "window.png"), export_window(window, folder / "window.svg")]
-    pictures = {"The window": "window.png"}
+    pictures = {translate("Report", "The window"): "window.png"}
     for name, view in window.plots.views.items():
         for suffix in ("png", "svg"):
             written.append(export_plot(view, folder / f"plot-{name}.{suffix}"))
-        pictures[view.title] = f"plot-{name}.png"
+        pictures[translate("Plots", view.title)] = f"plot-{name}.png"
     written.append(write_steps_csv(window.data, folder / "steps.csv"))
     report = folder / "report.md"
     report.write_text(report_markdown(window, pictures, replay), encoding="utf-8")

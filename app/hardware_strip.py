@@ -133,14 +133,17 @@ class HardwareStrip(QFrame):
         weights = (translate("HardwareStrip", "weights {size} (model)").format(size=_gb(self.weight_bytes))
                    if self.weight_bytes else "")
         if sample is not None and sample.memory_used_bytes is not None:
-            used = f"memory used {_gb(sample.memory_used_bytes)} of {_gb(sample.memory_total_bytes)} (NVML)"
+            used = translate("HardwareStrip", "memory used {used} of {total} (NVML)").format(
+                used=_gb(sample.memory_used_bytes), total=_gb(sample.memory_total_bytes))
             live = []
             if sample.dram_bw_util_pct is not None:
-                live.append(f"DRAM bandwidth {sample.dram_bw_util_pct:.0f}% of peak (NVML GPM)")
+                live.append(translate("HardwareStrip", "DRAM bandwidth {pct}% of peak (NVML GPM)").format(
+                    pct=f"{sample.dram_bw_util_pct:.0f}"))
             if sample.mem_util_pct is not None:
-                live.append(f"memory busy {sample.mem_util_pct:.0f}% of time (NVML)")
+                live.append(translate("HardwareStrip", "memory busy {pct}% of time (NVML)").format(
+                    pct=f"{sample.mem_util_pct:.0f}"))
             if sample.sm_util_pct is not None:
-                live.append(f"SM busy {sample.sm_util_pct:.0f}% (NVML)")
+                live.append(translate("HardwareStrip", "SM busy {pct}% (NVML)").format(pct=f"{sample.sm_util_pct:.0f}"))
             if sample.power_w is not None:
                 live.append(f"{sample.power_w:.0f} W (NVML)")
             if sample.sm_clock_mhz is not None:

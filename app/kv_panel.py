@@ -193,23 +193,27 @@ class KVCachePanel(QFrame):
     def describe(self, snap: KVCacheSnapshot) -> str:
         longest = max((s.num_tokens for s in snap.sequences), default=0)
         probe = self.probe_tokens or max(256, longest)
-        parts = [f"{_fmt_bytes(snap.used_bytes)} hold tokens of {_fmt_bytes(snap.reserved_bytes)} reserved "
-                 f"({100 * snap.fragmentation:.1f}% reserved but empty)"]
+        parts = [translate("KvPanel", "{used} hold tokens of {reserved} reserved ({pct}% reserved but empty)").format(
+            used=_fmt_bytes(snap.used_bytes), reserved=_fmt_bytes(snap.reserved_bytes),
+            pct=f"{100 * snap.fragmentation:.1f}")]
         if snap.layout == "paged":
-            parts.append(f"blocks {snap.blocks_used:,} in use / {snap.blocks_free:,} free "
-                         f"of {_fmt_bytes(snap.pool_bytes)}")
-            parts.append(f"{snap.sequences_that_fit(probe):,} more {probe}-token sequences fit")
+            parts.append(translate("KvPanel", "blocks {used} in use / {free} free of {pool}").format(
+                used=f"{snap.blocks_used:,}", free=f"{snap.blocks_free:,}", pool=_fmt_bytes(snap.pool_bytes)))
+            parts.append(translate("KvPanel", "{n} more {probe}-token sequences fit").format(
+                n=f"{snap.sequences_that_fit(probe):,}", probe=probe))
         else:
             per = snap.sequences[0].num_blocks * snap.block_size if snap.sequences else 0
-            parts.append(f"each sequence reserves {per:,} positions up front: 0 more fit "
-                         f"(paged, this memory holds {snap.num_blocks // max(1, -(-probe // snap.block_size)):,} "
-                         f"{probe}-token sequences)")
+            parts.append(translate("KvPanel", "each sequence reserves {per} positions up front: 0 more fit (paged, "
+                                              "this memory holds {paged} {probe}-token sequences)").format(
+                per=f"{per:,}", paged=f"{snap.num_blocks // max(1, -(-probe // snap.block_size)):,}", probe=probe))
         return " · ".join(parts)
 
     def legend_html(self, snap: KVCacheSnapshot) -> str:
         items = []
         for s in snap.sequences[:8]:
-            items.append(f"<span style='color:{self.owner_colour(s.seq_id)}'>■</span> seq {s.seq_id}: "
-                         f"{s.num_tokens:,} tokens in {s.num_blocks:,} cells")
-        items.append(f"<span style='color:{self.theme.muted}'>▨ reserved, empty · □ free</span>")
+            items.append(f"<span style='color:{self.owner_colour(s.seq_id)}'>■</span> " + translate(
+                "KvPanel", "seq {seq}: {tokens} tokens in {cells} cells").format(
+                seq=s.seq_id, tokens=f"{s.num_tokens:,}", cells=f"{s.num_blocks:,}"))
+        free = translate("KvPanel", "▨ reserved, empty · □ free")
+        items.append(f"<span style='color:{self.theme.muted}'>{free}</span>")
         return " &nbsp; ".join(items)

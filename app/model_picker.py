@@ -28,13 +28,17 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.i18n import translate
+from app.i18n import QT_TRANSLATE_NOOP, translate
 from engine.hardware.ceilings import device_chip, fit_on
 from engine.io import discovery
 from engine.model.config import NAMED_SHAPES
 
 POLL_MS = 100  # how often the dialog looks for the background scan's result
 COLUMNS = ("model", "architecture", "parameters", "file", "type", "fits", "ceiling", "from")
+HEADERS = (QT_TRANSLATE_NOOP("ModelPicker", "model"), QT_TRANSLATE_NOOP("ModelPicker", "architecture"),
+           QT_TRANSLATE_NOOP("ModelPicker", "parameters"), QT_TRANSLATE_NOOP("ModelPicker", "file"),
+           QT_TRANSLATE_NOOP("ModelPicker", "type"), QT_TRANSLATE_NOOP("ModelPicker", "fits"),
+           QT_TRANSLATE_NOOP("ModelPicker", "ceiling"), QT_TRANSLATE_NOOP("ModelPicker", "from"))  # COLUMNS' headers
 
 
 class ModelPicker(QDialog):
@@ -56,7 +60,7 @@ class ModelPicker(QDialog):
 
         self.found_radio = QRadioButton(translate("ModelPicker", "A model on this machine"))
         self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.setHorizontalHeaderLabels([translate("ModelPicker", header) for header in HEADERS])
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
@@ -80,33 +84,35 @@ class ModelPicker(QDialog):
 
         self.default_radio = QRadioButton(translate("ModelPicker", "Default model (SmolLM2-135M-Instruct, GGUF)"))
         self.gguf_radio = QRadioButton(translate("ModelPicker", "GGUF file"))
-        self.hf_radio = QRadioButton("Hugging Face model folder (config.json + safetensors)")
-        self.synthetic_radio = QRadioButton("Synthetic shape — random weights: the text is noise, the speed is real")
+        self.hf_radio = QRadioButton(translate("ModelPicker", "Hugging Face model folder (config.json + safetensors)"))
+        self.synthetic_radio = QRadioButton(
+            translate("ModelPicker", "Synthetic shape — random weights: the text is noise, the speed is real"))
         self.path_edit = QLineEdit()
-        self.path_edit.setPlaceholderText("path to a .gguf file or a model folder")
+        self.path_edit.setPlaceholderText(translate("ModelPicker", "path to a .gguf file or a model folder"))
         browse = QPushButton(translate("ModelPicker", "Browse…"))
         browse.clicked.connect(self._browse)
         self.shape_box = QComboBox()
         self.shape_box.addItems(sorted(NAMED_SHAPES))
         self.device_box = QComboBox()
-        self.device_box.addItem("automatic (a GPU if there is one)", "auto")
+        self.device_box.addItem(translate("ModelPicker", "automatic (a GPU if there is one)"), "auto")
         self.device_box.addItem("CPU", "cpu")
-        self.device_box.addItem("CUDA GPU", "cuda")
+        self.device_box.addItem(translate("ModelPicker", "CUDA GPU"), "cuda")
         path_row = QHBoxLayout()
         path_row.addWidget(self.path_edit, 1)
         path_row.addWidget(browse)
         path_widget = QWidget()
         path_widget.setLayout(path_row)
         form = QFormLayout()
-        form.addRow("Path", path_widget)
-        form.addRow("Shape", self.shape_box)
-        form.addRow("Device", self.device_box)
+        form.addRow(translate("ModelPicker", "Path"), path_widget)
+        form.addRow(translate("ModelPicker", "Shape"), self.shape_box)
+        form.addRow(translate("ModelPicker", "Device"), self.device_box)
         self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Open | QDialogButtonBox.StandardButton.Cancel)
         self.buttons.accepted.connect(self.accept)
         self.buttons.rejected.connect(self.reject)
-        note = QLabel("The current chat ends when a new model loads; a model that fails to load leaves "
-                      "the current one in place. A quantised file (Q4_K_M…) runs at the precision chosen "
-                      "(fp32, bf16): the fit and ceiling columns are for that.")
+        note = QLabel(translate("ModelPicker", "The current chat ends when a new model loads; a model that fails "
+                                               "to load leaves the current one in place. A quantised file (Q4_K_M…) "
+                                               "runs at the precision chosen (fp32, bf16): the fit and ceiling "
+                                               "columns are for that."))
         note.setObjectName("caption")
         note.setWordWrap(True)
         layout = QVBoxLayout(self)
@@ -143,7 +149,7 @@ class ModelPicker(QDialog):
         """List the models again, off the GUI thread (reading headers of many files takes a while)."""
         if self._scan_thread is not None and self._scan_thread.is_alive():
             return
-        self.scan_status.setText("looking for models on this machine…")
+        self.scan_status.setText(translate("ModelPicker", "looking for models on this machine…"))
         self._result = None
 
         def scan() -> None:
@@ -166,7 +172,8 @@ class ModelPicker(QDialog):
             return
         self._poll.stop()
         if result and isinstance(result[0], str):
-            self.scan_status.setText(f"could not list the models: {result[0]}")
+            self.scan_status.setText(translate("ModelPicker", "could not list the models: {error}").format(
+                error=result[0]))
             return
         self._show_found(result)
 
@@ -180,7 +187,8 @@ class ModelPicker(QDialog):
             fit = fit_on(model.cfg, model.n_params, chip, dtype)
             cells = dict(zip(discovery.COLUMNS, discovery.row_cells(model, fit)))
             cells["from"] = model.source
-            tip = model.path if model.supported else f"cannot run: {model.reason}\n{model.path}"
+            tip = model.path if model.supported else \
+                translate("ModelPicker", "cannot run: {reason}").format(reason=model.reason) + f"\n{model.path}"
             for col, name in enumerate(COLUMNS):
                 item = QTableWidgetItem(cells[name])
                 item.setToolTip(tip)
@@ -189,10 +197,11 @@ class ModelPicker(QDialog):
                     item.setForeground(muted)
                 self.table.setItem(row, col, item)
         usable = sum(m.supported for m in found)
-        where = "HF cache, LM Studio, llama.cpp, Ollama and your folders"
-        self.scan_status.setText(f"{len(found)} found ({usable} can run) in the {where}; "
-                                 "hover a greyed row for why it cannot run" if found
-                                 else f"no models found in the {where}")
+        self.scan_status.setText(
+            translate("ModelPicker", "{n} found ({usable} can run) in the HF cache, LM Studio, llama.cpp, Ollama and "
+                                     "your folders; hover a greyed row for why it cannot run").format(
+                n=len(found), usable=usable) if found else
+            translate("ModelPicker", "no models found in the HF cache, LM Studio, llama.cpp, Ollama and your folders"))
 
     def _chosen(self):
         rows = {i.row() for i in self.table.selectedItems()}
@@ -206,7 +215,7 @@ class ModelPicker(QDialog):
         self.path_edit.setText(model.path)
 
     def _add_folder(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self, "A folder with models")
+        folder = QFileDialog.getExistingDirectory(self, translate("ModelPicker", "A folder with models"))
         if folder:
             discovery.add_user_folder(folder)
             self.rescan()
@@ -221,10 +230,11 @@ class ModelPicker(QDialog):
 
     def _browse(self) -> None:
         if self.hf_radio.isChecked():
-            path = QFileDialog.getExistingDirectory(self, "HF model folder")
+            path = QFileDialog.getExistingDirectory(self, translate("ModelPicker", "HF model folder"))
         else:
             self.gguf_radio.setChecked(True)
-            path, _ = QFileDialog.getOpenFileName(self, "GGUF model", "", "GGUF models (*.gguf);;All files (*)")
+            path, _ = QFileDialog.getOpenFileName(self, translate("ModelPicker", "GGUF model"), "",
+                                                  translate("ModelPicker", "GGUF models (*.gguf);;All files (*)"))
         if path:
             self.path_edit.setText(path)
 

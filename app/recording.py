@@ -24,7 +24,7 @@ from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import QComboBox, QFrame, QHBoxLayout, QLabel, QPushButton, QSlider
 
-from app.i18n import translate
+from app.i18n import QT_TRANSLATE_NOOP, translate
 from engine.events import SettingsRefused
 
 DEFAULT_RECORDING = Path(__file__).resolve().parents[1] / "assets" / "tour-default.membound"
@@ -280,7 +280,8 @@ class _Tap(QObject):
 
 
 # ---- playing back -------------------------------------------------------------------------------
-REPLAY_REFUSAL = "this is a replay: the settings are the recording's (the engine is not running)"
+REPLAY_REFUSAL = QT_TRANSLATE_NOOP("Replay", "this is a replay: the settings are the recording's "
+                                             "(the engine is not running)")
 
 
 class ReplayWorker(QObject):
@@ -312,7 +313,7 @@ class ReplayWorker(QObject):
         pass  # the recording holds the answers to the commands it was given
 
     def request(self, command) -> None:
-        self.events.emit([SettingsRefused(command.request_id, REPLAY_REFUSAL, self.settings)])
+        self.events.emit([SettingsRefused(command.request_id, translate("Replay", REPLAY_REFUSAL), self.settings)])
 
     def stop(self) -> None:
         pass
@@ -474,7 +475,8 @@ def open_replay(path: str, speed: float = 1.0, theme: str = "dark", large_fonts:
     player = Player(recording, window, speed)
     bar = ReplayBar(player, window)
     window.replay_bar = bar
-    window.setWindowTitle(f"membound — REPLAY · {recording.describe()}")
+    window.setWindowTitle(translate("Replay", "membound — REPLAY · {recording}").format(
+        recording=recording.describe()))
     return window, player
 
 

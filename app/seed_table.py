@@ -96,7 +96,7 @@ class SeedTable(QFrame):
 
     def set_model(self, cfg, label: str, hardware, dtype: str) -> None:
         self.model = model_size(cfg, short_model(label))
-        self.model_tooltip = f"the loaded model: {label}"
+        self.model_tooltip = translate("SeedTable", "the loaded model: {model}").format(model=label)
         self.device = device_chip(hardware)
         index = self.format_box.findData(dtype)
         if index >= 0:
@@ -146,10 +146,12 @@ class SeedTable(QFrame):
             self.table.horizontalHeaderItem(i).setToolTip(
                 f"{chip.label}: {chip.bandwidth_gbs:,.1f} GB/s ({chip.source}){memory}")
         for i, n in enumerate(TP_DEGREES, len(chips)):
-            self.table.horizontalHeaderItem(i).setToolTip(
-                f"tensor parallelism over {n} {TP_GPU}: {n * tp_gpu.memory_bytes / 1e9:.0f} GB together; each GPU "
-                f"reads its 1/{n} of every weight matrix at {tp_gpu.bandwidth_gbs:,.0f} GB/s, and every layer "
-                f"all-reduces its hidden vector twice over NVLink ({tp_gpu.link_gbs:.0f} GB/s both ways)")
+            self.table.horizontalHeaderItem(i).setToolTip(translate(
+                "SeedTable", "tensor parallelism over {n} {gpu}: {memory_gb} GB together; each GPU reads its 1/{n} of "
+                             "every weight matrix at {gbs} GB/s, and every layer all-reduces its hidden vector twice "
+                             "over NVLink ({link_gbs} GB/s both ways)").format(
+                n=n, gpu=TP_GPU, memory_gb=f"{n * tp_gpu.memory_bytes / 1e9:.0f}", gbs=f"{tp_gpu.bandwidth_gbs:,.0f}",
+                link_gbs=f"{tp_gpu.link_gbs:.0f}"))
         # compact: the size under the name, so the columns get the width (the rows have the height)
         between, width = ("\n", 12) if self.compact else ("  ", 16)
         names = [m.label if len(m.label) <= width else m.label[: width - 1] + "…" for m in models]
@@ -172,6 +174,7 @@ class SeedTable(QFrame):
                 item.setForeground(QColor(self.theme.error if not cell.fits else colour))
                 if not cell.fits:
                     item.setFont(bold)
-                item.setToolTip(f"{cell.weight_bytes_per_token / 1e9:.2f} GB read per token; "
-                                f"{cell.stored_bytes / 1e9:.1f} GB of weights held")
+                tip = translate("SeedTable", "{read_gb} GB read per token; {held_gb} GB of weights held")
+                item.setToolTip(tip.format(read_gb=f"{cell.weight_bytes_per_token / 1e9:.2f}",
+                                           held_gb=f"{cell.stored_bytes / 1e9:.1f}"))
                 self.table.setItem(r, c, item)

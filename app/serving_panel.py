@@ -15,11 +15,13 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
-from app.i18n import translate
+from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.plots.style import pen, style_plot
 from app.theme import Theme
 
 WINDOW_S = 60.0  # seconds of history shown
+POLICIES = {"continuous": QT_TRANSLATE_NOOP("Serving", "continuous batching"),
+            "static": QT_TRANSLATE_NOOP("Serving", "static batching")}
 
 
 def format_ms(seconds: float) -> str:
@@ -32,7 +34,7 @@ def latency_readout(last: dict[str, float]) -> str:
     """'TTFT p50 120 ms · p95 480 ms   ITL p50 35 ms · p95 60 ms   pre-empted 2' from a row."""
     return (f"TTFT p50 {format_ms(last['ttft_p50_s'])} · p95 {format_ms(last['ttft_p95_s'])}   "
             f"ITL p50 {format_ms(last['itl_p50_s'])} · p95 {format_ms(last['itl_p95_s'])}   "
-            f"pre-empted {int(last['preempted'])}")
+            + translate("Serving", "pre-empted {n}").format(n=int(last["preempted"])))
 
 
 class ServingPanel(QWidget):
@@ -116,10 +118,13 @@ class ServingPanel(QWidget):
         self.users_item.setData(x, buffer.column("users")[keep])
         last = {name: buffer.last(name) for name in buffer.columns}
         agg, per = last["aggregate_tps"], last["per_request_tps"]
-        rate = (f"{agg:,.1f} tok/s aggregate · {per:,.1f} per request   " if math.isfinite(agg) and
-                math.isfinite(per) else "")
-        self.readout.setText(f"{rate}{self.data.serving_policy} batching · batch {int(last['running'])} · "
-                             f"queue {int(last['waiting'])}   {latency_readout(last)}")
+        rate = (translate("Serving", "{agg} tok/s aggregate · {per} per request").format(
+            agg=f"{agg:,.1f}", per=f"{per:,.1f}") + "   " if math.isfinite(agg) and math.isfinite(per) else "")
+        policy = self.data.serving_policy
+        policy = translate("Serving", POLICIES[policy]) if policy in POLICIES else \
+            translate("Serving", "{policy} batching").format(policy=policy)
+        self.readout.setText(rate + translate("Serving", "{policy} · batch {running} · queue {waiting}").format(
+            policy=policy, running=int(last["running"]), waiting=int(last["waiting"])) + "   " + latency_readout(last))
         for widget in (self.rate_plot, self.seq_plot):
             widget.getPlotItem().setXRange(-min(WINDOW_S, max(float(-x[0]), 1.0)), 0, padding=0.02)
         top = np.nanmax(aggregate) if np.isfinite(aggregate).any() else 1

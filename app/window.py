@@ -32,7 +32,7 @@ from app.serving_panel import ServingPanel
 from app.theme import SettingColours, stylesheet, themed
 from app.worker import EngineWorker
 from engine.events import BatchStats, DoneEvent, SettingsApplied, SettingsRefused, TokenEvent
-from engine.metrics import DECODE_PHASES, StepMetrics, decode_rate, speculation_summary
+from engine.metrics import DECODE_PHASES, StepMetrics, decode_rate
 from engine.protocol import Apply, Chat, Load, MeasureQuality, ModelInfo, Reset, settings_delta
 from engine.settings import Settings, weights_label
 
@@ -50,6 +50,29 @@ MIN_FPS_GPU = 4
 NVML_SAMPLE_MS = 250
 
 _finishing_workers: list = []  # workers still inside a step when their window closed
+
+def ttft_note(done: DoneEvent) -> str:
+    """'TTFT 123 ms', and how much of the prompt the cache spared (DoneEvent.ttft_note, translated)."""
+    if not done.n_cached_tokens:
+        return translate("Window", "TTFT {ms} ms").format(ms=f"{1e3 * done.ttft_s:.0f}")
+    return translate("Window", "TTFT {ms} ms ({cached} of {prompt} prompt tokens cached)").format(
+        ms=f"{1e3 * done.ttft_s:.0f}", cached=f"{done.n_cached_tokens:,}", prompt=f"{done.n_prompt_tokens:,}")
+
+
+def speculation_summary(steps: list[StepMetrics]) -> list[str]:
+    """A reply's speculation in words (engine.metrics.speculation_summary's figures, translated):
+    guesses kept, and the tokens each read of the target's weights produced."""
+    verifies = [s for s in steps if s.phase == "verify"]
+    if not verifies:
+        return []
+    drafted = sum(s.draft_tokens for s in verifies)
+    accepted = sum(s.accepted_tokens for s in verifies)
+    target = [s for s in steps if s.phase in ("decode", "verify")]
+    text = translate("Window", "speculation: {pct}% of guesses kept ({per_step} a step), {tokens} tokens per "
+                               "weight read")
+    return [text.format(pct=f"{100 * accepted / drafted:.0f}", per_step=f"{accepted / len(verifies):.2f}",
+                        tokens=f"{sum(s.tokens_out for s in target) / len(target):.2f}")]
+
 
 DONE_WORDS = {"eos": QT_TRANSLATE_NOOP("Window", "finished"),
               "max_tokens": QT_TRANSLATE_NOOP("Window", "hit max tokens"),
@@ -230,8 +253,8 @@ class MainWindow(QMainWindow):
         self.loading = True
         self._restarting = True
         self.controls.set_enabled(False)
-        self.chat.add_notice("restarting the engine…")
-        self.hardware_strip.set_progress(0.0, "restarting the engine…")
+        self.chat.add_notice(translate("Window", "restarting the engine…"))
+        self.hardware_strip.set_progress(0.0, translate("Window", "restarting the engine…"))
         self.worker.submit(Load(source, self.device, self.settings, self.hardware, self.max_context,
                                 messages=tuple(self.messages)))
 
@@ -327,7 +350,8 @@ class MainWindow(QMainWindow):
         weights = "" if settings.weights == "fp" else f", {weights_label(settings.weights, settings.group_size)}"
         runs = settings.dtype + weights
         label = re.sub(r"→ (fp32|bf16|fp16)", f"→ {runs}", info.label, count=1)
-        self.chat.model_label.setText(f"{label} · {size} parameters · {info.device}")
+        self.chat.model_label.setText(translate("Window", "{model} · {size} parameters · {device}").format(
+            model=label, size=size, device=info.device))
 
     def _on_settings_refused(self, event: SettingsRefused) -> None:
         self._pending.pop(event.request_id, None)
@@ -347,7 +371,7 @@ class MainWindow(QMainWindow):
             return
         spec = dialog.spec()
         if not spec:
-            self.show_error("no model path given")
+            self.show_error(translate("Window", "no model path given"))
             return
         same_device = dialog.device() in ("auto", self.device)
         # on the same device keep the measured spec and the user's settings; elsewhere start afresh
@@ -421,15 +445,16 @@ class MainWindow(QMainWindow):
         self.controls.set_settings(info.settings)
         self._show_model_line()
         if restarted:
-            self.chat.add_notice(f"the engine is back: {info.label}, {len(info.messages) // 2} turns of the "
-                                 "conversation kept")
-            self.data.annotate("engine restarted", info.settings.label, self.clock())
+            self.chat.add_notice(translate("Window", "the engine is back: {model}, {turns} turns of the conversation "
+                                                     "kept").format(model=info.label, turns=len(info.messages) // 2))
+            self.data.annotate(translate("Window", "engine restarted"), info.settings.label, self.clock())
         else:
             self.data.clear()
             if not first:
                 self.chat.clear()
             self.chat.add_notice(translate("Window", "loaded {model}").format(model=info.label))
-            self.data.annotate(f"start: {info.settings.label}", info.settings.label, self.clock())
+            self.data.annotate(translate("Window", "start: {settings}").format(settings=info.settings.label),
+                               info.settings.label, self.clock())
         for note in dict.fromkeys(info.capabilities.notes.values()):
             self.chat.add_notice(note, error=True)
         self.hardware_strip.engine_pid = self.worker.pid
@@ -532,8 +557,7 @@ class MainWindow(QMainWindow):
             self.data.ttft_s = done.ttft_s
             self.data.version += 1
         how = translate("Window", DONE_WORDS[done.reason]) if done.reason in DONE_WORDS else done.reason
-        parts = [translate("Window", "{n} tokens, {how}").format(n=done.n_new_tokens, how=how),
-                 done.ttft_note]
+        parts = [translate("Window", "{n} tokens, {how}").format(n=done.n_new_tokens, how=how), ttft_note(done)]
         decode = [m for m in self._reply_steps if m.phase in DECODE_PHASES]
         if decode:
             step_s = sum(m.step_s for m in decode)
@@ -543,8 +567,11 @@ class MainWindow(QMainWindow):
             # batched, steps also serve other requests (and may run while this one waits): this
             # reply's own rate is the engine's count of its tokens over its decode time
             rate = done.decode_tokens_per_s if batched else decode_rate(decode)
-            parts += [f"decode {rate:.1f} tok/s" + (" (this reply, batched)" if batched else ""),
-                      f"{gbs:.1f} GB/s (model) = {100 * gbs / peak:.0f}% of {peak:.0f} GB/s peak"]
+            decode_text = translate("Window", "decode {tps} tok/s (this reply, batched)") if batched else \
+                translate("Window", "decode {tps} tok/s")
+            parts += [decode_text.format(tps=f"{rate:.1f}"),
+                      translate("Window", "{gbs} GB/s (model) = {pct}% of {peak} GB/s peak").format(
+                          gbs=f"{gbs:.1f}", pct=f"{100 * gbs / peak:.0f}", peak=f"{peak:.0f}")]
             parts += speculation_summary(decode)
         self.chat.end_reply("— " + " · ".join(parts))
         self.messages = self.messages + [{"role": "user", "content": self._turn_text},
@@ -571,7 +598,7 @@ class MainWindow(QMainWindow):
         """The engine process ended without being told to: say so, mark the reply in flight as
         interrupted, keep the conversation, and restart it with the next action."""
         if self.replying:
-            self.chat.end_reply(f"— interrupted: {message}")
+            self.chat.end_reply("— " + translate("Window", "interrupted: {message}").format(message=message))
             if self._reply_text:  # what was said stays part of the conversation, as a stopped reply does
                 self.messages = self.messages + [{"role": "user", "content": self._turn_text},
                                                  {"role": "assistant", "content": "".join(self._reply_text)}]
@@ -588,25 +615,27 @@ class MainWindow(QMainWindow):
         self.hardware_strip.set_progress(1.0, "")
         self.chat.set_ready(True)
         self.controls.set_enabled(self.settings is not None)
-        what = self.model_info.label if self.model_info is not None else "the model"
-        text = (f"{message} — the conversation is kept; your next message or setting starts it again "
-                f"with {what} and the same settings")
+        what = self.model_info.label if self.model_info is not None else translate("Window", "the model")
+        text = translate("Window", "{message} — the conversation is kept; your next message or setting starts it "
+                                   "again with {model} and the same settings").format(message=message, model=what)
         self.chat.add_notice(text, error=True)
         self.show_error(text)
 
     def _on_failed(self, what: str, message: str) -> None:
         if what == "serving":  # the engine switched the users off (its SettingsApplied says so)
-            message = f"serving the simulated users failed, so they are off: {message}"
+            message = translate("Window", "serving the simulated users failed, so they are off: {message}").format(
+                message=message)
         if what == "load":
-            text = f"could not load the model: {message}"
+            text = translate("Window", "could not load the model: {message}").format(message=message)
             if self.model_info is not None:
-                text += f" (still using {self.model_info.label})"
+                text += " " + translate("Window", "(still using {model})").format(model=self.model_info.label)
         elif what == "reply":
-            text = f"the reply failed: {message}"
+            text = translate("Window", "the reply failed: {message}").format(message=message)
             if self.model_info is not None:
-                text += " — the conversation so far is kept"
+                text += " — " + translate("Window", "the conversation so far is kept")
         elif what in ("reset", "quality"):
-            text = f"{'new chat' if what == 'reset' else 'measuring quality'} failed: {message}"
+            text = (translate("Window", "new chat failed: {message}") if what == "reset" else
+                    translate("Window", "measuring quality failed: {message}")).format(message=message)
             if what == "reset":  # the engine still holds the conversation: so does the window
                 self.messages = self._messages_before_reset
         else:

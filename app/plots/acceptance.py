@@ -8,6 +8,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtGui import QColor
 
+from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.plots.step_plot import StepPlot, StepWindow
 from app.plots.style import NO_PEN, pen, with_alpha
 from app.plots.view import PlotView
@@ -33,16 +34,16 @@ def position_rates(guesses: np.ndarray, kept: np.ndarray, positions: int = MAX_P
 
 
 class AcceptancePlot(StepPlot):
-    title = "Speculation: guesses kept"
+    title = QT_TRANSLATE_NOOP("Plots", "Speculation: guesses kept")
 
     def build(self) -> None:
         t = self.theme
-        plot = self.style("guesses kept (%)", self.data.x_label)
+        plot = self.style(QT_TRANSLATE_NOOP("Plots", "guesses kept (%)"), self.data.x_label)
         self.rate_item = pg.PlotDataItem(pen=None, symbol="o", symbolSize=max(5, t.font_pt - 4),
                                          symbolBrush=pg.mkBrush(with_alpha(t.verify, 150)), symbolPen=NO_PEN,
-                                         name="one verify step")
+                                         name=translate("Plots", "one verify step"))
         self.mean_item = pg.PlotDataItem(pen=pen(t.verify, 2.5), connect="finite",
-                                         name=f"mean of the last {RUNNING_MEAN}")
+                                         name=translate("Plots", "mean of the last {n}").format(n=RUNNING_MEAN))
         plot.addItem(self.rate_item)
         plot.addItem(self.mean_item)
         self.set_range("y", 0, 110)
@@ -67,16 +68,16 @@ class AcceptancePlot(StepPlot):
         guesses, kept, tokens = guesses[-RUNNING_MEAN:], kept[-RUNNING_MEAN:], tokens[-RUNNING_MEAN:]
         if not len(guesses):
             return None
-        return (f"{100 * kept.sum() / max(guesses.sum(), 1):.0f}% kept · "
-                f"{tokens.mean():.1f} tokens per weight read (k = {int(guesses[-1])})")
+        return translate("Plots", "{pct}% kept · {tokens} tokens per weight read (k = {k})").format(
+            pct=f"{100 * kept.sum() / max(guesses.sum(), 1):.0f}", tokens=f"{tokens.mean():.1f}", k=int(guesses[-1]))
 
 
 class PositionPlot(PlotView):
-    title = "Speculation: kept by guess position"
+    title = QT_TRANSLATE_NOOP("Plots", "Speculation: kept by guess position")
 
     def build(self) -> None:
         t = self.theme
-        plot = self.style("kept (%)", "guess position")
+        plot = self.style(QT_TRANSLATE_NOOP("Plots", "kept (%)"), QT_TRANSLATE_NOOP("Plots", "guess position"))
         plot.setDownsampling(auto=False)
         plot.setClipToView(False)
         self.bars = pg.BarGraphItem(x=np.arange(1, MAX_POSITIONS + 1), height=np.zeros(MAX_POSITIONS), width=0.7,
@@ -97,7 +98,7 @@ class PositionPlot(PlotView):
             return
         self._set_keys["bars"] = key
         self.bars.setOpts(height=np.nan_to_num(rates))
-        self.empty.setText("" if len(guesses) else "no speculative step yet")
+        self.empty.setText("" if len(guesses) else translate("Plots", "no speculative step yet"))
         self.empty.setPos((MAX_POSITIONS + 1) / 2, 55)
 
     def readout(self) -> str | None:
@@ -107,5 +108,7 @@ class PositionPlot(PlotView):
             return None
         rates = position_rates(guesses, kept)
         k = int(guesses.max())
-        return f"guess 1 {rates[0]:.0f}%" + (f" · guess {k} {rates[k - 1]:.0f}%" if k > 1 else "") + \
-            f" (last {len(guesses)} steps)"
+        if k > 1:
+            return translate("Plots", "guess 1 {first}% · guess {k} {last}% (last {n} steps)").format(
+                first=f"{rates[0]:.0f}", k=k, last=f"{rates[k - 1]:.0f}", n=len(guesses))
+        return translate("Plots", "guess 1 {first}% (last {n} steps)").format(first=f"{rates[0]:.0f}", n=len(guesses))

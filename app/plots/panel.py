@@ -10,6 +10,7 @@ import numpy as np
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QGridLayout, QSplitter, QWidget
 
+from app.i18n import translate
 from app.live_data import LiveData
 from app.plots.acceptance import AcceptancePlot, PositionPlot
 from app.plots.compute import ComputePlot
@@ -165,7 +166,8 @@ class PlotsPanel(QWidget):
     def _server_readouts(self) -> None:
         """Attach mode: the latest scrapes' figures, labelled with their source; a plot whose figures
         the server does not publish says why (data.notes) instead of showing a number."""
-        steps, source, notes = self.data.steps, self.data.source, self.data.notes
+        steps, source = self.data.steps, translate("Plots", self.data.source)
+        notes = {name: translate("Plots", note) for name, note in self.data.notes.items()}  # (a server's own: as is)
 
         def recent(name: str, n: int = 4) -> float:
             values = steps.column(name)[-n:]
@@ -173,14 +175,15 @@ class PlotsPanel(QWidget):
             return float(np.mean(values)) if len(values) else math.nan
 
         tps, ceiling = recent("tokens_per_s"), recent("ceiling_tps", 1)
-        text = f"generation {tps:,.1f} tok/s (server's counters)" if math.isfinite(tps) else notes.get("tokens", "–")
+        text = translate("Plots", "generation {tps} tok/s (server's counters)").format(tps=f"{tps:,.1f}") \
+            if math.isfinite(tps) else notes.get("tokens", "–")
         if math.isfinite(ceiling):
-            text += f" · ceiling {ceiling:,.0f} ({source})"
+            text += " · " + translate("Plots", "ceiling {tps} ({source})").format(tps=f"{ceiling:,.0f}", source=source)
         self.views["tokens"].show_readout(text)
         gbs, peak_gbs = recent("gbs"), steps.last("peak_bps") / 1e9
         text = notes.get("memory", "–")
         if math.isfinite(gbs):
-            text = f"{gbs:,.1f} GB/s per GPU ({source})"
+            text = translate("Plots", "{gbs} GB/s per GPU ({source})").format(gbs=f"{gbs:,.1f}", source=source)
             if math.isfinite(peak_gbs) and peak_gbs > 0:
                 text += f" · MBU {100 * gbs / peak_gbs:.0f}%"
         self.views["memory"].show_readout(text)
@@ -188,7 +191,8 @@ class PlotsPanel(QWidget):
         text = notes.get("compute", "–")
         if math.isfinite(flops):
             scale, unit = flops_unit(flops)
-            text = f"{format_rate(flops / scale, unit)} per GPU ({source})"
+            text = translate("Plots", "{rate} per GPU ({source})").format(rate=format_rate(flops / scale, unit),
+                                                                          source=source)
             if math.isfinite(mfu):
                 text += f" · MFU {mfu:.0f}%"
         self.views["compute"].show_readout(text)
@@ -197,6 +201,7 @@ class PlotsPanel(QWidget):
         if math.isfinite(ai):
             text = f"{ai:.2g} FLOP/B ({source})"
             if math.isfinite(ridge):
-                text += ": compute-bound" if ai >= ridge else ": memory-bound"
+                bound = translate("Plots", "compute-bound") if ai >= ridge else translate("Plots", "memory-bound")
+                text += ": " + bound
         self.views["roofline"].show_readout(text)
         self.views["timeline"].show_readout(notes.get("timeline", ""))

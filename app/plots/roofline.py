@@ -55,7 +55,8 @@ class RooflinePlot(PlotView):
         scale, unit = flops_unit(peak_flops)
         if self._set_keys.get("unit") != unit:
             self._set_keys["unit"] = unit
-            self.plot.getAxis("left").setLabel(f"{unit} (log)", color=self.theme.text,
+            self.plot.getAxis("left").setLabel(translate("Plots", "{unit} (log)").format(unit=unit),
+                                               color=self.theme.text,
                                                **{"font-size": f"{self.theme.font_pt - 1}pt"})
         ridge = peak_flops / peak_bps
         ai = steps.column("ai", last=TRAIL_STEPS)
@@ -72,7 +73,7 @@ class RooflinePlot(PlotView):
             self.roof_item.setData(x=[lo, ridge, hi],
                                    y=[lo * peak_bps / scale, peak_flops / scale, peak_flops / scale])
             self.ridge_item.setData(x=[ridge], y=[peak_flops / scale])
-            self.ridge_text.setText(f"ridge {ridge:.2g} FLOP/B")
+            self.ridge_text.setText(translate("Plots", "ridge {ai} FLOP/B").format(ai=f"{ridge:.2g}"))
             self.ridge_text.setPos(math.log10(ridge), math.log10(peak_flops / scale))
         brushes = [b for b, k in zip(self._trail_brushes(), known) if k]
         ai, flops = ai[known], flops[known]
@@ -108,6 +109,7 @@ class RooflinePlot(PlotView):
         ai = steps.last("ai")
         bound = translate("Plots", "compute-bound") if ai >= steps.last("peak_flops") / steps.last("peak_bps") \
             else translate("Plots", "memory-bound")
-        phase = MIXED_NAME if steps.last("mixed") > 0.5 else "prefill" if steps.last("prefill") > 0.5 \
-            else "decode"
-        return f"{phase} {ai:.2g} FLOP/B: {bound}"
+        phase = MIXED_NAME if steps.last("mixed") > 0.5 else QT_TRANSLATE_NOOP("Plots", "prefill") \
+            if steps.last("prefill") > 0.5 else QT_TRANSLATE_NOOP("Plots", "decode")
+        return translate("Plots", "{phase} {ai} FLOP/B: {bound}").format(phase=translate("Plots", phase),
+                                                                         ai=f"{ai:.2g}", bound=bound)

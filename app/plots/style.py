@@ -8,13 +8,14 @@ import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QColor, QFont
 
+from app.i18n import QT_TRANSLATE_NOOP
 from app.theme import Theme
 
 # One pen object for "no outline": pyqtgraph's symbol atlas caches a rendered symbol per (pen, brush)
 # object, and `symbolPen=None` makes a new pen at every update, which re-renders every symbol each
 # frame and grows the atlas without end.
 NO_PEN = pg.mkPen(None)
-MIXED_NAME = "prefill + decode"
+MIXED_NAME = QT_TRANSLATE_NOOP("Plots", "prefill + decode")  # translate(...) where shown
 
 
 def configure_pyqtgraph() -> None:

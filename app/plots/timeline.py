@@ -93,16 +93,16 @@ class TimelinePlot(PlotView):
     def _bar_item(self, key) -> pg.PlotDataItem:
         t = self.theme
         if key == "prefill":
-            colour, name = t.prefill, "prefill"
+            colour, name = t.prefill, translate("Plots", "prefill")
         elif key == "mixed":
-            colour, name = t.mixed, MIXED_NAME
+            colour, name = t.mixed, translate("Plots", MIXED_NAME)
         elif key == "draft":
-            colour, name = t.draft, "draft (the draft model's guesses)"
+            colour, name = t.draft, translate("Plots", "draft (the draft model's guesses)")
         elif key == "verify":
-            colour, name = t.verify, "verify (the target checks k + 1 tokens)"
+            colour, name = t.verify, translate("Plots", "verify (the target checks k + 1 tokens)")
         else:
             label = self.data.labels[key]
-            colour, name = self.colours.colour(label), f"decode · {label}"
+            colour, name = self.colours.colour(label), translate("Plots", "decode · {settings}").format(settings=label)
         # One filled outline of all the bars: one path to paint, not one rectangle per step.
         bars = pg.PlotDataItem(pen=pen(colour, 1), fillLevel=0, brush=with_alpha(colour, 170), name=name)
         self.plot.addItem(bars)
@@ -127,11 +127,13 @@ class TimelinePlot(PlotView):
         if self.data.ttft_s is not None:
             parts.append(f"TTFT {1e3 * self.data.ttft_s:.0f} ms")
         if (steps.column("verify")[in_reply] > 0.5).any():  # draft and verify rows make their tokens together
-            parts.append(f"{np.sum(inter) / max(np.nansum(steps.column('tokens_out')[in_reply]), 1):.0f} ms/token")
+            ms = np.sum(inter) / max(np.nansum(steps.column("tokens_out")[in_reply]), 1)
+            parts.append(translate("Plots", "{ms} ms/token").format(ms=f"{ms:.0f}"))
         elif len(inter):
             parts.append(translate("Plots", "{ms} ms/token (median)").format(ms=f"{np.median(inter):.0f}"))
         overhead = steps.column("overhead_ms")[in_reply]
         overhead = overhead[np.isfinite(overhead)]
         if len(overhead):
-            parts.append(f"overhead {np.median(overhead):.1f} ms a step beyond its bytes at peak")
+            parts.append(translate("Plots", "overhead {ms} ms a step beyond its bytes at peak").format(
+                ms=f"{np.median(overhead):.1f}"))
         return " · ".join(parts)

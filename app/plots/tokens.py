@@ -24,7 +24,7 @@ class TokensPlot(StepPlot):
                                             name=translate("Plots", "ceiling = peak BW ÷ bytes/token"))
         self.prefill_item = pg.PlotDataItem(pen=None, symbol="t1", symbolSize=t.font_pt + 3,
                                             symbolBrush=pg.mkBrush(QColor(t.prefill)), symbolPen=NO_PEN,
-                                            name="prefill")
+                                            name=translate("Plots", "prefill"))
         # continuous batching: steps where new prompts' chunks ride along with running decodes (in the
         # legend only while some are in view: without simulated users there are none)
         self.mixed_item = pg.PlotDataItem(pen=None, symbol="t1", symbolSize=t.font_pt + 3,
@@ -55,7 +55,7 @@ class TokensPlot(StepPlot):
         legend = self.plot.legend
         if mixed.any() != (legend.getLabel(self.mixed_item) is not None):
             if mixed.any():
-                legend.addItem(self.mixed_item, MIXED_NAME)
+                legend.addItem(self.mixed_item, translate("Plots", MIXED_NAME))
             else:
                 legend.removeItem(self.mixed_item)
         self.draw_step_axis(frame)
@@ -74,11 +74,12 @@ class TokensPlot(StepPlot):
         recent_tps = steps.column("tokens_per_s", last=64)[decode][-8:]
         if not len(recent_tps):
             return None
-        text = f"decode {np.mean(recent_tps):,.1f} tok/s"
+        text = translate("Plots", "decode {tps} tok/s").format(tps=f"{np.mean(recent_tps):,.1f}")
         ceiling = steps.column("ceiling_tps", last=64)[decode][-1:]
         if len(ceiling):
             text += " · " + translate("Plots", "ceiling {tps} (model)").format(tps=f"{ceiling[0]:,.0f}")
         tokens = steps.column("tokens_out", last=64)[decode][-8:]
         if (steps.column("verify", last=8) > 0.5).any() and (tokens > 1).any():
-            text += f" · {np.nanmean(tokens):.1f} tokens per weight read"
+            text += " · " + translate("Plots", "{tokens} tokens per weight read").format(
+                tokens=f"{np.nanmean(tokens):.1f}")
         return text
