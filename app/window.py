@@ -32,7 +32,7 @@ from app.serving_panel import ServingPanel
 from app.theme import SettingColours, stylesheet, themed
 from app.worker import EngineWorker
 from engine.events import BatchStats, DoneEvent, SettingsApplied, SettingsRefused, TokenEvent
-from engine.metrics import DECODE_PHASES, StepMetrics, decode_rate
+from engine.metrics import DECODE_PHASES, StepMetrics, decode_rate, speculation_figures
 from engine.protocol import Apply, Chat, Load, MeasureQuality, ModelInfo, Reset, settings_delta
 from engine.settings import Settings, weights_label
 
@@ -60,18 +60,14 @@ def ttft_note(done: DoneEvent) -> str:
 
 
 def speculation_summary(steps: list[StepMetrics]) -> list[str]:
-    """A reply's speculation in words (engine.metrics.speculation_summary's figures, translated):
-    guesses kept, and the tokens each read of the target's weights produced."""
-    verifies = [s for s in steps if s.phase == "verify"]
-    if not verifies:
+    """engine.metrics.speculation_figures in words, translated."""
+    figures = speculation_figures(steps)
+    if figures is None:
         return []
-    drafted = sum(s.draft_tokens for s in verifies)
-    accepted = sum(s.accepted_tokens for s in verifies)
-    target = [s for s in steps if s.phase in ("decode", "verify")]
+    pct, per_step, tokens = figures
     text = translate("Window", "speculation: {pct}% of guesses kept ({per_step} a step), {tokens} tokens per "
                                "weight read")
-    return [text.format(pct=f"{100 * accepted / drafted:.0f}", per_step=f"{accepted / len(verifies):.2f}",
-                        tokens=f"{sum(s.tokens_out for s in target) / len(target):.2f}")]
+    return [text.format(pct=f"{pct:.0f}", per_step=f"{per_step:.2f}", tokens=f"{tokens:.2f}")]
 
 
 DONE_WORDS = {"eos": QT_TRANSLATE_NOOP("Window", "finished"),

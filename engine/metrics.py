@@ -247,17 +247,25 @@ def decode_rate(steps: list[StepMetrics]) -> float:
     return sum(s.tokens_out for s in steps) / seconds if seconds > 0 else 0.0
 
 
-def speculation_summary(steps: list[StepMetrics]) -> list[str]:
-    """A reply's speculation in words (nothing when it did not speculate): guesses kept, and the
-    tokens each read of the target's weights produced."""
+def speculation_figures(steps: list[StepMetrics]) -> tuple[float, float, float] | None:
+    """A reply's speculation (None when it did not speculate): % of guesses kept, guesses kept per
+    verify step, and tokens per read of the target's weights."""
     verifies = [s for s in steps if s.phase == "verify"]
     if not verifies:
-        return []
+        return None
     drafted = sum(s.draft_tokens for s in verifies)
     accepted = sum(s.accepted_tokens for s in verifies)
     target = [s for s in steps if s.phase in ("decode", "verify")]
-    return [f"speculation: {100 * accepted / drafted:.0f}% of guesses kept ({accepted / len(verifies):.2f} a step), "
-            f"{sum(s.tokens_out for s in target) / len(target):.2f} tokens per weight read"]
+    return 100 * accepted / drafted, accepted / len(verifies), sum(s.tokens_out for s in target) / len(target)
+
+
+def speculation_summary(steps: list[StepMetrics]) -> list[str]:
+    """speculation_figures in words (the terminal's; the window translates its own)."""
+    figures = speculation_figures(steps)
+    if figures is None:
+        return []
+    pct, per_step, tokens = figures
+    return [f"speculation: {pct:.0f}% of guesses kept ({per_step:.2f} a step), {tokens:.2f} tokens per weight read"]
 
 
 def decode_ceiling_tokens_per_s(weight_bytes: float, bandwidth_bps: float, kv_bytes: float = 0.0) -> float:
