@@ -3,7 +3,9 @@ full-vocabulary sort, on peaked, flat and tied rows, top_p near 0 and near 1, pr
 (widened); temperature and top-k unchanged."""
 import pytest
 import torch
-from hypothesis import given, settings as hyp_settings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
 
 from engine.model import sampling
 from engine.model.sampling import probabilities, sample, top_p_filter
