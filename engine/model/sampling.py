@@ -7,10 +7,15 @@ import torch
 
 from engine.settings import SamplingParams
 
+TOP_P_PREFIX = 128  # the most likely tokens looked at first; a row whose mass needs more widens 8x at a time
+# A prefix settles a row only when its mass reaches top_p by this much more: the float rounding of the
+# full-vocabulary cumulative sum (a few ulps of 1.0) then cannot keep a token past the prefix.
+TOP_P_MARGIN = 1e-5
+
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """logits (..., vocab) fp32 → the sampling distribution (..., vocab) after temperature, top-k
-    and top-p; greedy: one-hot on the argmax."""
+    and top-p, summing to 1; greedy: one-hot on the argmax."""
     if params.is_greedy:
         return torch.zeros_like(logits).scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
     logits = logits / params.temperature
@@ -19,12 +24,39 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if params.top_p < 1.0:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        # drop a token once the mass before it already reaches top_p (the first always stays)
-        drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= params.top_p
-        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        probs = top_p_filter(probs, params.top_p)
     return probs
+
+
+def top_p_filter(probs: torch.Tensor, top_p: float, prefix: int = TOP_P_PREFIX) -> torch.Tensor:
+    """probs (..., vocab) → the smallest most-likely set whose mass reaches top_p, renormalised: in
+    descending order a token is dropped once the mass before it reaches top_p (the first always
+    stays). Among tokens tied at the cut, the lowest ids stay (a stable sort's order).
+
+    The rule is a full-vocabulary sort's, but only a top-k prefix is sorted: its cumulative sums are
+    the sort's first ones, and a prefix whose mass reaches top_p (+ margin) holds every kept token."""
+    rows = probs.reshape(-1, probs.shape[-1])
+    n_rows, vocab = rows.shape
+    cut = torch.empty(n_rows, dtype=rows.dtype, device=rows.device)  # the smallest kept probability
+    kept = torch.empty(n_rows, dtype=torch.long, device=rows.device)  # how many tokens stay
+    todo = torch.arange(n_rows, device=rows.device)
+    k = min(prefix, vocab)
+    while len(todo):
+        values = (rows if len(todo) == n_rows else rows[todo]).topk(k, dim=-1).values  # descending
+        mass = values.cumsum(dim=-1)
+        n = ((mass - values) < top_p).sum(dim=-1)
+        settled = mass[:, -1] >= top_p + TOP_P_MARGIN if k < vocab else torch.ones_like(n, dtype=torch.bool)
+        cut[todo[settled]] = values.gather(-1, n[:, None] - 1)[settled, 0]
+        kept[todo[settled]] = n[settled]
+        todo, k = todo[~settled], min(8 * k, vocab)
+    keep = rows >= cut[:, None]
+    straddle = (keep.sum(dim=-1) > kept).nonzero()[:, 0]  # ties at the cut: only some of them stay
+    if len(straddle):
+        tied = rows[straddle] == cut[straddle, None]
+        extra = kept[straddle] - (rows[straddle] > cut[straddle, None]).sum(dim=-1)  # how many tied stay
+        keep[straddle] = (rows[straddle] > cut[straddle, None]) | (tied & (tied.cumsum(dim=-1) <= extra[:, None]))
+    filtered = rows.masked_fill(~keep, 0.0)
+    return (filtered / filtered.sum(dim=-1, keepdim=True)).reshape(probs.shape)
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:

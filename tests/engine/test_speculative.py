@@ -240,7 +240,7 @@ SAMPLED = SamplingParams(temperature=1.0, top_p=1.0)
 CHI2_LIMIT = 37.7  # 15 degrees of freedom, p = 0.001
 
 
-def sample_pairs(draft_kind: str, draws: int, k: int = 2, seed: int = 0) -> torch.Tensor:
+def sample_pairs(draft_kind: str, draws: int, k: int = 2, seed: int = 0, sampling=SAMPLED) -> torch.Tensor:
     """Counts of the first two tokens after token 0, decoded speculatively with the Markov chain
     TARGET as the target and guesses from DRAFT (sampled) or one-hot guesses (fixed tokens)."""
     gen = torch.Generator().manual_seed(seed)
@@ -258,15 +258,16 @@ def sample_pairs(draft_kind: str, draws: int, k: int = 2, seed: int = 0) -> torc
                     last = (last + 1) % V
                 guesses.append(last)
             logits = TARGET[[seq[-1]] + guesses].log()
-            _, tokens = verify(logits, Draft(guesses, torch.stack(qs) if qs else None), SAMPLED, gen)
+            _, tokens = verify(logits, Draft(guesses, torch.stack(qs) if qs else None), sampling, gen)
             seq += tokens
         counts[seq[1] * V + seq[2]] += 1
     return counts
 
 
-def chi2(counts: torch.Tensor) -> float:
-    expected = (TARGET[0][:, None] * TARGET).flatten() * counts.sum()
-    return float(((counts - expected) ** 2 / expected).sum())
+def chi2(counts: torch.Tensor, target: torch.Tensor = TARGET) -> float:
+    expected = (target[0][:, None] * target).flatten() * counts.sum()
+    assert counts[expected == 0].sum() == 0  # top-p's dropped tokens are never drawn
+    return float(((counts - expected) ** 2 / expected)[expected > 0].sum())
 
 
 @pytest.fixture
@@ -285,6 +286,20 @@ def test_sampled_speculation_has_the_targets_distribution_and_a_biased_rule_fail
     # the classic mistake: after a rejection, resample from p itself instead of (p - q)+
     monkeypatch.setattr(speculative, "residual_distribution", lambda p, q: p)
     assert chi2(sample_pairs(draft_kind, 2000)) > 3 * CHI2_LIMIT
+
+
+# top-p 0.75 keeps tokens {0, 1, 2}, {1, 3}, {0, 1, 2} (a four-way tie: the lowest ids), {0, 3}
+TOP_P_TARGET = torch.tensor([[5 / 9, 2 / 9, 2 / 9, 0], [0, 0.75, 0, 0.25], [1 / 3, 1 / 3, 1 / 3, 0],
+                             [7 / 9, 0, 0, 2 / 9]])
+CHI2_LIMIT_TOP_P = 24.3  # 8 cells reachable in two steps from token 0: 7 degrees of freedom, p = 0.001
+
+
+@pytest.mark.parametrize("draft_kind", ["model", "one-hot"])
+def test_sampled_speculation_with_top_p_has_the_renormalised_distribution(draft_kind, one_thread):
+    # the guess is accepted with the kept token's renormalised probability, not its raw softmax one
+    top_p = SamplingParams(temperature=1.0, top_p=0.75)
+    assert torch.allclose(speculative.probabilities(TARGET.log(), top_p), TOP_P_TARGET)
+    assert chi2(sample_pairs(draft_kind, 2000, sampling=top_p), TOP_P_TARGET) < CHI2_LIMIT_TOP_P
 
 
 def test_greedy_verification_accepts_while_equal_then_takes_the_targets_token():

@@ -1,0 +1,71 @@
+"""Top-p from a top-k prefix: the same tokens and the same renormalised probabilities as a stable
+full-vocabulary sort, on peaked, flat and tied rows, top_p near 0 and near 1, prefixes too small
+(widened); temperature and top-k unchanged."""
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
+
+from engine.model import sampling
+from engine.model.sampling import probabilities, sample, top_p_filter
+from engine.settings import SamplingParams
+
+
+def full_sort_top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The reference: sort the whole vocabulary (stably: ties lowest id first), drop a token once
+    the mass before it reaches top_p, renormalise."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
+    drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p
+    kept = torch.zeros_like(probs).scatter_(-1, order, sorted_probs.masked_fill(drop, 0.0))
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def random_probs(rows: int, vocab: int, scale: float, levels: int, seed: int) -> torch.Tensor:
+    """Softmax of random logits; levels > 0 rounds them to that many values (many exact ties)."""
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * scale
+    if levels:
+        logits = (logits * levels / (3 * scale)).round()
+    return torch.softmax(logits, dim=-1)
+
+
+@hyp_settings(max_examples=150, deadline=None)
+@given(rows=st.integers(1, 6), vocab=st.integers(1, 700), scale=st.sampled_from([0.01, 0.3, 1.0, 3.0, 30.0]),
+       levels=st.sampled_from([0, 0, 2, 5]), prefix=st.sampled_from([1, 2, 3, 8, 128]),
+       top_p=st.one_of(st.floats(1e-6, 0.999999), st.sampled_from([1e-9, 0.5, 0.95, 1 - 1e-7])),
+       seed=st.integers(0, 2**31))
+def test_prefix_top_p_equals_the_full_sort(rows, vocab, scale, levels, prefix, top_p, seed):
+    probs = random_probs(rows, vocab, scale, levels, seed)
+    assert torch.equal(top_p_filter(probs, top_p, prefix), full_sort_top_p(probs, top_p))
+
+
+@pytest.mark.parametrize("shape", [(2, 49152), (5, 49152), (2, 3, 1000)])
+def test_a_flat_row_widens_past_the_prefix_and_a_peaked_one_does_not_need_to(shape):
+    probs = random_probs(shape[0] * (shape[1] if len(shape) == 3 else 1), shape[-1], 1.0, 0, 1).reshape(shape)
+    probs[..., 0, :] = random_probs(1, shape[-1], 30.0, 0, 2)  # peaked: a few tokens hold the mass
+    kept = top_p_filter(probs, 0.9)
+    assert torch.equal(kept, full_sort_top_p(probs, 0.9))
+    assert (kept[..., 1:, :] > 0).sum(dim=-1).min() > sampling.TOP_P_PREFIX  # widened
+    assert (kept[..., 0, :] > 0).sum() < sampling.TOP_P_PREFIX
+    assert torch.allclose(kept.sum(dim=-1), torch.ones(shape[:-1]))
+
+
+def test_ties_at_the_cut_keep_the_lowest_ids():
+    probs = torch.tensor([[0.1, 0.3, 0.1, 0.3, 0.1, 0.1]])
+    kept = top_p_filter(probs, 0.65, prefix=2)  # 0.3, 0.3, then one of the four 0.1s
+    assert torch.equal(kept > 0, torch.tensor([[True, True, False, True, False, False]]))
+    assert torch.allclose(kept, torch.tensor([[1, 3, 0, 3, 0, 0]]) / 7)
+
+
+def test_temperature_and_top_k_come_before_top_p():
+    logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(3)) * 4
+    params = SamplingParams(temperature=0.7, top_k=50, top_p=0.9)
+    masked = logits / 0.7
+    masked = masked.masked_fill(masked < masked.topk(50, dim=-1).values[:, -1:], float("-inf"))
+    assert torch.equal(probabilities(logits, params), full_sort_top_p(torch.softmax(masked, dim=-1), 0.9))
+    assert torch.equal(probabilities(logits, SamplingParams(temperature=2.0, top_p=1.0)),
+                       torch.softmax(logits / 2.0, dim=-1))
+    greedy = SamplingParams(greedy=True, temperature=0.0)
+    assert torch.equal(sample(logits, greedy), logits.argmax(dim=-1))
+    drawn = sample(logits, params, torch.Generator().manual_seed(0))
+    assert bool((probabilities(logits, params).gather(-1, drawn[:, None]) > 0).all())
