@@ -182,6 +182,7 @@ class MainWindow(QMainWindow):
         # A replay passes a worker that plays a recording; a recorder connects before the window
         # does, so it sees every signal before the window acts on it.
         self.worker = worker if worker is not None else EngineWorker(self, process=engine_process)
+        self.recorder = recorder  # held here: the signals it listens to do not keep it alive
         if recorder is not None:
             recorder.attach(self)
         self.worker.progress.connect(self._on_progress)

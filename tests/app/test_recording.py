@@ -67,6 +67,21 @@ def assert_same_rings(a, b) -> None:
         np.testing.assert_array_equal(data_a, data_b, err_msg=name)  # NaN == NaN here, bit for bit otherwise
 
 
+def test_the_window_keeps_its_recorder_alive(make_window, qtbot, tmp_path):
+    """Nothing but the window holds a recorder made in its call; the garbage collector (which may
+    run at any moment) must not take it, or the file is left empty."""
+    import gc
+
+    path = tmp_path / "kept.membound"
+    window = make_window(max_new_tokens=8, recorder=Recorder(path))
+    gc.collect()
+    activate(window, qtbot)
+    send_and_wait(window, qtbot, "hi")
+    window.close()
+    recording = read_recording(path)
+    assert {"model_loaded", "events", "send"} <= {entry.kind for entry in recording.entries}
+
+
 def test_a_recorded_session_replays_every_plot_exactly(make_window, qtbot, tmp_path):
     path = tmp_path / "session.membound"
     live = record_session(make_window, qtbot, path)
