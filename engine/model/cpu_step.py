@@ -46,9 +46,9 @@ def pytorch_only():
 def unavailable_reason() -> str:
     """"" when the C++ step can run here; else why not (built on first call, seconds)."""
     global _unavailable
+    if os.environ.get("MEMBOUND_CPU_STEP", "1") == "0":  # read each time: the switch is not the build's result
+        return "switched off by MEMBOUND_CPU_STEP=0"
     with _lock:
-        if _unavailable is None and os.environ.get("MEMBOUND_CPU_STEP", "1") == "0":
-            _unavailable = "switched off by MEMBOUND_CPU_STEP=0"
         if _unavailable is None:
             try:
                 from kernels.cpu_decode import load
