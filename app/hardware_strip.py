@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QProgressBar, QVBoxLayout
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QProgressBar, QSizePolicy, QVBoxLayout
 
 from app.i18n import translate
 from app.theme import Theme
@@ -55,6 +56,33 @@ def device_lines(spec) -> tuple[str, str, str]:
             translate("HardwareStrip", "peak compute: {}").format(" · ".join(compute) or unknown))
 
 
+class OneLineLabel(QLabel):
+    """A label kept to one line: text past its width ends in "…", and the whole text is its tooltip.
+    It takes the width its layout gives and asks for none, so a long text never squeezes its neighbours."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self._full_text = ""
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+
+    def full_text(self) -> str:
+        return self._full_text
+
+    def set_full_text(self, text: str) -> None:
+        self._full_text = text
+        self.setToolTip(text)
+        self._elide()
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._elide()
+
+    def _elide(self) -> None:
+        self.ensurePolished()  # the style sheet's font and padding, before measuring with them
+        width = max(self.contentsRect().width(), 1)
+        self.setText(self.fontMetrics().elidedText(self._full_text, Qt.TextElideMode.ElideRight, width))
+
+
 class HardwareStrip(QFrame):
     def __init__(self, theme: Theme, parent=None):
         super().__init__(parent)
@@ -79,9 +107,8 @@ class HardwareStrip(QFrame):
         self.progress.setVisible(False)
         self.progress_label = QLabel("")
         self.progress_label.setObjectName("caption")
-        self.notes_label = QLabel("")  # kernels that failed their check at load, and what runs instead
+        self.notes_label = OneLineLabel()  # kernels that failed their check at load, and what runs instead
         self.notes_label.setObjectName("error")
-        self.notes_label.setWordWrap(True)
         self.notes_label.setVisible(False)
         left = QVBoxLayout()
         left.setSpacing(0)
@@ -113,7 +140,9 @@ class HardwareStrip(QFrame):
         self.progress_label.setText(message if busy else "")
 
     def set_notes(self, notes: list[str]) -> None:
-        self.notes_label.setText(" · ".join(notes))
+        """One line, ending in "…" where it does not fit (the whole text is its tooltip, and the chat
+        said each note in full at load): wrapped, a note took the plots' height at large fonts."""
+        self.notes_label.set_full_text(" · ".join(notes))
         self.notes_label.setVisible(bool(notes))
 
     def set_device(self, spec, weight_bytes: int | None = None) -> None:

@@ -24,7 +24,8 @@ def test_a_kernel_failing_its_check_is_switched_off_with_one_line(qtbot, tiny_mo
         pass
     assert loaded.args[0].capabilities.notes == {"weights=int4": NOTE}
     assert window.chat.plain_text().count(NOTE) == 1
-    assert window.hardware_strip.notes_label.text() == NOTE and not window.hardware_strip.notes_label.isHidden()
+    notes = window.hardware_strip.notes_label
+    assert notes.full_text() == NOTE == notes.toolTip() and not notes.isHidden()
     buttons = {button.value: button for button in window.controls.widgets["weights"].buttons()}
     assert NOTE in buttons["int4"].toolTip() and buttons["int4"].isEnabled()
     assert "failed its check" not in buttons["int8"].toolTip()

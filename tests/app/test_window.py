@@ -343,3 +343,28 @@ def test_the_frame_budget_guards_only_an_engine_that_shares_the_cpu(qtbot):
     assert window.frame_budget.budget_cores == window_module.GUI_CPU_BUDGET_GPU
     window.close()
     replay.close()
+
+
+def test_a_long_note_in_the_strip_keeps_to_one_line_and_leaves_the_plots_their_height(qtbot):
+    """At 1280x720 with large fonts a wrapped note took the strip's width and height (the device line
+    wrapped to five lines) and squashed the plots; it is one elided line, the whole of it a tooltip."""
+    from PySide6.QtWidgets import QApplication
+
+    from app.window import MainWindow
+    window = MainWindow(device="cpu", autoload=False, large_fonts=True)
+    qtbot.addWidget(window)
+    window.resize(1280, 720)
+    window.show()
+    strip = window.hardware_strip
+    strip.set_device(fake_cpu(), 10**8)
+    QApplication.processEvents()
+    height, plots_height = strip.height(), window.plots.height()
+    note = ("C++ CPU decode step failed its check (its logits were 0.5 from PyTorch's) — using PyTorch's step "
+            "instead, which streams the weights at a third of the bandwidth")
+    strip.set_notes([note])
+    QApplication.processEvents()
+    line = strip.notes_label.fontMetrics().height()
+    assert strip.notes_label.height() < 2 * line  # one line (and the style's padding)
+    assert strip.height() <= height + 2 * line and window.plots.height() >= plots_height - 2 * line
+    assert strip.notes_label.toolTip() == note and strip.notes_label.text().endswith("…")
+    window.close()
