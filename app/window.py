@@ -659,11 +659,6 @@ class MainWindow(QMainWindow):
     def min_fps(self) -> float:
         return MIN_FPS_CPU if self._engine_shares_the_cpu else MIN_FPS_GPU
 
-    @property
-    def gui_cpu_share(self) -> float:
-        """The GUI thread's share of one core over the last second."""
-        return self.frame_budget.share
-
     def _on_frame(self) -> None:
         """~30 fps, but the GUI thread keeps to a CPU budget: on a CPU the engine and the drawing
         share the same cores, so when drawing (and the rest of the GUI) costs more than its

@@ -28,13 +28,8 @@ def pytorch_decode_steps(monkeypatch):
     """PyTorch's decode step, in the engine's process or thread: the C++ CPU step decodes the tiny
     model's 400 tokens before the session below can switch the cache off and stop the reply."""
     from kernels import registry as kernel_registry
-    before = kernel_registry.disabled()
     monkeypatch.setenv("MEMBOUND_CPU_STEP", "0")
-    kernel_registry.disable("cpu_step", "test_recording needs a reply still running")
-    yield
-    kernel_registry.reset()  # the tests after these get the C++ step back
-    for name, why in before.items():
-        kernel_registry.disable(name, why)
+    kernel_registry.disable("cpu_step", "test_recording needs a reply still running")  # (tests/conftest.py resets)
 
 
 def record_session(make_window, qtbot, path: Path) -> object:

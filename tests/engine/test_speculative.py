@@ -33,12 +33,7 @@ def pytorch_steps_only():
     verify step, which flips a near-tie of these random models (int8, token 9): that is the two
     kernels disagreeing, not speculation losing tokens."""
     from kernels import registry as kernel_registry
-    before = kernel_registry.disabled()
-    kernel_registry.disable("cpu_step", "test_speculative compares PyTorch's steps")
-    yield
-    kernel_registry.reset()  # the tests after these get the C++ step back
-    for name, why in before.items():
-        kernel_registry.disable(name, why)
+    kernel_registry.disable("cpu_step", "test_speculative compares PyTorch's steps")  # (tests/conftest.py resets)
 
 
 def make_engine(settings=GREEDY, seed=0) -> Engine:

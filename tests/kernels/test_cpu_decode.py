@@ -235,7 +235,7 @@ def test_a_failed_build_is_one_line_and_the_engine_decodes_in_pytorch(monkeypatc
 
 def test_the_environment_can_switch_the_cpp_step_off(monkeypatch):
     monkeypatch.setenv("MEMBOUND_CPU_STEP", "0")
-    monkeypatch.setattr(cpu_step, "_unavailable", None)
+    monkeypatch.setattr(cpu_step, "_unavailable", "")  # built and loaded: the switch still wins
     assert cpu_step.unavailable_reason() == "switched off by MEMBOUND_CPU_STEP=0"
     model = model_of(GQA, "fp32", "fp")
     cache = ContiguousKVCache(GQA, 1, GQA.max_seq_len, torch.float32, "cpu")
