@@ -204,3 +204,20 @@ def test_a_gpu_datasheet_peak_is_never_raised():
     _, steps, _, _ = run(eng.chat("hello there"))
     assert max(s.mfu for s in steps) > 1.0 and max(s.mbu for s in steps) > 1.0  # a cost-model error stays visible
     assert eng.hardware.peak_flops["fp32"] == 1e3 and eng.hardware.peak_bandwidth_gbs == 1e-6
+
+
+@pytest.mark.parametrize("how", [dict(), dict(sampling=SamplingParams(temperature=1.0, seed=3)),
+                                 dict(speculate="ngram", draft_tokens=4), dict(speculate="oracle", draft_tokens=4),
+                                 dict(speculate="draft", draft_weights="int8", draft_tokens=3),
+                                 dict(users=2, kv_layout="paged")],
+                         ids=["greedy", "sampled", "lookup", "oracle", "draft", "batched"])
+def test_masked_tokens_are_never_sampled_on_any_path(how):
+    """Keep-decoding's special tokens: masked ids never come out, whichever path runs the step
+    (plain, a speculative verify step, the person's row in a batch)."""
+    settings = replace(GREEDY, max_new_tokens=40, **how)
+    prompt = list(range(30, 60))
+    tokens, _, done, _ = run(make_engine(settings).generate(prompt, ignore_eos=True))
+    common = sorted(set(tokens), key=tokens.count, reverse=True)[:4]  # what the reply says most
+    assert done.n_new_tokens == 40 and tokens.count(common[0]) >= 2
+    masked, _, done, _ = run(make_engine(settings).generate(prompt, ignore_eos=True, masked_ids=frozenset(common)))
+    assert done.n_new_tokens == 40 and not set(masked) & set(common)
