@@ -7,6 +7,7 @@ from PySide6.QtCore import Signal
 from PySide6.QtGui import QColor, QFont, QTextBlockFormat, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QLineEdit, QPushButton, QTextBrowser, QVBoxLayout, QWidget
 
+from app.flow_layout import FlowLayout
 from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.theme import Theme
 
@@ -54,10 +55,9 @@ class ChatPanel(QWidget):
         buttons = QHBoxLayout()
         buttons.addWidget(self.input, 1)
         buttons.addWidget(self.send_button)
-        row2 = QHBoxLayout()
+        row2 = FlowLayout(spacing=6, line_spacing=4)  # (wraps in a narrow chat, rather than widen it)
         row2.addWidget(self.stop_button)
         row2.addWidget(self.new_button)
-        row2.addStretch(1)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(header)
