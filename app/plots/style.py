@@ -6,7 +6,7 @@ import math
 
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt
-from PySide6.QtGui import QColor, QFont
+from PySide6.QtGui import QColor, QFont, QGuiApplication
 
 from app.i18n import QT_TRANSLATE_NOOP
 from app.theme import Theme
@@ -26,9 +26,17 @@ def configure_pyqtgraph() -> None:
     pg.setConfigOptions(antialias=True, segmentedLineMode="on")  # batched steps of new prompts' chunks and running decodes
 
 
+def device_pixel_ratio() -> float:
+    """Device pixels per logical pixel of the screens (2 on a HiDPI screen at scale 2)."""
+    app = QGuiApplication.instance()
+    return max((screen.devicePixelRatio() for screen in app.screens()), default=1.0) if app is not None else 1.0
+
+
 def pen(colour: str, width: float = 2.0, dashed: bool = False, dotted: bool = False):
+    """A cosmetic pen `width` logical pixels wide: a cosmetic pen's width is in device pixels, so on a
+    HiDPI screen (device pixel ratio 2) it is drawn twice as wide, and the curves look as they do at 1x."""
     style = Qt.PenStyle.DashLine if dashed else Qt.PenStyle.DotLine if dotted else Qt.PenStyle.SolidLine
-    p = pg.mkPen(QColor(colour), width=width, style=style)
+    p = pg.mkPen(QColor(colour), width=width * device_pixel_ratio(), style=style)
     p.setCosmetic(True)
     return p
 

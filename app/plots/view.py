@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QFrame, QLabel, QVBoxLayout
 
 from app.i18n import translate
 from app.live_data import Annotation, LiveData
-from app.plots.style import label_font, pen, style_plot, title_html, with_alpha
+from app.plots.style import device_pixel_ratio, label_font, pen, style_plot, title_html, with_alpha
 from app.theme import SettingColours, Theme
 
 LEGEND_SHARE = 0.3  # of a plot's height, the most its legend may take
@@ -138,7 +138,7 @@ class PlotView(QFrame):
         if left.logMode:
             gy = 10.0 ** gy
         if self._grid_item is None:
-            grid_pen = pg.mkPen(with_alpha(self.theme.muted, int(255 * self.theme.grid_alpha)), width=1)
+            grid_pen = pg.mkPen(with_alpha(self.theme.muted, int(255 * self.theme.grid_alpha)), width=device_pixel_ratio())
             grid_pen.setCosmetic(True)
             self._grid_item = pg.PlotDataItem(pen=grid_pen, connect="pairs")
             self._grid_item.setZValue(-20)

@@ -178,3 +178,13 @@ def test_the_folded_bar_s_buttons_step_their_switch_like_its_key(make_window, qt
     assert window.controls.widgets["kv_cache"].text().startswith("KV cache ON")  # a toggle names itself
     refused = controls.cells["dtype"].collapsed
     assert refused.isVisible() and refused.isEnabled()  # fp32 ↔ bf16 on a CPU (fp16: greyed, skipped)
+
+
+def test_on_a_hidpi_screen_the_curves_are_as_wide_as_at_1x(monkeypatch, qapp):
+    """A cosmetic pen's width is in device pixels: at scale 2 a 2-pixel curve drew 1 logical pixel wide
+    (seen in Xvfb at 3840x2160, QT_SCALE_FACTOR=2). The plots' pens are given in logical pixels."""
+    from app.plots import style
+
+    assert style.pen("#ffffff", 2).widthF() == 2 * style.device_pixel_ratio()
+    monkeypatch.setattr(style, "device_pixel_ratio", lambda: 2.0)
+    assert style.pen("#ffffff", 2.5, dashed=True).widthF() == 5.0 and style.pen("#ffffff").isCosmetic()
