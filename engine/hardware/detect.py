@@ -17,7 +17,7 @@ from engine.hardware.spec import GB, DeviceSpec, HardwareError, dtype_name, look
 # ---------------------------------------------------------------------------------------------
 # Benchmarks
 
-_CPU_BANDWIDTH_BYTES = 256 * 2**20  # well past any L3, so the sum streams from DRAM
+_CPU_BANDWIDTH_BYTES = 256 * 2**20  # the fallback probe (no C++ compiler): past most L3s
 _GPU_BANDWIDTH_BYTES = 1 * 2**30  # past the 50-60 MB L2 of current parts
 _CPU_MATMUL_MAX_N = 2048
 _GPU_MATMUL_N = 8192
@@ -158,26 +158,27 @@ def _ram_total_bytes() -> int | None:
         return None
 
 
-def _detect_cpu(measure: bool, progress: Callable[[str], None]) -> DeviceSpec:
+def _detect_cpu(measure: bool, progress: Callable[[str], None], remeasure: bool = False) -> DeviceSpec:
+    """A CPU's roof comes from engine/hardware/roof.py: measured once per machine and cached."""
     name = f"{_cpu_model_name()} ({_cpu_core_count()} cores)"
-    measured_bandwidth_gbs = None
-    measured_flops: dict[str, float] = {}
-    if measure:
-        progress("measuring CPU memory bandwidth…")
-        measured_bandwidth_gbs = measure_bandwidth_gbs("cpu", seconds=0.3)
-        for dtype in ("fp32", "bf16"):
-            progress(f"measuring CPU {dtype} matmul…")
-            measured_flops[dtype] = measure_matmul_flops("cpu", dtype, seconds=0.2)
+    if not measure:
+        return DeviceSpec(name=name, kind="cpu", peak_bandwidth_gbs=0.0, memory_total_bytes=_ram_total_bytes(),
+                          source="CPU — not measured")
+    from engine.hardware.roof import cpu_roof
+    roof = cpu_roof(remeasure=remeasure, progress=progress)
     return DeviceSpec(
         name=name,
         kind="cpu",
-        # A CPU has no datasheet figure we can trust, so its "peak" is what it achieved.
-        peak_bandwidth_gbs=measured_bandwidth_gbs or 0.0,
-        peak_flops=dict(measured_flops),
-        measured_bandwidth_gbs=measured_bandwidth_gbs,
-        measured_flops=measured_flops,
+        # A CPU has no datasheet figure we can trust, so its "peak" is what its probe achieved.
+        peak_bandwidth_gbs=roof.read_gbs,
+        peak_flops=dict(roof.flops),
+        measured_bandwidth_gbs=roof.read_gbs,
+        measured_flops=dict(roof.flops),
         memory_total_bytes=_ram_total_bytes(),
-        source="CPU — measured bandwidth" if measure else "CPU — not measured",
+        source=f"CPU — measured roof ({roof.method})",
+        cache_bandwidth_gbs=roof.cache_read_gbs,
+        cache_bytes=roof.llc_bytes if roof.cache_read_gbs else None,
+        measured_at=roof.measured_at,
     )
 
 
