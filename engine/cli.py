@@ -271,7 +271,7 @@ def run_chat(args) -> int:
 
 def run_roof(args) -> int:
     """The CPU roof every front end measures against (engine/hardware/roof.py), from the cache or now."""
-    from engine.hardware.roof import cache_file, cpu_roof
+    from engine.hardware.probe import cache_file, cpu_roof
     roof = cpu_roof(remeasure=args.measure, progress=lambda message: print(f"… {message}", file=sys.stderr))
     print(roof.describe())
     print(f"machine: {roof.machine}")
@@ -340,6 +340,9 @@ def _turn_summary(done, metrics, engine) -> str:
                   f"MBU {100 * gbs / peak:.0f}% of {peak:.1f} GB/s",
                   f"ceiling {sum(m.tokens_out for m in target) / sum(m.floor_s for m in target):.0f} tok/s"]
         parts += speculation_summary(decode)
+    if any(m.above_roof for m in metrics):  # shown, never absorbed into the peak (engine/hardware/roof.py)
+        from engine.hardware.roof import ABOVE_ROOF
+        parts.append(ABOVE_ROOF)
     return "[" + " · ".join(parts) + "]"
 
 

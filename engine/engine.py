@@ -25,7 +25,6 @@ from engine.events import (
     TokenEvent,
 )
 from engine.graphs import GraphDecoder
-from engine.hardware.spec import dtype_name
 from engine.io.loader import LoadedWeights, load_model
 from engine.kv.cache import DEFAULT_BLOCK_SIZE, ContiguousKVCache, PagedKVCache
 from engine.metrics import StepMetrics, step_cost
@@ -72,7 +71,6 @@ class Engine:
             torch.set_flush_denormal(True)
         self.graphs = GraphDecoder(device)
         self.settings = self._normalised((settings or Settings(dtype=dtype)).validate(device))
-        self.hold_cpu_peaks = False  # the app's engine: a step that beats a measured CPU peak raises it
         self.hardware = hardware or detect_device(device, progress=(lambda m: progress(0.0, m)) if progress else None)
         if isinstance(model, LoadedWeights):  # already in memory (tests, the app's model cache)
             self.loaded = model
@@ -299,7 +297,7 @@ class Engine:
         metrics, stats = self._server_step()
         if metrics is not None:
             self.step_count += 1
-            events.extend(self._held_to_peak([metrics]))
+            events.append(metrics)
         if stats is not None:
             events.append(stats)
         if not self.settings.users and not server.has_unfinished:  # the last user has left
@@ -465,16 +463,16 @@ class Engine:
                     if self.settings.users > 0:  # users are on (or joined mid-reply): the rest runs batched
                         person = self._submit_person(reply, gen)
                 if person is None and self.settings.speculate != "off" and reply.n_new > 0:
-                    yield from self._held_to_peak(self._speculative_step(reply, gen))
+                    yield from self._speculative_step(reply, gen)
                 elif person is None:
-                    yield from self._held_to_peak(self._plain_step(reply, gen))
+                    yield from self._plain_step(reply, gen)
                 elif self._stop.is_set():
                     self._server.cancel(person.request_id)
                     break
                 elif person.is_finished:
                     break
                 else:
-                    yield from self._held_to_peak(self._batched_step(reply, person))
+                    yield from self._batched_step(reply, person)
         finally:
             self._reply_active = False
             if person is not None and self._server is not None:
@@ -494,35 +492,6 @@ class Engine:
             yield TokenEvent(-1, tail, reply.n_new)
         yield DoneEvent(reply.reason, "".join(reply.parts), reply.n_prompt, reply.n_new, reply.ttft_s,
                         reply.decode_s, reply.n_cached)
-
-    def _held_to_peak(self, events: Iterator) -> Iterator:
-        """A CPU's peaks are measured at load: its FLOP/s by a matmul, its bandwidth by PyTorch's `sum`
-        over 256 MiB. A busy machine measures both low, and the C++ step streams faster than that sum.
-        A step that beats a peak shows the machine can do at least that much, so the peak rises to
-        what the step reached, for this step and every later one. Otherwise the window would show
-        MFU or MBU over 100%, and tokens/s above its own ceiling. A GPU's peaks come from its
-        datasheet and are never raised: there, going past one would be a cost-model error to see.
-        The app's engine does this (engine/host.py). The bench keeps its probes: it reports MBU
-        against them, and probes again after its runs (bench/single.py reprobe_peak)."""
-        for event in events:
-            if isinstance(event, StepMetrics) and self.hold_cpu_peaks and self.hardware.kind == "cpu" \
-                    and event.step_s > 0:
-                event = self._raise_peaks(event)
-            yield event
-
-    def _raise_peaks(self, metrics: StepMetrics) -> StepMetrics:
-        spec, dtype = self.hardware, dtype_name(self.settings.dtype)
-        known_flops = spec.peak_flops.get(dtype, 0.0)
-        flops = max(known_flops, _finite(metrics.peak_flops), metrics.achieved_flops)
-        known_bps = spec.peak_bandwidth_gbs * 1e9
-        bps = max(known_bps, _finite(metrics.peak_bandwidth_bps), metrics.achieved_bandwidth_bps)
-        if flops > known_flops or bps > known_bps:
-            self.hardware = replace(spec, peak_flops={**spec.peak_flops, dtype: flops},
-                                    measured_flops={**spec.measured_flops, dtype: flops},
-                                    peak_bandwidth_gbs=bps / 1e9, measured_bandwidth_gbs=bps / 1e9)
-        if flops == metrics.peak_flops and bps == metrics.peak_bandwidth_bps:
-            return metrics
-        return replace(metrics, peak_flops=flops, peak_bandwidth_bps=bps)
 
     def _plain_step(self, reply: "_Reply", gen) -> Iterator:
         (token,), metrics = self._step(reply.ids, produced=reply.n_new, gen=gen)
@@ -756,6 +725,3 @@ class _Timer:
             return self.begin.elapsed_time(self.end) / 1e3
         return time.perf_counter() - self.t0
 
-
-def _finite(value: float) -> float:
-    return value if value == value and value != float("inf") else 0.0

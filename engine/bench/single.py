@@ -102,5 +102,8 @@ def path_line(paths: dict) -> str:
 def roof_peak(engine, results: list[BenchResult]) -> tuple[list[BenchResult], str]:
     """The results as measured against the device's one roof (engine/hardware/roof.py: the app and
     the terminal chat use the same), and one line saying which roof that is."""
-    from engine.hardware.roof import roof_line
-    return results, roof_line(engine.hardware)
+    from engine.hardware.roof import ABOVE_ROOF, above_roof, roof_line
+    line = roof_line(engine.hardware)
+    if any(above_roof(r.mbu, r.mfu) for r in results):  # shown, never absorbed into the peak
+        line += f"\n{ABOVE_ROOF}"
+    return results, line

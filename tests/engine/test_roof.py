@@ -1,4 +1,4 @@
-"""engine/hardware/roof.py and kernels/cpu_roof.cpp: the CPU's roofs probed in C++, cached once per
+"""engine/hardware/roof.py, engine/hardware/probe.py and kernels/cpu_roof.cpp: the CPU's roofs probed in C++, cached once per
 machine with their date and method, measured again on demand or on other hardware; the one `Roof`
 policy every front end takes a step's peak from."""
 from __future__ import annotations
@@ -8,8 +8,9 @@ import json
 import pytest
 import torch
 
-from engine.hardware import roof as roofs
-from engine.hardware.roof import MeasuredRoof, Roof, above_roof, cpu_roof
+from engine.hardware import probe as roofs
+from engine.hardware.probe import cpu_roof
+from engine.hardware.roof import MeasuredRoof, Roof, above_roof
 from engine.hardware.spec import DeviceSpec
 from kernels import cpu_roof as probe
 
