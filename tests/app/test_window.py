@@ -203,7 +203,7 @@ def test_themes_and_large_fonts_redraw_the_same_data(make_window, qtbot):
 def test_the_hardware_strip_and_seed_table_name_their_sources(make_window):
     window = make_window()
     strip = window.hardware_strip
-    assert "CPU — measured bandwidth" in strip.device_label.text()
+    assert "CPU — measured roof" in strip.device_label.text()
     assert "20.0 GB/s (measured)" in strip.bandwidth_label.text()
     assert "(model)" in strip.memory_label.text() and "no NVML" in strip.live_label.text()
     table = window.seed_table.table
