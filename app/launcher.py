@@ -15,6 +15,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command and args.command != "replay" and not (args.command == "attach" and not args.headless):
         return engine_main(argv)
+    if args.check:  # the tour checked against the engine, headless
+        return engine_main(argv)
     if not all(importlib.util.find_spec(name) for name in ("PySide6", "pyqtgraph")):
         if args.command == "attach":
             print("membound: error: the attach window needs PySide6 and pyqtgraph (make run installs them); "

@@ -27,7 +27,8 @@ from engine.events import (
 from engine.graphs import GraphDecoder
 from engine.io.loader import LoadedWeights, load_model
 from engine.kv.cache import DEFAULT_BLOCK_SIZE, ContiguousKVCache, PagedKVCache
-from engine.metrics import StepMetrics, step_cost
+from engine.hardware.roof import Roof
+from engine.metrics import StepMetrics, measured, step_cost
 from engine.model.config import ModelConfig
 from engine.model.quant import QuantisedModels
 from engine.model.sampling import sample
@@ -250,10 +251,14 @@ class Engine:
         if model is None:
             self._draft = None
         elif self._draft is None or self._draft.model is not model:
-            self._draft = DraftModel(model, self.max_context, self.hardware.peak_bandwidth_gbs * 1e9,
-                                     self.hardware.peak_flops_for(settings.dtype) or float("nan"))
+            self._draft = DraftModel(model, self.max_context, roof=self.roof)
         if self._draft is not None:
             self._draft.attention = settings.attention
+
+    @property
+    def roof(self) -> Roof:
+        """The roofs every step is measured against (engine/hardware/roof.py), from `hardware`."""
+        return Roof.of(self.hardware)
 
     # ---- simulated users ---------------------------------------------------------------------
     @property
@@ -310,9 +315,7 @@ class Engine:
             s = self.settings
             self._server = BatchServer(
                 self.model, self._user_workload(), users=s.users, policy=s.policy, attention=s.attention,
-                budget_bytes=self._pool_budget(),
-                peak_bandwidth_bps=self.hardware.peak_bandwidth_gbs * 1e9,
-                peak_flops=self.hardware.peak_flops_for(s.dtype) or float("nan"), settings_label=self._batch_label(),
+                budget_bytes=self._pool_budget(), roof=self.roof, settings_label=self._batch_label(),
                 first_user_id=self._next_user_id, seed=self._next_user_id, on_request=self.on_request)
         return self._server
 
@@ -329,8 +332,7 @@ class Engine:
         """Hand the current settings to the batch (between steps)."""
         s = self.settings
         self._server.configure(model=self.model, users=s.users, policy=s.policy, attention=s.attention,
-                               settings_label=self._batch_label(),
-                               peak_flops=self.hardware.peak_flops_for(s.dtype) or float("nan"))
+                               settings_label=self._batch_label(), roof=self.roof)
 
     def _batch_label(self) -> str:
         s = self.settings
@@ -645,13 +647,15 @@ class Engine:
                          weight_bytes=model.linear_weight_bytes(rows=len(feed)), kv_elem_bytes=_elem_bytes(model.dtype),
                          act_elem_bytes=_elem_bytes(model.dtype), kv_cache=use_cache,
                          logits_rows=len(guesses) + 1, kv_read_tokens=graph_kv_len, attention=attention,
-                         kv_layout=layout, block_size=getattr(self.cache, "block_size", DEFAULT_BLOCK_SIZE))
-        metrics = StepMetrics.from_cost(
-            cost, step=self.step_count, phase=phase, batch_size=1, new_tokens=len(feed), tokens_out=len(out),
-            context_len=start, step_s=step_s, peak_bandwidth_bps=self.hardware.peak_bandwidth_gbs * 1e9,
-            peak_flops=self.hardware.peak_flops_for(self.settings.dtype) or float("nan"), t_s=time.monotonic(),
+                         kv_layout=layout, block_size=getattr(self.cache, "block_size", DEFAULT_BLOCK_SIZE),
+                         captured=graph_kv_len is not None)
+        metrics = measured(
+            cost, self.roof, self.settings.dtype, step=self.step_count, phase=phase, batch_size=1,
+            new_tokens=len(feed), tokens_out=len(out), context_len=start, step_s=step_s, t_s=time.monotonic(),
             settings_label=self.settings.label, draft_tokens=len(guesses), accepted_tokens=accepted,
             captured=graph_kv_len is not None)
+        if draft is not None and draft.metrics is not None:  # the round's figures count the draft model's step
+            metrics = metrics.with_draft(draft.metrics)
         return out, metrics
 
 
