@@ -205,6 +205,8 @@ def run_app(args) -> int:
 
 
 def run_chat(args) -> int:
+    from engine.io.check import check_model
+    check_model(args.model)  # header and architecture first: a bad file is refused before torch is imported
     from engine.engine import Engine
     from engine.events import DoneEvent, SettingsApplied, TokenEvent
     from engine.hardware.spec import describe

@@ -73,6 +73,8 @@ class Engine:
         self.graphs = GraphDecoder(device)
         self.settings = self._normalised((settings or Settings(dtype=dtype)).validate(device))
         self.hold_cpu_peaks = False  # the app's engine: a step that beats a measured CPU peak raises it
+        from engine.io.check import check_model
+        check_model(model)  # a bad or unsupported file says so now, not after the bandwidth probe
         self.hardware = hardware or detect_device(device, progress=(lambda m: progress(0.0, m)) if progress else None)
         if isinstance(model, LoadedWeights):  # already in memory (tests, the app's model cache)
             self.loaded = model

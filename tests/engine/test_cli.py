@@ -168,8 +168,55 @@ def test_models_lists_what_is_on_disk_with_fit_and_ceiling(capsys, tmp_path, mon
     assert "Llama" in smol and "135 M" in smol and "Q4_1" in smol and "fp32" in smol and "tok/s" in smol
     assert smol.rstrip().endswith(str(mine / "smol.gguf"))
     broken = lines.index(next(line for line in lines if line.startswith("broken.gguf")))
-    assert lines[broken + 1].strip().startswith("why:") and "2 found, 1 membound can run" in out
+    assert lines[broken + 1].strip().startswith("why:") and "3 found, 2 membound can run" in out
+    assert any(line.startswith("SmolLM2-135M-Instruct") for line in lines)  # the bundled default model
     code, out, _ = run_cli(capsys, "models", "--device", "cpu", "--supported")  # the folder was remembered
     assert "smol.gguf" in out and "broken.gguf" not in out
     code, _, err = run_cli(capsys, "models", "--add-folder", str(tmp_path / "nowhere"))
     assert_one_line_error(code, err, "is not a folder")
+
+
+@pytest.mark.parametrize("kind", ["not-gguf", "truncated-header", "unsupported-gguf", "unsupported-hf"])
+def test_a_bad_or_unsupported_file_is_refused_before_torch_and_the_bandwidth_probe(tmp_path, kind):
+    """The file's header and architecture are read first: the one line comes before torch is
+    imported and before the bandwidth probe (~20 s on a CPU), so it answers at once."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import gguf
+
+    if kind == "not-gguf":
+        model = tmp_path / "notes.gguf"
+        model.write_text("these are not weights")
+        needle = "is not a GGUF file"
+    elif kind == "truncated-header":
+        model = tmp_path / "cut.gguf"
+        model.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x05\x00" * 20)
+        needle = "cut.gguf"
+    elif kind == "unsupported-gguf":
+        model = tmp_path / "mamba.gguf"
+        writer = gguf.GGUFWriter(str(model), "mamba")
+        writer.add_block_count(1)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        needle = "mamba.gguf: unsupported architecture 'mamba'"
+    else:
+        model = tmp_path / "mamba-hf"
+        model.mkdir()
+        (model / "config.json").write_text(json.dumps({"architectures": ["MambaForCausalLM"]}))
+        needle = "unsupported architecture 'MambaForCausalLM'"
+    code = ("import sys, types\n"  # the probe's module, replaced by one that fails the test if it is used
+            "probe = types.ModuleType('engine.hardware.detect')\n"
+            "def detect_device(*a, **k): raise SystemExit('the bandwidth probe ran')\n"
+            "probe.detect_device = detect_device\n"
+            "sys.modules['engine.hardware.detect'] = probe\n"
+            "from engine.cli import main\n"
+            f"rc = main(['chat', '--prompt', 'hi', '--model', {str(model)!r}])\n"
+            "print('torch imported' if 'torch' in sys.modules else 'no torch', rc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.split() == ["no", "torch", "2"], out.stderr
+    assert_one_line_error(2, out.stderr, needle)
