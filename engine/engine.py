@@ -429,6 +429,15 @@ class Engine:
             yield event
         self.conversation.add_turn(user_text, done.text if done else "")
 
+    def complete(self, text: str, ignore_eos: bool = False) -> Iterator:
+        """`text` continued exactly as written: no chat template and no conversation kept, BOS as
+        the tokenizer's file says (a base model's use: `membound chat --raw`)."""
+        if not text or not text.strip():
+            raise PromptError("empty prompt: type something to complete")
+        ids = self.tokenizer.encode(text)
+        self._check_prompt_length(len(ids))
+        yield from self.generate(ids, ignore_eos=ignore_eos)
+
     def _check_prompt_length(self, n: int) -> None:
         if n + 1 > self.max_context:
             raise PromptError(f"prompt is {n} tokens, but the context window is {self.max_context} "

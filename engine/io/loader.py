@@ -151,7 +151,7 @@ def load_gguf(path: Path, dtype, device, progress: Progress, max_context: int | 
     _check_complete(weights, cfg, path.name)
     file_format = gguf_file_type(meta, kinds)
     progress(1.0, "loaded")
-    return LoadedWeights(cfg, weights, tokenizer, "gguf", _label(shown, cfg, file_format, dtype),
+    return LoadedWeights(cfg, weights, tokenizer, "gguf", _label(shown, cfg, file_format, dtype, tokenizer),
                          file_format, {"path": str(path)})
 
 
@@ -173,9 +173,11 @@ def _gguf_key(name: str) -> tuple[str | None, str]:
     return None, ""
 
 
-def _label(name: str, cfg: ModelConfig, file_format: str, dtype) -> str:
-    """The model line: "Llama-3.2-1B.Q4_K_M.gguf (Llama, Q4_K_M → bf16, rope 500000, llama3 ×32)"."""
-    return f"{name} ({cfg.family}, {file_format} → {_dtype_name(dtype)}, {cfg.rope_label})"
+def _label(name: str, cfg: ModelConfig, file_format: str, dtype, tokenizer=None) -> str:
+    """The model line: "Llama-3.2-1B.Q4_K_M.gguf (Llama, Q4_K_M → bf16, rope 500000, llama3 ×32)", and
+    " · base model: plain text" where the file has no chat template to render a conversation with."""
+    plain = " · base model: plain text, no chat template" if getattr(tokenizer, "chat_format", "") == "plain" else ""
+    return f"{name} ({cfg.family}, {file_format} → {_dtype_name(dtype)}, {cfg.rope_label}){plain}"
 
 
 # ---- weights in the engine's naming --------------------------------------------------
@@ -293,7 +295,7 @@ def load_hf_dir(path: Path, dtype, device, progress: Progress, max_context: int 
     tokenizer = Tokenizer.from_file(path / "tokenizer.json", tok_config)
     file_format = "/".join(name for name, _ in stored.most_common())
     progress(1.0, "loaded")
-    return LoadedWeights(cfg, weights, tokenizer, "hf", _label(path.name, cfg, file_format, dtype),
+    return LoadedWeights(cfg, weights, tokenizer, "hf", _label(path.name, cfg, file_format, dtype, tokenizer),
                          file_format, {"path": str(path)})
 
 

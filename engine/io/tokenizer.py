@@ -25,6 +25,7 @@ TOKEN_TYPE_USER_DEFINED = 4
 
 # Token texts llama.cpp treats as end of generation when the vocabulary has them: chat templates end a
 # turn with one of these, which is not always the file's eos token.
+CHATML_TOKENS = ("<|im_start|>", "<|im_end|>")
 END_OF_TURN_TOKENS = (
     "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>",
     "<|return|>", "<end_of_utterance>",
@@ -260,9 +261,29 @@ class Tokenizer:
 
     # --- chat -------------------------------------------------------------------------------------
 
+    @property
+    def chat_format(self) -> str:
+        """"template" (the file's own), "chatml" (none, but its vocabulary has ChatML's turn tokens)
+        or "plain" (neither: a base model, fed the conversation as plain text)."""
+        if self.chat_template is not None:
+            return "template"
+        vocab = self.backend.get_vocab(with_added_tokens=True)
+        return "chatml" if all(t in vocab for t in CHATML_TOKENS) else "plain"
+
+    @property
+    def template_note(self) -> str:
+        """One line for the user when the conversation is not fed through a chat template ("" if it is)."""
+        if self.chat_format != "plain":
+            return ""
+        return ("no chat template in the file (a base model): the conversation is fed as plain text; "
+                "`membound chat --raw` completes a prompt exactly as written")
+
     def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """The conversation as the model was trained to see it, from its own template (ChatML if it has none)."""
+        """The conversation as the model was trained to see it, from its own template (ChatML where
+        it has none but its vocabulary has ChatML's tokens; else plain text)."""
         if self.chat_template is None:
+            if self.chat_format == "plain":
+                return render_plain(messages, add_generation_prompt)
             return render_chatml(messages, add_generation_prompt)
         if self._template is None:
             self._template = chat_environment().from_string(self.chat_template)
@@ -282,6 +303,12 @@ class Tokenizer:
 
     def _text_of(self, id_: int | None) -> str:
         return (self.backend.id_to_token(id_) or "") if id_ is not None else ""
+
+
+def render_plain(messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    """The conversation as a plain transcript, for a base model (no template, no turn tokens)."""
+    turns = [f"{m['role'].capitalize()}: {m['content']}\n\n" for m in messages]
+    return "".join(turns) + ("Assistant:" if add_generation_prompt else "")
 
 
 def render_chatml(messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:

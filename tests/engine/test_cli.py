@@ -220,3 +220,40 @@ def test_a_bad_or_unsupported_file_is_refused_before_torch_and_the_bandwidth_pro
                          cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.split() == ["no", "torch", "2"], out.stderr
     assert_one_line_error(2, out.stderr, needle)
+
+
+def test_a_base_model_chats_as_plain_text_and_raw_completes_a_prompt_as_written(capsys, tmp_path, monkeypatch):
+    """A GGUF with no chat template and no turn tokens (a base model): the chat says so in one line
+    and feeds the conversation as plain text; --raw continues the prompt exactly as written, with
+    the BOS its SentencePiece vocabulary asks for: transformers' greedy continuation, token for token."""
+    import torch
+    from model_files import hf_greedy, tiny_hf, write_gguf
+    from test_engine import fake_cpu
+
+    from engine.engine import Engine
+    from engine.events import TokenEvent
+    from engine.hardware import detect
+    from engine.settings import SamplingParams, Settings
+
+    monkeypatch.setitem(detect._SPEC_CACHE, ("cpu", 0, True), fake_cpu())  # no bandwidth probe here
+    torch.manual_seed(0)
+    hf = tiny_hf("llama", seed=5, vocab_size=400)
+    path = write_gguf(hf, tmp_path / "base.gguf", sentencepiece=True)
+    code, out, err = run_cli(capsys, "chat", "--model", str(path), "--prompt", "hello world", "--greedy",
+                             "--max-tokens", "6", "--quiet")
+    assert code == 0, err
+    assert "no chat template in the file (a base model): the conversation is fed as plain text" in err
+    assert "base model: plain text, no chat template" in err  # on the model line too
+    code, out, err = run_cli(capsys, "chat", "--model", str(path), "--raw", "--prompt", "hello world", "--greedy",
+                             "--max-tokens", "6", "--quiet")
+    assert code == 0 and out.strip() and "raw completion" in err and "BOS first" in err
+    assert "no chat template" not in err.split("raw completion")[1]
+
+    greedy = Settings(max_new_tokens=8, sampling=SamplingParams(greedy=True, temperature=0.0))
+    engine = Engine(str(path), hardware=fake_cpu(), settings=greedy)
+    prompt = engine.tokenizer.encode("hello world")
+    assert prompt[0] == 1 and engine.tokenizer.render_chat([{"role": "user", "content": "hi"}]) == \
+        "User: hi\n\nAssistant:"
+    ids = [e.token_id for e in engine.complete("hello world") if isinstance(e, TokenEvent) and e.token_id >= 0]
+    assert ids == hf_greedy(hf, prompt, 8)
+    assert engine.messages == []  # a completion is not a conversation turn

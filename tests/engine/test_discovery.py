@@ -125,7 +125,7 @@ def by_name(rows):
 
 def test_every_store_is_found_and_every_broken_entry_says_why(machine):
     home, env = machine
-    rows = by_name(discover(home=home, env=env))
+    rows = by_name(discover(home=home, env=env, bundled=False))
     good = {name for name, r in rows.items() if r.supported}
     assert good == {"org/tiny-llama", "org/tiny-gguf/tiny-llama.Q8_0.gguf", "tiny-qwen:latest",
                     "publisher/tiny-qwen-GGUF/tiny-qwen.F32.gguf", "org_tiny-llama_tiny-llama.Q8_0.gguf"}

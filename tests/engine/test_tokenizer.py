@@ -249,8 +249,22 @@ def test_tiny_vocabulary():
     assert ids == [260, 257, 259, 257, 258]  # BOS added: the file asks for it
     assert tok.decode(ids, skip_special_tokens=True) == " hi<think> hi"  # <think> is not special
     assert tok.eos_ids == {260, 258}  # <|eot_id|> ends a turn
-    assert tok.chat_template is None
-    assert tok.render_chat([{"role": "user", "content": "hi"}]) == render_chatml([{"role": "user", "content": "hi"}])
+    assert tok.chat_template is None and tok.chat_format == "plain"  # no template, no ChatML tokens: a base model
+    assert tok.render_chat([{"role": "user", "content": "hi"}]) == "User: hi\n\nAssistant:"
+    assert "fed as plain text" in tok.template_note and "\n" not in tok.template_note
+
+
+def test_no_template_but_chatml_tokens_renders_chatml():
+    """A vocabulary with ChatML's turn tokens and no template (an instruct model whose template is
+    missing) keeps ChatML; the turn tokens are single ids."""
+    meta = tiny_meta()
+    tokens = meta["tokenizer.ggml.tokens"] + ["<|im_start|>", "<|im_end|>"]
+    types = meta["tokenizer.ggml.token_type"] + [3, 3]
+    tok = Tokenizer.from_gguf_metadata({**meta, "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types})
+    assert tok.chat_format == "chatml" and tok.template_note == ""
+    messages = [{"role": "user", "content": "hi"}]
+    assert tok.render_chat(messages) == render_chatml(messages)
+    assert tok.encode_chat(messages)[1] == len(tokens) - 2
 
 
 @pytest.mark.parametrize("pre", ["default", "smollm", "llama-bpe", "qwen2"])
