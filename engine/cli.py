@@ -15,9 +15,11 @@ USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, P
 def _cpu_step_note(engine) -> None:
     """On a CPU, one line when the C++ decode step could not be built (the reason); nothing otherwise."""
     if engine.device == "cpu":
-        from engine.model.cpu_step import fallback_line
+        from engine.model.cpu_step import fallback_line, model_refusal
         if line := fallback_line():
             print(line, file=sys.stderr)
+        elif why := model_refusal(engine.cfg):  # Gemma's and Phi's layers
+            print(f"membound: {why}", file=sys.stderr)
 
 
 def _progress_printer(stream=sys.stderr):
