@@ -221,10 +221,34 @@ class ModelConfig:
         """Some layer's window is shorter than the context the model runs: it attends differently."""
         return any(0 < self.layer_window(i) < self.max_seq_len for i in range(self.n_layers))
 
+    @property
+    def sliding_layers(self) -> int:
+        """Layers that attend within a window (0 for the Llama family)."""
+        return sum(1 for t in self.layer_types if t == "sliding") if self.sliding_window else 0
+
     def kv_positions_read(self, context_len: int) -> int:
-        """Cache positions attention reads over all layers for a query at `context_len` keys: a
-        sliding layer reads no more than its window."""
-        return sum(min(context_len, w) if w else context_len for w in map(self.layer_window, range(self.n_layers)))
+        """Cached positions attention reads over all layers for a step after `context_len` cached
+        tokens: every one of them on a full layer, the window's (its `sliding_window - 1` latest
+        beside the new token) on a sliding one."""
+        sliding = self.sliding_layers
+        return (self.n_layers - sliding) * context_len + sliding * min(context_len, self.sliding_window - 1)
+
+    def keys_seen(self, context_len: int, new_tokens: int) -> int:
+        """Keys the step's queries attend to, over all layers (causal: query i of T sees C + i + 1;
+        on a sliding layer no more than the window)."""
+        C, T = context_len, new_tokens
+        full = T * C + T * (T + 1) // 2
+        sliding = self.sliding_layers
+        if not sliding:
+            return self.n_layers * full
+        W, a, b = self.sliding_window, C + 1, C + T  # query positions, counted from 1
+        if b <= W:
+            windowed = full
+        elif a >= W:
+            windowed = W * T
+        else:
+            windowed = (a + W) * (W - a + 1) // 2 + W * (b - W)
+        return (self.n_layers - sliding) * full + sliding * windowed
 
     def beyond_llama(self) -> str:
         """What this model's layers do beyond the Llama family's ("" for none), e.g. "GeGLU, four

@@ -254,7 +254,10 @@ def write_gguf(model, path: Path, qtype=None, raw_blocks=None, file_type=None, s
         if a.ndim == 1 or kind == Q.F32:
             writer.add_tensor(name, a)
         elif raw_blocks is not None and kind not in QUANTISABLE:
-            writer.add_tensor(name, raw_blocks(a.shape, kind), raw_dtype=kind)
+            writer.add_tensor(name, raw_blocks(a.shape), raw_dtype=kind)
+        elif kind not in QUANTISABLE:  # Q4_K, Q6_K: our encoders (gguf dequantises them, cannot quantise)
+            from kquants import ENCODERS
+            writer.add_tensor(name, ENCODERS[kind.name](a), raw_dtype=kind)
         else:
             writer.add_tensor(name, gguf.quants.quantize(a, kind), raw_dtype=kind)
 
@@ -352,3 +355,48 @@ def _quantisable() -> tuple:
 
 
 QUANTISABLE = _quantisable()
+
+
+def q4_k_m(tied: bool = False):
+    """write_gguf's qtype for llama.cpp's Q4_K_M mix, in small: Q6_K for the head (the embeddings
+    where they are tied) and layer 0's FFN-down, Q4_K for every other matrix."""
+    from gguf import GGMLQuantizationType as Q
+
+    head = "token_embd.weight" if tied else "output.weight"
+    return lambda name, shape: Q.Q6_K if name in (head, "blk.0.ffn_down.weight") else Q.Q4_K
+
+
+@torch.no_grad()
+def hf_with_gguf_weights(model, path: Path):
+    """A copy of `model` running the matrices a GGUF file holds, dequantised by gguf (the oracle for
+    a quantised file: transformers on the very weights membound loads)."""
+    from gguf.quants import dequantize
+
+    from engine.io.gguf_file import open_gguf
+
+    out = copy.deepcopy(model)
+    c = out.config
+    family = {"gemma3_text": "gemma3"}.get(c.model_type, c.model_type)
+    names = {"attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+             "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
+             "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+             "ffn_down.weight": "mlp.down_proj.weight", "attn_qkv.weight": "self_attn.qkv_proj.weight"}
+    if family == "phi3":
+        names["ffn_up.weight"] = "mlp.gate_up_proj.weight"
+    params = dict(out.named_parameters())
+    for t in open_gguf(path).tensors:
+        if len(t.shape) != 2:
+            continue  # norms stay F32: their values are the model's
+        w = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32))
+        if t.name == "token_embd.weight":
+            target = "model.embed_tokens.weight"
+        elif t.name == "output.weight":
+            target = "lm_head.weight"
+        else:
+            _, idx, rest = t.name.split(".", 2)
+            target = f"model.layers.{idx}.{names[rest]}"
+            if GGUF_ARCH[family] == "llama" and rest in ("attn_q.weight", "attn_k.weight"):
+                from engine.io.loader import unpermute_qk
+                w = unpermute_qk(w, c.num_attention_heads if rest == "attn_q.weight" else c.num_key_value_heads)
+        params[target].copy_(w)
+    return out
