@@ -40,10 +40,18 @@ QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# o200k's split (Phi-4-mini's vocabulary; llama.cpp "gpt-4o"): cased words with their contractions,
+# numbers in threes, punctuation runs with a trailing slash or newlines
+GPT4O_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 GPT2_PRE = {"default", "gpt2", "gpt-2"}
 DIGITS_THEN_GPT2_PRE = {"smollm", "starcoder", "refact", "codeshell", "command-r"}
 LLAMA3_PRE = {"llama-bpe", "llama3", "llama-v3", "smaug-bpe", "dbrx", "falcon3"}
 QWEN2_PRE = {"qwen2", "deepseek-r1-qwen"}
+GPT4O_PRE = {"gpt-4o"}
 
 
 def byte_to_char() -> dict[int, str]:
@@ -68,7 +76,7 @@ def pre_tokenizer_for(pre: str):
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
         ])
-    for names, regex in ((LLAMA3_PRE, LLAMA3_SPLIT), (QWEN2_PRE, QWEN2_SPLIT)):
+    for names, regex in ((LLAMA3_PRE, LLAMA3_SPLIT), (QWEN2_PRE, QWEN2_SPLIT), (GPT4O_PRE, GPT4O_SPLIT)):
         if pre in names:
             return pre_tokenizers.Sequence([
                 pre_tokenizers.Split(tokenizers.Regex(regex), behavior="isolated"),
@@ -103,7 +111,7 @@ def gguf_tokenizer_refusal(meta: dict[str, Any]) -> str:
         return (f"unsupported GGUF tokenizer model {kind!r}; byte-level BPE ('gpt2') and SentencePiece "
                 "('llama') are supported")
     pre = meta.get("tokenizer.ggml.pre", "default")
-    if pre not in GPT2_PRE | DIGITS_THEN_GPT2_PRE | LLAMA3_PRE | QWEN2_PRE:
+    if pre not in GPT2_PRE | DIGITS_THEN_GPT2_PRE | LLAMA3_PRE | QWEN2_PRE | GPT4O_PRE:
         return f"unsupported GGUF pre-tokenizer {pre!r} (tokenizer.ggml.pre)"
     return ""
 

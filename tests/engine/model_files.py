@@ -158,6 +158,12 @@ def sentencepiece_vocab(size: int) -> tuple[list[str], list[float], list[int]]:
 
 
 QUANTISABLE = ()  # the types gguf.quants.quantize makes (filled below, from the installed package)
+# a chat template in Gemma's turn format (written for these tests): user and model turns, no system role
+GEMMA_STYLE_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}"
+    "{{ raise_exception('no system turns') }}{% endif %}"
+    "<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n{{ m['content'] | trim }}"
+    "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
 
 
 def write_gguf(model, path: Path, qtype=None, raw_blocks=None, file_type=None, sentencepiece=False) -> Path:
@@ -230,6 +236,7 @@ def write_gguf(model, path: Path, qtype=None, raw_blocks=None, file_type=None, s
             writer.add_add_space_prefix(False)
             tokens[-3:] = ["<start_of_turn>", "<end_of_turn>", "<pad>"]
             types[-3:] = [3, 3, 3]
+            writer.add_chat_template(GEMMA_STYLE_TEMPLATE)
         writer.add_tokenizer_model("llama")
         writer.add_token_list(tokens)
         writer.add_token_scores(scores)

@@ -157,3 +157,31 @@ def test_each_setting_runs_the_family_and_lossless_ones_keep_its_reply(tmp_path,
     cfg = load_model(folder).cfg
     why = cpu_step.model_refusal(cfg)
     assert why.startswith(f"{cfg.family}'s ") and "PyTorch's step decodes" in why and "\n" not in why
+
+
+# ---- Gemma's vocabulary and turns ---------------------------------------------------------------
+
+def test_gemma_sentencepiece_vocabulary_and_turns_as_transformers_reads_them(tmp_path):
+    """A Gemma GGUF's SentencePiece vocabulary (no space prefix, byte fallback, its turn tokens):
+    ids as transformers' GGUF tokenizer gives them, the file's chat template rendered as it renders
+    it, and a reply ending at <end_of_turn>."""
+    from transformers import AutoTokenizer
+
+    from engine.io.gguf_file import read_gguf_metadata
+    from engine.io.tokenizer import Tokenizer
+
+    path = write_gguf(tiny_hf("gemma3", vocab_size=400, num_hidden_layers=6), tmp_path / "g.gguf", sentencepiece=True)
+    ours = Tokenizer.from_gguf_metadata(read_gguf_metadata(path))
+    theirs = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    for text in ["hello world", " hello", "  two  spaces and\nnewlines\n", "café 😀 décodé",
+                 "<start_of_turn>user\nhi<end_of_turn>"]:
+        assert ours.encode(text) == theirs.encode(text), text
+    assert ours.decode(ours.encode("café 😀"), skip_special_tokens=True) == "café 😀"  # byte pieces
+    messages = [{"role": "user", "content": "Why is decode slow?"}, {"role": "assistant", "content": "Memory."},
+                {"role": "user", "content": "And prefill?"}]
+    rendered = ours.render_chat(messages)
+    assert rendered == theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert rendered.endswith("<start_of_turn>model\n") and ours.chat_format == "template"
+    ids = ours.encode_chat(messages)
+    assert ids[0] == ours.bos_id and ids.count(ours.bos_id) == 1  # the template writes BOS: not twice
+    assert ours.backend.token_to_id("<end_of_turn>") in ours.eos_ids

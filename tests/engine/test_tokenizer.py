@@ -267,7 +267,7 @@ def test_no_template_but_chatml_tokens_renders_chatml():
     assert tok.encode_chat(messages)[1] == len(tokens) - 2
 
 
-@pytest.mark.parametrize("pre", ["default", "smollm", "llama-bpe", "qwen2"])
+@pytest.mark.parametrize("pre", ["default", "smollm", "llama-bpe", "qwen2", "gpt-4o"])
 def test_each_pre_tokenizer_round_trips(pre):
     tok = Tokenizer.from_gguf_metadata(tiny_meta(**{"tokenizer.ggml.pre": pre}))
     text = "Hi  there 12345\n\n 😀 <|eot_id|>"
@@ -345,3 +345,16 @@ def test_gguf_sentencepiece_vocabulary_tokenises_as_transformers_does(tmp_path):
 def test_sentencepiece_without_scores_is_refused():
     with pytest.raises(TokenizerError, match="without scores"):
         Tokenizer.from_gguf_metadata(tiny_meta(**{"tokenizer.ggml.model": "llama"}))
+
+
+def test_gpt4o_split_keeps_cased_words_and_numbers_in_threes():
+    """Phi-4-mini's GGUF vocabulary ("gpt-4o", o200k's split): words keep their capitals and
+    contractions, numbers split in threes, a slash joins a punctuation run."""
+    import tokenizers
+    from tokenizers import pre_tokenizers
+
+    from engine.io.tokenizer import GPT4O_SPLIT
+
+    split = pre_tokenizers.Split(tokenizers.Regex(GPT4O_SPLIT), behavior="isolated")
+    pieces = [p for p, _ in split.pre_tokenize_str("I'm HTTPServer 12345/x\n\nDON'T")]
+    assert pieces == ["I'm", " HTTPServer", " ", "123", "45", "/x", "\n\n", "DON'T"]
