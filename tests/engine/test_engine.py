@@ -191,3 +191,20 @@ def test_a_step_above_the_measured_roof_is_shown_as_such_never_absorbed_into_the
 def test_a_step_under_its_roof_is_not_above_it():
     _, steps, _, _ = run(make_engine().chat("hello there"))
     assert steps and not any(s.above_roof for s in steps)
+
+
+@pytest.mark.parametrize("how", [dict(), dict(sampling=SamplingParams(temperature=1.0, seed=3)),
+                                 dict(speculate="ngram", draft_tokens=4), dict(speculate="oracle", draft_tokens=4),
+                                 dict(speculate="draft", draft_weights="int8", draft_tokens=3),
+                                 dict(users=2, kv_layout="paged")],
+                         ids=["greedy", "sampled", "lookup", "oracle", "draft", "batched"])
+def test_masked_tokens_are_never_sampled_on_any_path(how):
+    """Keep-decoding's special tokens: masked ids never come out, whichever path runs the step
+    (plain, a speculative verify step, the person's row in a batch)."""
+    settings = replace(GREEDY, max_new_tokens=40, **how)
+    prompt = list(range(30, 60))
+    tokens, _, done, _ = run(make_engine(settings).generate(prompt, ignore_eos=True))
+    common = sorted(set(tokens), key=tokens.count, reverse=True)[:4]  # what the reply says most
+    assert done.n_new_tokens == 40 and tokens.count(common[0]) >= 2
+    masked, _, done, _ = run(make_engine(settings).generate(prompt, ignore_eos=True, masked_ids=frozenset(common)))
+    assert done.n_new_tokens == 40 and not set(masked) & set(common)
