@@ -46,6 +46,10 @@ CASES = {  # family, config overrides
     "gemma3": ("gemma3", dict(num_hidden_layers=6, rope_parameters=GEMMA3_ROPE)),
     "phi3.5": ("phi3", dict(original_max_position_embeddings=64, rope_parameters=PHI_LONGROPE)),
     "phi3-mini": ("phi3", dict(sliding_window=7, rope_theta=10000.0)),  # Phi-3-mini-4k: a window on every layer
+    # Phi-3.5-mini's shape: longrope on every dimension, no window in reach: Llama-family layers (the C++ step's)
+    "phi3-longrope": ("phi3", dict(original_max_position_embeddings=64, rope_parameters={
+        **PHI_LONGROPE, "partial_rotary_factor": 1.0, "short_factor": [1.0 + 0.05 * i for i in range(8)],
+        "long_factor": [2.0] * 8})),
 }
 HF_ONLY = {  # what only config.json says (the GGUF converter writes no query scale: llama.cpp assumes head_dim)
     "gemma2": dict(query_pre_attn_scalar=24), "gemma3": dict(query_pre_attn_scalar=24),
@@ -179,3 +183,18 @@ def test_gemma3_multimodal_checkpoint_runs_its_language_model(tmp_path):
     assert_logits_match(loaded, hf)
     prompt = loaded.tokenizer.encode("Decode reads every weight")
     assert our_greedy(loaded, prompt, 12) == hf_greedy(hf, prompt, 12)
+
+
+def test_phi35_shape_decodes_in_the_cpu_step_and_the_others_in_pytorch(tmp_path):
+    """Phi-3.5-mini's layers are Llama's (fused weights, longrope is only cos/sin tables): the C++
+    step takes them; Gemma's and partial-rotary Phi's are declined with what they add."""
+    from engine.model import cpu_step
+
+    def cfg_of(case):
+        family, overrides = CASES[case]
+        return ModelConfig.from_hf_config(save_hf_folder(tiny_hf(family, **overrides), tmp_path / case))
+    assert cpu_step.model_refusal(cfg_of("phi3-longrope")) == ""
+    assert "partial rotary" in cpu_step.model_refusal(cfg_of("phi3.5"))
+    assert "sliding-window layers" in cpu_step.model_refusal(cfg_of("phi3-mini"))
+    gemma2 = cpu_step.model_refusal(cfg_of("gemma2"))
+    assert gemma2.startswith("Gemma 2's scaled embeddings, GeGLU, four norms a layer, its own query scale, soft-capping")
