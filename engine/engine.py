@@ -1,11 +1,33 @@
-"""`Engine`: owns the model, its KV cache and the batch server; streams plain-data events.
+"""`Engine`: one model on one device, streaming a reply as plain-data events; a small orchestrator
+over parts that each do one job:
 
-`generate(ids)` (and `chat(text)`, which renders the conversation first) yields TokenEvent,
-StepMetrics, DoneEvent, SettingsApplied/SettingsRefused, and BatchStats while simulated users are
-served. `apply(settings)` and `stop()` may be called from another thread; a change takes effect
-at the next step boundary (or at `take_settings()` between replies). With `settings.users > 0` a
-reply runs as one request of the batch beside the simulated users (engine/serving/server.py), and
-`serve_step()` serves them between replies."""
+    transaction.py         SettingsTransaction: asked-for settings, the request ids they answer
+    variants.py            ModelVariants: fp per dtype, quantised and draft models made in the background
+    steps/plain.py         PlainSteps: a batch-1 step on the engine's own KV cache (also the verify step)
+    steps/speculative.py   SpeculativeSteps: a draft source guesses, one plain step verifies
+    steps/batched.py       BatchedSteps: the reply as one request of the batch, beside simulated users
+    steps/reply.py         Reply (one reply's accounting), StepSetup (what a step runs with), StepRunner
+    steps/timing.py        StepTimer (CUDA events on a GPU), StepCounter
+    serving/lifecycle.py   BatchLifecycle: the batch server made, configured and dropped
+
+The public surface (engine/host.py, engine/cli.py, the bench, the tests):
+    Engine(model, device, dtype, max_context, progress, hardware, settings, messages)
+        model: a name, path or `synthetic:SHAPE`, or LoadedWeights already in memory.
+    generate(ids, max_new_tokens, ignore_eos), chat(text, ignore_eos) -> Iterator of TokenEvent,
+        StepMetrics, DoneEvent, SettingsApplied/SettingsRefused and (in the batch) BatchStats.
+    apply(settings, request_id)   any thread; EngineError (one line) for what cannot run; it takes
+        effect at the next step boundary, or at take_settings(wait) between replies.
+    stop()                        any thread: the reply in progress ends at its next step.
+    serve_step()                  between replies: one step for the simulated users (settings.users > 0).
+    reset(); messages (get/set)   the conversation.
+    settings, requested_settings, has_pending, weights_building, refusal(s), capabilities(),
+        max_users, max_users_for(dtype), serving, model, model_for(s), max_context, kv_snapshot(),
+        disable_graphs(reason).
+    Attributes: device, cfg, tokenizer, loaded, hardware (may be replaced: the bench re-probes the peak),
+        graphs, kernel_notes, hold_cpu_peaks, progress, step_count, and kept by the parts but read and
+        set here: cache, cached_ids (plain steps), user_workload, kv_pool_budget_bytes, on_request
+        (the batch's lifecycle).
+"""
 from __future__ import annotations
 
 import threading
@@ -19,7 +41,6 @@ from engine.events import (
     BatchStats,  # noqa: F401  (an event of chat() and generate() too)
     DoneEvent,
     SettingsApplied,
-    TokenEvent,
 )
 from engine.graphs import GraphDecoder
 from engine.hardware.spec import dtype_name
@@ -30,11 +51,10 @@ from engine.model.config import ModelConfig
 from engine.model.transformer import Transformer
 from engine.protocol import Capabilities
 from engine.serving.lifecycle import BatchLifecycle
-from engine.serving.scheduler import RequestState
 from engine.settings import EngineError, PromptError, QuantError, Settings
 from engine.steps.batched import BatchedSteps
 from engine.steps.plain import PlainSteps
-from engine.steps.reply import Reply, StepSetup
+from engine.steps.reply import Reply, StepRunner, StepSetup, check_prompt_length, make_generator
 from engine.steps.speculative import SpeculativeSteps
 from engine.steps.timing import StepCounter, elem_bytes
 from engine.transaction import SettingsTransaction, applied, refused
@@ -102,8 +122,7 @@ class Engine:
         if refusal:
             raise EngineError(refusal)
         self.variants.request(self.settings)  # quantised or speculating from the start: make what they need now
-        draft = self.variants.wait(self.settings)
-        self._use_draft(draft, self.settings)
+        self.speculative.use_draft(self.variants.wait(self.settings), self._setup())
 
     # ---- control (thread-safe) ---------------------------------------------------------
     def apply(self, settings: Settings, request_id: int = 0) -> None:
@@ -176,15 +195,11 @@ class Engine:
         except (QuantError, EngineError, MemoryError, RuntimeError, OSError) as error:
             return refused(ids, error, old)
         self.settings = new
-        self._use_draft(draft, new)
+        setup = self._setup()
+        self.speculative.use_draft(draft, setup)
         if self.batch.server is not None:
-            setup = self._setup()
             self.batch.sync(setup.model, new, setup.peak_flops)
         return applied(old, new, ids, self.step_count)
-
-    def _use_draft(self, model: Transformer | None, settings: Settings) -> None:
-        self.speculative.use_draft(model, settings, self.hardware.peak_bandwidth_gbs * 1e9,
-                                   self.hardware.peak_flops_for(settings.dtype) or float("nan"))
 
     def _setup(self) -> StepSetup:
         """What the next step runs with: the settings, their model and the device's peaks now."""
@@ -275,7 +290,7 @@ class Engine:
         """One turn of the conversation; it is kept once the reply has run (finished or stopped).
         ignore_eos: the reply runs to its token budget or the context's end."""
         ids = self.conversation.prompt_ids(user_text)
-        self._check_prompt_length(len(ids))
+        check_prompt_length(len(ids), self.max_context)
         done = None
         for event in self.generate(ids, ignore_eos=ignore_eos):
             if isinstance(event, DoneEvent):
@@ -283,24 +298,19 @@ class Engine:
             yield event
         self.conversation.add_turn(user_text, done.text if done else "")
 
-    def _check_prompt_length(self, n: int) -> None:
-        if n + 1 > self.max_context:
-            raise PromptError(f"prompt is {n} tokens, but the context window is {self.max_context} "
-                              "(start a new chat or shorten the prompt)")
-
     # ---- generation: one reply loop, each step plain (batch 1) or in the batch -----------------
     def generate(self, prompt_ids: list[int], max_new_tokens: int | None = None,
                  ignore_eos: bool = False) -> Iterator:
         """Stream a reply to `prompt_ids`, reusing whatever prefix of them is already cached."""
         if not prompt_ids:
             raise PromptError("empty prompt: nothing to generate from")
-        self._check_prompt_length(len(prompt_ids))
+        check_prompt_length(len(prompt_ids), self.max_context)
         self._stop.clear()
         yield from self.take_settings(wait=True)  # a change made between replies runs from the first step
         eos = frozenset() if ignore_eos else frozenset(self.tokenizer.eos_ids)
         reply = Reply(list(prompt_ids), max_new_tokens or self.settings.max_new_tokens,
                       self.tokenizer.stream(skip_special_tokens=True), eos)
-        gen = self._make_generator()
+        gen = make_generator(self.settings.sampling.seed, self.device)
         if self.settings.speculate == "oracle":  # its guesses are computed before the reply's first step
             reply.oracle = self.speculative.oracle(reply, self._setup())
         self._reply_active = True
@@ -310,7 +320,7 @@ class Engine:
                     yield event
                     if isinstance(event, SettingsApplied) and event.settings.sampling.seed is not None \
                             and any("seed" in change for change in event.changes):
-                        gen = self._make_generator()
+                        gen = make_generator(self.settings.sampling.seed, self.device)
                     if reply.request is not None and isinstance(event, SettingsApplied):
                         self.batch.server.set_person_sampling(self.settings.sampling, gen)
                 setup = self._setup()
@@ -320,43 +330,26 @@ class Engine:
                         break
                     if self.settings.users > 0:  # users are on (or joined mid-reply): the rest runs batched
                         self.batched.submit(reply, gen, setup)
-                if reply.request is None and self.settings.speculate != "off" and reply.n_new > 0:
-                    yield from self._held_to_peak(self.speculative.step(reply, gen, setup))
-                elif reply.request is None:
-                    yield from self._held_to_peak(self.plain.step(reply, gen, setup))
-                elif self._stop.is_set():
-                    self.batch.server.cancel(reply.request.request_id)
-                    break
-                elif reply.request.is_finished:
-                    break
-                else:
-                    yield from self._held_to_peak(self.batched.step(reply, gen, setup))
+                if reply.request is not None:
+                    if self._stop.is_set():
+                        self.batch.server.cancel(reply.request.request_id)
+                        break
+                    if reply.request.is_finished:
+                        break
+                yield from self._held_to_peak(self._runner(reply).step(reply, gen, setup))
         finally:
             self._reply_active = False
             if reply.request is not None and self.batch.server is not None:
                 self.batch.server.release_person()  # cancels the request if the reply was abandoned mid-way
-        person = reply.request
-        if person is not None:
-            if person.state is RequestState.CANCELLED:
-                reply.reason = "stopped"
-            elif person.finish_reason == "eos":
-                reply.reason = "eos"
-            else:
-                reply.reason = "max_tokens" if reply.n_new >= reply.budget else "context_full"
-            if reply.batched_from_start:  # its prefix came from the last turn's retained blocks
-                reply.n_cached = person.num_reused_tokens  # (0 if it was pre-empted: recomputed)
-        tail = reply.stream.flush()  # a character still held back (split UTF-8) comes out now
-        if tail:
-            reply.parts.append(tail)
-            yield TokenEvent(-1, tail, reply.n_new)
-        yield DoneEvent(reply.reason, "".join(reply.parts), reply.n_prompt, reply.n_new, reply.ttft_s,
-                        reply.decode_s, reply.n_cached)
+        yield from reply.closing_events()
 
-    def _make_generator(self):
-        seed = self.settings.sampling.seed
-        if seed is None:
-            return None
-        return torch.Generator(device=self.device).manual_seed(seed)
+    def _runner(self, reply: Reply) -> StepRunner:
+        """Which kind of step the reply's next one is: in the batch, speculative, or plain."""
+        if reply.request is not None:
+            return self.batched
+        if self.settings.speculate != "off" and reply.n_new > 0:
+            return self.speculative
+        return self.plain
 
     def _held_to_peak(self, events: Iterator) -> Iterator:
         """A CPU's peaks are measured at load: its FLOP/s by a matmul, its bandwidth by PyTorch's `sum`

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Iterator, Protocol
 
-from engine.events import TokenEvent
-from engine.serving.scheduler import Request
+import torch
+
+from engine.events import DoneEvent, TokenEvent
+from engine.serving.scheduler import Request, RequestState
 from engine.serving.speculative import Oracle
-from engine.settings import Settings
+from engine.settings import PromptError, Settings
 
 
 @dataclass(frozen=True)
@@ -18,6 +21,14 @@ class StepSetup:
     model: object  # engine.model.transformer.Transformer
     peak_bandwidth_bps: float
     peak_flops: float  # NaN where the device's peak for this dtype is not known
+
+
+class StepRunner(Protocol):
+    """One kind of step (engine/steps/): runs the reply's next step and yields its StepMetrics (a
+    speculative step: its draft's, then its verify's; a batched step: with BatchStats), then the
+    TokenEvents it produced. Advances the engine's step counter once per StepMetrics."""
+
+    def step(self, reply: "Reply", gen: torch.Generator | None, setup: StepSetup) -> Iterator: ...
 
 
 class Reply:
@@ -64,3 +75,36 @@ class Reply:
         piece = self.stream.feed(token)
         self.parts.append(piece)
         return TokenEvent(token, piece, self.n_new - 1, drafted)
+
+    def closing_events(self) -> Iterator:
+        """The reply's last events: a character still held back (split UTF-8), then its DoneEvent.
+        A reply that ran in the batch takes its end and its cached prefix from its request."""
+        person = self.request
+        if person is not None:
+            if person.state is RequestState.CANCELLED:
+                self.reason = "stopped"
+            elif person.finish_reason == "eos":
+                self.reason = "eos"
+            else:
+                self.reason = "max_tokens" if self.n_new >= self.budget else "context_full"
+            if self.batched_from_start:  # its prefix came from the last turn's retained blocks
+                self.n_cached = person.num_reused_tokens  # (0 if it was pre-empted: recomputed)
+        tail = self.stream.flush()
+        if tail:
+            self.parts.append(tail)
+            yield TokenEvent(-1, tail, self.n_new)
+        yield DoneEvent(self.reason, "".join(self.parts), self.n_prompt, self.n_new, self.ttft_s,
+                        self.decode_s, self.n_cached)
+
+
+def check_prompt_length(n: int, max_context: int) -> None:
+    if n + 1 > max_context:
+        raise PromptError(f"prompt is {n} tokens, but the context window is {max_context} "
+                          "(start a new chat or shorten the prompt)")
+
+
+def make_generator(seed: int | None, device: str) -> torch.Generator | None:
+    """The reply's random generator: seeded settings replay the same reply; None: torch's global one."""
+    if seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed(seed)

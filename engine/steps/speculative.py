@@ -8,7 +8,6 @@ from typing import Iterator
 
 from engine.model.transformer import Transformer
 from engine.serving.speculative import Draft, DraftModel, Oracle, PromptLookup, greedy_reference
-from engine.settings import Settings
 from engine.steps.plain import PlainSteps
 from engine.steps.reply import Reply, StepSetup
 from engine.steps.timing import StepCounter
@@ -26,15 +25,14 @@ class SpeculativeSteps:
         self.draft: DraftModel | None = None  # the one in use, with its own KV cache
         self._last_oracle: tuple | None = None  # (what it was computed for, the reference)
 
-    def use_draft(self, model: Transformer | None, settings: Settings, peak_bandwidth_bps: float,
-                  peak_flops: float) -> None:
+    def use_draft(self, model: Transformer | None, setup: StepSetup) -> None:
         """Speculate with `model` from now on (None: no draft model); its cache is kept while it is the same."""
         if model is None:
             self.draft = None
         elif self.draft is None or self.draft.model is not model:
-            self.draft = DraftModel(model, self.max_context, peak_bandwidth_bps, peak_flops)
+            self.draft = DraftModel(model, self.max_context, setup.peak_bandwidth_bps, setup.peak_flops)
         if self.draft is not None:
-            self.draft.attention = settings.attention
+            self.draft.attention = setup.settings.attention
 
     def reset(self) -> None:
         if self.draft is not None:
