@@ -11,7 +11,7 @@ import pytest
 from app_test_helpers import GREEDY, activate, confirmed, fake_cpu, send_and_wait
 from PySide6.QtCore import Qt
 
-from engine.engine import Engine
+from engine.steps.plain import PlainSteps
 from engine.events import DoneEvent, TokenEvent
 from engine.metrics import StepMetrics
 from engine.settings import Settings
@@ -122,7 +122,7 @@ def test_a_failing_step_shows_a_message_and_the_app_survives(make_window, qtbot,
     window = make_window(max_new_tokens=20)
     send_and_wait(window, qtbot, "first turn")
     kept = list(window.worker.engine.messages)
-    real_step = Engine._step
+    real_step = PlainSteps.run  # the batch-1 step (engine/steps/plain.py)
     calls = {"n": 0}
 
     def failing_step(self, *args, **kwargs):
@@ -131,14 +131,14 @@ def test_a_failing_step_shows_a_message_and_the_app_survives(make_window, qtbot,
             raise RuntimeError("simulated kernel failure")
         return real_step(self, *args, **kwargs)
 
-    monkeypatch.setattr(Engine, "_step", failing_step)
+    monkeypatch.setattr(PlainSteps, "run", failing_step)
     with qtbot.waitSignal(window.error_shown, timeout=10_000):
         window.send("this one breaks")
     qtbot.waitUntil(lambda: not window.replying)
     assert "simulated kernel failure" in window.last_error and window.error_bar.isVisibleTo(window)
     assert "simulated kernel failure" in window.chat.plain_text()
     assert window.worker.engine.messages == kept  # the failed turn is not part of the conversation
-    monkeypatch.setattr(Engine, "_step", real_step)
+    monkeypatch.setattr(PlainSteps, "run", real_step)
     done = send_and_wait(window, qtbot, "and again")
     assert done.n_new_tokens == 20 and not window.error_bar.isVisibleTo(window)
     assert len(window.worker.engine.messages) == len(kept) + 2
