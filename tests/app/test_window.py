@@ -11,10 +11,10 @@ import pytest
 from app_test_helpers import GREEDY, activate, confirmed, fake_cpu, send_and_wait
 from PySide6.QtCore import Qt
 
-from engine.steps.plain import PlainSteps
 from engine.events import DoneEvent, TokenEvent
 from engine.metrics import StepMetrics
 from engine.settings import Settings
+from engine.steps.plain import PlainSteps
 
 
 def test_a_prompt_streams_a_reply_into_the_chat_panel(make_window, qtbot):
