@@ -52,7 +52,7 @@ def step_cost(cfg: ModelConfig, *, batch_size: int, new_tokens: int, context_len
     length plus the new token, context_len must be 0) and nothing is cached.
     logits_rows: rows the head is evaluated on (default one per sequence).
     kv_read_tokens: cache positions attention actually reads, when it reads more than the
-    live context (a CUDA-graph step reads a fixed bucket with the tail masked).
+    live context (a captured step without the flash kernel reads the whole buffer, masked).
     attention="naive": the (B, n_heads, T, S) score matrix is written to memory and read back
     in the activation dtype, S = every key of the step (the masked half included: it is computed
     and stored too), and its FLOPs are the full T x S product; "flash" keeps it on chip and skips
