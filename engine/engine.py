@@ -30,6 +30,7 @@ from engine.io.loader import LoadedWeights, load_model
 from engine.kv.cache import DEFAULT_BLOCK_SIZE, ContiguousKVCache, PagedKVCache
 from engine.metrics import StepMetrics, step_cost
 from engine.model.config import ModelConfig
+from engine.model.footprint import copy_fit_refusal
 from engine.model.quant import QuantisedModels
 from engine.model.sampling import sample
 from engine.model.transformer import Transformer
@@ -124,6 +125,8 @@ class Engine:
         refusal = self.refusal(settings)
         if refusal:
             raise EngineError(refusal)
+        if settings.dtype not in self._models:  # another dtype's weights: a copy of the model
+            self._check_copy_fits(settings.dtype, "fp", settings.group_size)
         self._request_weights(settings)
         self._request_draft(settings)
         with self._lock:
@@ -176,9 +179,20 @@ class Engine:
             return
         try:
             check_weights(self.cfg, settings.weights, settings.group_size)
-            self._quantised.start(settings.weights_key, lambda: self._fp_model(settings.dtype), self.progress)
         except QuantError as e:
             raise EngineError(str(e)) from None
+        building = self._quantised.building
+        made = self._quantised.get(settings.weights_key) is not None
+        if not made and (building is None or building[0] != settings.weights_key):
+            self._check_copy_fits(settings.dtype, settings.weights, settings.group_size)
+        self._quantised.start(settings.weights_key, lambda: self._fp_model(settings.dtype), self.progress)
+
+    def _check_copy_fits(self, dtype: str, weights: str, group_size: int) -> None:
+        """Refuse a new copy of the weights (another dtype, a quantised copy) the device has no room
+        for, in one line, before any of it is made (engine/model/footprint.py)."""
+        refusal = copy_fit_refusal(self.cfg, self.device, dtype, weights, group_size, _elem_bytes(DTYPES[dtype]))
+        if refusal:
+            raise EngineError(refusal)
 
     def _request_draft(self, settings: Settings) -> None:
         """Start loading the draft model `settings` speculate with (a no-op unless speculate="draft")."""
