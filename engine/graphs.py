@@ -58,10 +58,12 @@ class GraphDecoder:
         """Whether a decode step asked to be captured (`enabled`) takes the compiled step."""
         return enabled and not self.unavailable
 
-    def kv_read_tokens(self, start: int, max_len: int, attention: str) -> int | None:
+    def kv_read_tokens(self, model: Transformer, start: int, max_len: int, attention: str) -> int | None:
         """Cache positions the captured step's attention reads for a token at `start`, for the cost
-        model: None for the live context alone (as eager), or the whole buffer's `max_len`."""
-        return max_len if captured_reads_whole_buffer(self.cuda, attention) else None
+        model: None for the live context alone (as eager), or the whole buffer's `max_len` (where any
+        layer's attention is one the kernel does not take)."""
+        whole = any(captured_reads_whole_buffer(self.cuda, attention, **layer.attend_options) for layer in model.layers)
+        return max_len if whole else None
 
     def decode(self, model: Transformer, cache, tokens: torch.Tensor, start: int, attention: str) -> torch.Tensor:
         """Logits for one token at `start`; writes its K/V into `cache` in place. Any failure falls
@@ -94,7 +96,8 @@ class GraphDecoder:
                 record("decode step", "cuda graph" if calls >= CAPTURE_CALLS else "compiled, capturing the cuda graph")
             else:
                 record("decode step", "compiled step (Inductor C++)")
-            record("attention decode", captured_attention_path(self.cuda, attention), model.cfg.n_layers)  # per layer
+            for layer in model.layers:
+                record("attention decode", captured_attention_path(self.cuda, attention, **layer.attend_options))
             return logits
         except Exception as error:
             self.unavailable = f"capture failed: {type(error).__name__}: {str(error).strip().splitlines()[0][:200]}" \

@@ -35,8 +35,9 @@ def free_bytes(device: str) -> int | None:
     """Memory free for more weights on `device`: on a GPU what the driver has free plus what torch's
     allocator holds unused; on a CPU MemAvailable. None where unknown."""
     if device.startswith("cuda"):
-        free, _total = torch.cuda.mem_get_info(torch.device(device))
-        return free + torch.cuda.memory_reserved(torch.device(device)) - torch.cuda.memory_allocated(torch.device(device))
+        gpu = torch.device(device)
+        free, _total = torch.cuda.mem_get_info(gpu)
+        return free + torch.cuda.memory_reserved(gpu) - torch.cuda.memory_allocated(gpu)
     from engine.io.loader import available_memory_bytes
     return available_memory_bytes(device)
 
@@ -62,7 +63,8 @@ def copy_fit_refusal(cfg, device: str, dtype: str, weights: str, group_size: int
         what = f"{dtype} weights"
     else:
         largest = max(cfg.vocab_size * cfg.dim, 2 * cfg.ffn_dim * cfg.dim, cfg.dim * (cfg.q_dim + 2 * cfg.kv_dim))
-        need = extra_copy_bytes(cfg, elem_bytes, weights, group_size, kind) + QUANTISE_TEMPORARY_BYTES_PER_WEIGHT * largest
+        need = extra_copy_bytes(cfg, elem_bytes, weights, group_size, kind) \
+            + QUANTISE_TEMPORARY_BYTES_PER_WEIGHT * largest
         what = f"{weights_label(weights, group_size)} weights"
     free = free_bytes(device) if free is None else free
     if free is None or need <= FIT_SHARE * free:

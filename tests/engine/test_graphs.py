@@ -58,8 +58,8 @@ def test_steps_count_as_captures_then_replays_and_match_eager(compiles):
     assert ran["decode step"] == {"compiled, capturing the cuda graph": CAPTURE_CALLS, "cuda graph": 5 - CAPTURE_CALLS}
     # as on a GPU with the flash kernel: its loop reads the live keys (these CPU tensors take the op's CPU branch)
     assert ran["attention decode"]["triton flash_decode (in the CUDA graph)"] == 5 * CFG.n_layers
-    assert decoder.kv_read_tokens(4, cache.max_len, "flash") is None
-    assert decoder.kv_read_tokens(4, cache.max_len, "naive") == cache.max_len  # naive: the whole buffer, masked
+    assert decoder.kv_read_tokens(m, 4, cache.max_len, "flash") is None
+    assert decoder.kv_read_tokens(m, 4, cache.max_len, "naive") == cache.max_len  # naive: the whole buffer, masked
 
 
 def test_compiled_steps_are_kept_per_model_and_dropped_with_the_cache(compiles):
