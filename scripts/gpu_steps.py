@@ -582,6 +582,13 @@ def pass_command(n: int, steps=(), caps: dict | None = None, budget_s: int = 300
         f"(device tool run: timeout_s {budget_s + COMMAND_MARGIN_S})"
 
 
+def nominal_caps(n: int) -> dict[str, int]:
+    """Pass n's caps in seconds at the nominal 300 s budget, as scripts/gpu_check.sh lists them."""
+    text = (ROOT / "scripts" / "gpu_check.sh").read_text()
+    table = text.split("STEPS=(")[n].split(")")[0].split()
+    return {name: int(cap) for name, cap in (item.split(":") for item in table)}
+
+
 def next_steps(n: int, rows: dict[str, dict]) -> list[str]:
     """What the next command of the loan should be, from this pass's rows. A cut step reruns with
     twice the time it had (a rerun is one step or two, so it fits); a failed one needs a fix first."""
@@ -590,8 +597,9 @@ def next_steps(n: int, rows: dict[str, dict]) -> list[str]:
     starved = [s for s, r in rows.items() if r["status"] == "skipped" and r["note"].startswith("no time left")]
     lines = ["", "next:"]
     again = list(cut) + starved
-    caps = {s: min(2 * r["allowed"], 280) for s, r in cut.items()}
-    budget = min(560, max(60, sum(caps.values()) + 30 * len(starved) + 20))
+    nominal = nominal_caps(n)
+    caps = {s: min(2 * cut[s]["allowed"], 280) if s in cut else nominal.get(s, 60) for s in again}
+    budget = min(560, max(60, sum(caps.values()) + 15))  # the summary's reserve and a kill's grace
     if n == 1:
         lines.append(f"  pass 2: {pass_command(2)}; start it at once, while the machine is warm (a fresh start "
                      "costs a minute or more of the loan)")

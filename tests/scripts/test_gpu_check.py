@@ -134,12 +134,10 @@ def test_pass_2_runs_the_sweeps_and_the_1b_shape(pass_2):
 def test_the_passes_fit_the_loan():
     """Each pass's caps add up to its budget less the summary's reserve and one kill's grace; two
     passes and a machine start fit 15 minutes with room to spare."""
-    text = (ROOT / "scripts/gpu_check.sh").read_text()
     for n in (1, 2):
-        table = text.split("STEPS=(")[n].split(")")[0].split()
-        caps = dict(item.split(":") for item in table)
+        caps = gpu_steps.nominal_caps(n)
         assert tuple(caps) == gpu_steps.PASSES[n]
-        assert sum(map(int, caps.values())) <= 300 - 10 - 5
+        assert sum(caps.values()) <= 300 - 10 - 5
     start_s = 120  # a machine start: "a minute or more"
     assert start_s + 2 * (300 + gpu_steps.COMMAND_MARGIN_S) <= 15 * 60
 
@@ -192,6 +190,17 @@ def test_the_nvidia_smi_step_makes_few_calls(tmp_path, monkeypatch):
     assert run.returncode == 0, run.stdout + run.stderr
     assert len(calls.read_text().splitlines()) == 2  # every field in one call, then the clock report
     assert json.loads((tmp_path / "checks.json").read_text())["nvidia_smi"]["name"] == "v0"
+
+
+def test_a_rerun_gives_a_cut_step_twice_its_time_and_a_starved_one_its_own_cap():
+    rows = {"bench": {"status": "TIMED-OUT", "rc": "124", "seconds": 55.2, "allowed": 55, "note": "cut at 55 s"},
+            "weights": {"status": "ok", "rc": "0", "seconds": 60.0, "allowed": 65, "note": ""},
+            "speculative": {"status": "skipped", "rc": "-", "seconds": 0.0, "allowed": 2, "note": "no time left (2 s)"}}
+    lines = gpu_steps.next_steps(1, rows)
+    assert lines[2].startswith("  pass 2: bash scripts/gpu_check.sh --pass 2")
+    assert lines[3] == ("  then rerun what was cut or had no time: GPU_CHECK_STEPS=bench,speculative "
+                        "GPU_CHECK_CAPS=bench=110,speculative=30 GPU_CHECK_BUDGET_S=155 bash scripts/gpu_check.sh "
+                        "--pass 1   (device tool run: timeout_s 185)")
 
 
 def test_the_kernel_tests_on_the_gpu_host_build_no_cpp():
