@@ -73,7 +73,7 @@ def test_a_copy_that_does_not_fit_is_refused_in_one_line_before_it_is_made(monke
     message = str(refused.value)
     assert "\n" not in message and message.startswith("int8 weights need") and "out of memory" in message
     assert "beside the fp32 ones already held" in message
-    assert engine._quantised.building is None and engine._quantised.get(("fp32", "int8", 32)) is None
+    assert engine.variants.quantised.building is None and engine.variants.quantised.get(("fp32", "int8", 32)) is None
     with pytest.raises(EngineError, match="bf16 weights need"):  # another dtype is a copy too
         engine.apply(replace(engine.settings, dtype="bf16"))
     monkeypatch.setattr(footprint, "free_bytes", lambda device: 100 * need)

@@ -173,7 +173,7 @@ def test_a_draft_with_another_vocabulary_is_refused(tmp_path):
     eng.apply(replace(GREEDY, speculate="draft", draft_model="synthetic:smollm2-135m", draft_weights="fp"))
     # (a 30-layer random model is too slow for a unit test: its loading alone is checked)
     assert isinstance(eng.take_settings(wait=True)[0], SettingsApplied)
-    assert eng._draft.model.cfg.vocab_size == CFG.vocab_size and eng._draft.model.cfg.n_layers == 30
+    assert eng.speculative.draft.model.cfg.vocab_size == CFG.vocab_size and eng.speculative.draft.model.cfg.n_layers == 30
 
 
 # ---- KV rollback under random accept/reject patterns -------------------------------------------
@@ -209,7 +209,7 @@ def test_random_accept_reject_patterns_leave_no_position_or_block_behind(layout,
     plain.reset()
     eng.reset()
     truth = prompt + tokens_of(plain, prompt)[0]
-    eng._lookup = Scripted(truth, patterns)
+    eng.speculative.lookup = Scripted(truth, patterns)
     out = []
     for event in eng.generate(prompt):
         if isinstance(event, TokenEvent):
