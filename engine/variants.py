@@ -13,6 +13,7 @@ from engine.model.quant import QuantisedModels
 from engine.model.transformer import Transformer
 from engine.serving.speculative import DraftModels
 from engine.settings import DRAFT_GROUP_SIZE, EngineError, QuantError, Settings, check_weights, weights_label
+from engine.steps.timing import elem_bytes
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -82,7 +83,7 @@ class ModelVariants:
     def check_copy_fits(self, dtype: str, weights: str, group_size: int) -> None:
         """Refuse a new copy of the weights (another dtype, a quantised copy) the device has no room
         for, in one line, before any of it is made (engine/model/footprint.py)."""
-        refusal = copy_fit_refusal(self.cfg, self.device, dtype, weights, group_size, DTYPES[dtype].itemsize)
+        refusal = copy_fit_refusal(self.cfg, self.device, dtype, weights, group_size, elem_bytes(DTYPES[dtype]))
         if refusal:
             raise EngineError(refusal)
 
