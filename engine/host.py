@@ -30,6 +30,7 @@ import queue
 import threading
 import time
 from dataclasses import replace
+from types import MappingProxyType
 from typing import Callable
 
 from engine.engine import Engine
@@ -63,6 +64,9 @@ KV_SNAPSHOT_INTERVAL_S = 0.15  # the KV panel needs a few pictures a second, not
 IDLE_WAIT_S = 0.02  # background work with nothing to run (users thinking, weights being made): look again
 
 _WAKE = object()  # a queued no-op: wakes the loop to look at the engine's settings again
+IMMEDIATE = (Apply, Stop, Query)  # commands that do not queue: they reach the engine at once
+# how a failed command is named in `failed(what, message)` (any other: "engine")
+FAILED_AS = MappingProxyType({Load: "load", Chat: "reply", MeasureQuality: "quality", Reset: "reset"})
 
 
 class Cancelled(BaseException):
@@ -189,28 +193,32 @@ class EngineHost:
 
     def execute(self, command) -> None:
         """One command; an exception is reported as one line (`failed`) and the loop goes on."""
-        what = {Load: "load", Chat: "reply", MeasureQuality: "quality", Reset: "reset"}.get(type(command), "engine")
         try:
-            if isinstance(command, Load):
-                self._load(command)
-            elif isinstance(command, Chat):
-                self._chat(command.text, command.ignore_eos)
-            elif isinstance(command, MeasureQuality):
-                self._measure_quality(command)
-            elif isinstance(command, Reset):
-                self._reset()
-            elif isinstance(command, Apply):
-                self.request(command)
-            elif isinstance(command, Stop):
-                self.stop()
-            elif isinstance(command, Query):
-                self.query()
-            else:
-                raise EngineError(f"unknown command {type(command).__name__}")
+            self.dispatch(command)
         except Cancelled:
             raise
         except Exception as error:
-            self.emit("failed", what, one_line(error))
+            self.emit("failed", FAILED_AS.get(type(command), "engine"), one_line(error))
+
+    def dispatch(self, command) -> None:
+        """The one table of commands. IMMEDIATE ones are safe from any thread (the process's
+        listener hands them on at once); the others run on the host's own thread."""
+        if isinstance(command, Apply):
+            self.request(command)
+        elif isinstance(command, Stop):
+            self.stop()
+        elif isinstance(command, Query):
+            self.query()
+        elif isinstance(command, Load):
+            self._load(command)
+        elif isinstance(command, Chat):
+            self._chat(command.text, command.ignore_eos)
+        elif isinstance(command, MeasureQuality):
+            self._measure_quality(command)
+        elif isinstance(command, Reset):
+            self._reset()
+        else:
+            raise EngineError(f"unknown command {type(command).__name__}")
 
     def _progress(self, fraction: float, message: str) -> None:
         if self.quitting:
@@ -349,16 +357,12 @@ def serve(conn) -> None:
                 continue
             try:
                 inject("listener")
-                if isinstance(message, Apply):
-                    host.request(message)
-                elif isinstance(message, Stop):
-                    host.stop()
-                elif isinstance(message, Query):
-                    host.query()
-                elif isinstance(message, Quit):
+                if isinstance(message, Quit):
                     host.quit()
                     commands.put(message)
                     return
+                if isinstance(message, IMMEDIATE):
+                    host.dispatch(message)
                 else:
                     commands.put(message)
             except Exception as error:  # the listener must outlive any one message, and say what was lost
@@ -386,7 +390,7 @@ def _report_lost(emit, host: EngineHost, message, error: BaseException) -> None:
         _report(emit, None, SettingsRefused(message.request_id, _refusal_line(error),
                                             host.engine.settings if host.engine else None))
         return
-    what = {Load: "load", Chat: "reply", Reset: "reset", MeasureQuality: "quality"}.get(type(message))
+    what = FAILED_AS.get(type(message))
     try:
         if what is not None:
             emit("failed", what, f"the engine could not take the command: {line}")
