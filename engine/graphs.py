@@ -16,7 +16,7 @@ import torch
 
 from engine.dispatch import record
 from engine.model.transformer import Transformer
-from kernels import registry as kernel_registry
+from kernels.registry import KernelSwitches
 
 GRAPH_BUCKET = 1024  # attention in a captured step reads a multiple of this many positions
 # torch's CUDA graph trees run a new graph's first call as a warm-up and record it on the second;
@@ -30,7 +30,8 @@ CPU_CAPTURE_REFUSAL = ("on a CPU a compiled decode step measured no faster than 
 
 
 class GraphDecoder:
-    def __init__(self, device: str, cpu_compile: bool = False):
+    def __init__(self, device: str, cpu_compile: bool = False, kernels: KernelSwitches | None = None):
+        """`kernels`: the engine's switches (engine/context.py): "graphs" off there, no capture here."""
         self.device = device
         self.cuda = device.startswith("cuda")
         self._steps: dict[int, object] = {}  # id(model) -> its compiled step, all for the cache below
@@ -38,7 +39,8 @@ class GraphDecoder:
         self._calls: dict[tuple[int, int], int] = {}  # (id(model), kv_len) -> calls so far
         self.kind = "CUDA graph" if self.cuda else "compiled step" if cpu_compile else ""  # what a capture is here
         # why graphs do not run ("" while they can)
-        self.unavailable = kernel_registry.reason("graphs") if self.cuda else "" if cpu_compile else NOT_ON_GPU
+        self.unavailable = (kernels.reason("graphs") if kernels is not None else "") if self.cuda else \
+            "" if cpu_compile else NOT_ON_GPU
         self.replays = 0  # decode steps that ran through the compiled step (capture calls included)
         self.captures = 0  # graphs compiled and captured (one per model and kv_len bucket)
         self.capture_s = 0.0  # seconds of the calls that compiled and captured them

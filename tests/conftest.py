@@ -2,13 +2,14 @@ import os
 
 import pytest
 
-from kernels import registry as kernel_registry
+from engine.context import reset_default_context
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 
 @pytest.fixture(autouse=True)
-def kernels_switched_on():
-    """A kernel a test switched off (a failed check at load: kernels/registry.py) is on for the next."""
+def fresh_default_context():
+    """What a test left in the process's default context (engine/context.py: a kernel switched
+    off, a device measured, packed weights) is not there for the next: a fresh one after each test."""
     yield
-    kernel_registry.reset()
+    reset_default_context()

@@ -8,28 +8,31 @@ and prefill PyTorch's fused SDPA; on a CPU, SDPA's fused kernel. k and v are (B,
 tensors, or `PagedKV` handles from a paged cache."""
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
 
+from engine.context import EngineContext, default_context
 from engine.dispatch import record
 from engine.kv.cache import PagedKV
 from engine.settings import ATTENTION_BACKENDS as BACKENDS
-from kernels import registry as kernel_registry
 
 
-def attend(q: torch.Tensor, k, v, backend: str = "flash", kv_lens: torch.Tensor | None = None) -> torch.Tensor:
+def attend(q: torch.Tensor, k, v, backend: str = "flash", kv_lens: torch.Tensor | None = None,
+           context: EngineContext | None = None) -> torch.Tensor:
     """q (B, H, T, hd) holds the last T positions of each row's keys; causal among them.
     kv_lens (B,) int tensor (ragged rows, or a CUDA-graph bucket): row b has kv_lens[b] valid
-    keys and its queries sit at kv_lens[b] - T ...; None: every row has all S keys.
+    keys and its queries sit at kv_lens[b] - T ...; None: every row has all S keys. `context`:
+    the engine's (engine/context.py: a kernel it switched off is not taken); None: the default.
     Returns (B, H, T, hd) in q's dtype."""
     if backend not in BACKENDS:
         raise ValueError(f"attention must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if isinstance(k, PagedKV):
-        return _attend_paged(q, k, v, backend)
+        return _attend_paged(q, k, v, backend, context)
     if backend == "flash":
-        return flash_attention(q, k, v, kv_lens)
+        return flash_attention(q, k, v, kv_lens, context)
     return naive_attention(q, k, v, kv_lens)
 
 
@@ -50,13 +53,13 @@ def naive_attention(q, k, v, kv_lens=None) -> torch.Tensor:
     return (probs @ v).view(B, H, T, hd)
 
 
-def flash_attention(q, k, v, kv_lens=None) -> torch.Tensor:
+def flash_attention(q, k, v, kv_lens=None, context: EngineContext | None = None) -> torch.Tensor:
     """Fused attention: the scores stay in registers / cache, never in memory."""
     B, H, T, hd = q.shape
     n_kv, S = k.shape[1], k.shape[2]
     # eager decode on a GPU: the Triton kernel. Inside a captured CUDA graph (torch.compile) the
     # fused SDPA stands in: the kernel's launch code is not traced (an untested path on our GPUs).
-    if T == 1 and _use_kernel(q, "flash") and not torch.compiler.is_compiling():
+    if T == 1 and not torch.compiler.is_compiling() and _use_kernel(q, "flash", context):
         from kernels.flash_decode import flash_decode
         record("attention decode", "triton flash_decode")
         lens = kv_lens.to(torch.int32) if kv_lens is not None else \
@@ -88,21 +91,21 @@ def _allowed(B: int, T: int, S: int, kv_lens, device) -> torch.Tensor | None:
     return torch.arange(S, device=device)[None, None, :] <= q_pos[:, :, None]  # (B, T, S)
 
 
-def _attend_paged(q, k: PagedKV, v: PagedKV, backend: str) -> torch.Tensor:
+def _attend_paged(q, k: PagedKV, v: PagedKV, backend: str, context: EngineContext | None = None) -> torch.Tensor:
     layout = k.layout
     B, H, T, hd = q.shape
-    if T == 1 and backend == "flash" and _use_kernel(q, "paged"):
+    if T == 1 and backend == "flash" and _use_kernel(q, "paged", context):
         from kernels.flash_decode import paged_flash_decode
         record("attention decode", "triton paged_flash_decode")
         tables, lens = layout.tensors(q.device)
         return paged_flash_decode(q[:, :, 0], k.pool, v.pool, tables, lens, layout.block_size).unsqueeze(2)
     if B == 1 and len(layout.runs[0]) == 1:  # one run of consecutive blocks: a plain view
-        return attend(q, k.run_views(0)[0], v.run_views(0)[0], backend)
+        return attend(q, k.run_views(0)[0], v.run_views(0)[0], backend, context=context)
     if T == 1 and B == 1:  # several runs: read each in place, no gathered copy
         return _decode_over_runs(q, k.run_views(0), v.run_views(0))
     lens = layout.context_lens
     kv_lens = None if len(set(lens)) == 1 else torch.tensor(lens, device=q.device)
-    return attend(q, k.dense(), v.dense(), backend, kv_lens)
+    return attend(q, k.dense(), v.dense(), backend, kv_lens, context)
 
 
 def _decode_over_runs(q, k_runs: list[torch.Tensor], v_runs: list[torch.Tensor]) -> torch.Tensor:
@@ -129,25 +132,20 @@ def _record(T: int, impl: str) -> None:
         record("attention decode" if T == 1 else "attention prefill", impl)
 
 
-_KERNELS: bool | None = None
-
-
-def _use_kernel(q: torch.Tensor, name: str) -> bool:
+def _use_kernel(q: torch.Tensor, name: str, context: EngineContext | None = None) -> bool:
     """Decode on a GPU takes Triton kernel `name` unless it failed its check at load."""
-    return _on_gpu(q) and _kernels_available() and kernel_registry.enabled(name)
+    return _on_gpu(q) and _kernels_available() and (context or default_context()).kernels.enabled(name)
 
 
 def _on_gpu(q: torch.Tensor) -> bool:
     return q.is_cuda  # its own function: the dispatch tests take the GPU's branch with CPU tensors
 
 
+@functools.cache  # a fact of the installed process, the same for every engine
 def _kernels_available() -> bool:
     """Triton importable (checked once): the GPU decode kernels; else PyTorch's SDPA."""
-    global _KERNELS
-    if _KERNELS is None:
-        try:
-            import triton  # noqa: F401
-            _KERNELS = True
-        except ImportError:
-            _KERNELS = False
-    return _KERNELS
+    try:
+        import triton  # noqa: F401
+        return True
+    except ImportError:
+        return False

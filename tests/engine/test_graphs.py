@@ -11,7 +11,8 @@ from engine.io.loader import synthetic_weights
 from engine.kv.cache import ContiguousKVCache
 from engine.model.config import ModelConfig
 from engine.model.transformer import Transformer
-from kernels import registry as kernel_registry
+from engine.context import EngineContext
+from engine.options import EngineOptions
 
 CFG = ModelConfig(name="tiny", dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, vocab_size=97, max_seq_len=64)
 
@@ -41,8 +42,8 @@ def decode(decoder, m, cache, pos):
 
 
 def test_steps_count_as_captures_then_replays_and_match_eager(compiles):
-    kernel_registry.disable("cpu_step", "the reference is PyTorch's eager step")
     m, decoder = model(), GraphDecoder("cuda")
+    m.bind(EngineContext(EngineOptions(cpu_step=False)))  # the reference is PyTorch's eager step
     cache = ContiguousKVCache(CFG, 1, CFG.max_seq_len, torch.float32, "cpu")
     eager = ContiguousKVCache(CFG, 1, CFG.max_seq_len, torch.float32, "cpu")
     before = dispatch.counts()
