@@ -1,6 +1,7 @@
 import os
 
 import pytest
+import torch
 
 from engine.context import reset_default_context
 
@@ -13,3 +14,15 @@ def fresh_default_context():
     off, a device measured, packed weights) is not there for the next: a fresh one after each test."""
     yield
     reset_default_context()
+
+
+@pytest.fixture
+def one_torch_thread():
+    """The test machines share two cores among several jobs: with two OpenMP threads a tiny model's
+    step waits on a descheduled thread (100+ ms instead of 0.5 ms). One thread keeps these tests
+    fast; it is put back after each, so other tests keep their threads. Every app test asks for it
+    (tests/app/conftest.py), and the engine's modules of tiny models (pytestmark)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

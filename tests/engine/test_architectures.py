@@ -4,20 +4,13 @@ tolerance over prefill and decode steps, greedy tokens equal. Anything else is r
 import json
 
 import pytest
-import torch
 from model_files import assert_logits_match, hf_greedy, our_greedy, save_hf_folder, tiny_hf, write_gguf
 
 from engine.io.loader import load_model
 from engine.model.config import ConfigError, ModelConfig
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models: one thread is faster than two waiting on each other on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models (tests/conftest.py)
 
 CASES = {  # family, config overrides
     "llama": ("llama", dict(rope_theta=500000.0)),
