@@ -25,7 +25,7 @@ The public surface (engine/host.py, engine/cli.py, the bench, the tests):
         max_users, max_users_for(dtype), serving, model, model_for(s), max_context, kv_snapshot(),
         disable_graphs(reason).
     Attributes: device, cfg, tokenizer, loaded, hardware (may be replaced: the bench re-probes the peak),
-        context, graphs, kernel_notes, hold_cpu_peaks, progress, step_count, and kept by the parts but read and
+        context, graphs, kernel_notes, progress, step_count, and kept by the parts but read and
         set here: cache, cached_ids (plain steps), user_workload, kv_pool_budget_bytes, on_request
         (the batch's lifecycle).
 """
@@ -45,10 +45,8 @@ from engine.events import (
     SettingsApplied,
 )
 from engine.graphs import GraphDecoder
-from engine.hardware.spec import dtype_name
 from engine.io.loader import LoadedWeights, load_model
 from engine.kv.cache import DEFAULT_BLOCK_SIZE
-from engine.metrics import StepMetrics
 from engine.model.config import ModelConfig
 from engine.model.transformer import Transformer
 from engine.protocol import Capabilities
@@ -101,7 +99,6 @@ class Engine:
             torch.set_flush_denormal(True)
         self.graphs = GraphDecoder(device, kernels=self.context.kernels)
         self.settings = self._normalised((settings or Settings(dtype=dtype)).validate(device))
-        self.hold_cpu_peaks = False  # the app's engine: a step that beats a measured CPU peak raises it
         self.hardware = hardware or detect_device(device, progress=(lambda m: progress(0.0, m)) if progress else None,
                                                   context=self.context)
         self.model_spec = model if isinstance(model, str) else None  # what a draft "self"/"default" compares to
@@ -242,7 +239,7 @@ class Engine:
         metrics, stats = self.batch.step(self.step_count)
         if metrics is not None:
             self.counter.advance()
-            events.extend(self._held_to_peak([metrics]))
+            events.append(metrics)
         if stats is not None:
             events.append(stats)
         self.batch.end_if_done(self.settings)
@@ -292,11 +289,14 @@ class Engine:
 
     def chat(self, user_text: str, ignore_eos: bool = False) -> Iterator:
         """One turn of the conversation; it is kept once the reply has run (finished or stopped).
-        ignore_eos: the reply runs to its token budget or the context's end."""
+        ignore_eos: the reply runs to its token budget or the context's end, in prose: the end of
+        turn and every other special token are never sampled (else the model writes the template's
+        next turns, role names and all, into its reply)."""
         ids = self.conversation.prompt_ids(user_text)
         check_prompt_length(len(ids), self.max_context)
         done = None
-        for event in self.generate(ids, ignore_eos=ignore_eos):
+        masked = self.conversation.special_ids() if ignore_eos else frozenset()
+        for event in self.generate(ids, ignore_eos=ignore_eos, masked_ids=masked):
             if isinstance(event, DoneEvent):
                 done = event
             yield event
@@ -304,8 +304,9 @@ class Engine:
 
     # ---- generation: one reply loop, each step plain (batch 1) or in the batch -----------------
     def generate(self, prompt_ids: list[int], max_new_tokens: int | None = None,
-                 ignore_eos: bool = False) -> Iterator:
-        """Stream a reply to `prompt_ids`, reusing whatever prefix of them is already cached."""
+                 ignore_eos: bool = False, masked_ids: frozenset[int] = frozenset()) -> Iterator:
+        """Stream a reply to `prompt_ids`, reusing whatever prefix of them is already cached;
+        `masked_ids` are never sampled (their logits are -inf on every path: plain, verify, batched)."""
         if not prompt_ids:
             raise PromptError("empty prompt: nothing to generate from")
         check_prompt_length(len(prompt_ids), self.max_context)
@@ -314,6 +315,7 @@ class Engine:
         eos = frozenset() if ignore_eos else frozenset(self.tokenizer.eos_ids)
         reply = Reply(list(prompt_ids), max_new_tokens or self.settings.max_new_tokens,
                       self.tokenizer.stream(skip_special_tokens=True), eos)
+        reply.masked = tuple(sorted(masked_ids))
         gen = make_generator(self.settings.sampling.seed, self.device)
         if self.settings.speculate == "oracle":  # its guesses are computed before the reply's first step
             reply.oracle = self.speculative.oracle(reply, self._setup())
@@ -340,7 +342,7 @@ class Engine:
                         break
                     if reply.request.is_finished:
                         break
-                yield from self._held_to_peak(self._runner(reply).step(reply, gen, setup))
+                yield from self._runner(reply).step(reply, gen, setup)
         finally:
             self._reply_active = False
             if reply.request is not None and self.batch.server is not None:
@@ -354,36 +356,3 @@ class Engine:
         if self.settings.speculate != "off" and reply.n_new > 0:
             return self.speculative
         return self.plain
-
-    def _held_to_peak(self, events: Iterator) -> Iterator:
-        """A CPU's peaks are measured at load: its FLOP/s by a matmul, its bandwidth by PyTorch's `sum`
-        over 256 MiB. A busy machine measures both low, and the C++ step streams faster than that sum.
-        A step that beats a peak shows the machine can do at least that much, so the peak rises to
-        what the step reached, for this step and every later one. Otherwise the window would show
-        MFU or MBU over 100%, and tokens/s above its own ceiling. A GPU's peaks come from its
-        datasheet and are never raised: there, going past one would be a cost-model error to see.
-        The app's engine does this (engine/host.py). The bench keeps its probes: it reports MBU
-        against them, and probes again after its runs (bench/single.py reprobe_peak)."""
-        for event in events:
-            if isinstance(event, StepMetrics) and self.hold_cpu_peaks and self.hardware.kind == "cpu" \
-                    and event.step_s > 0:
-                event = self._raise_peaks(event)
-            yield event
-
-    def _raise_peaks(self, metrics: StepMetrics) -> StepMetrics:
-        spec, dtype = self.hardware, dtype_name(self.settings.dtype)
-        known_flops = spec.peak_flops.get(dtype, 0.0)
-        flops = max(known_flops, _finite(metrics.peak_flops), metrics.achieved_flops)
-        known_bps = spec.peak_bandwidth_gbs * 1e9
-        bps = max(known_bps, _finite(metrics.peak_bandwidth_bps), metrics.achieved_bandwidth_bps)
-        if flops > known_flops or bps > known_bps:
-            self.hardware = replace(spec, peak_flops={**spec.peak_flops, dtype: flops},
-                                    measured_flops={**spec.measured_flops, dtype: flops},
-                                    peak_bandwidth_gbs=bps / 1e9, measured_bandwidth_gbs=bps / 1e9)
-        if flops == metrics.peak_flops and bps == metrics.peak_bandwidth_bps:
-            return metrics
-        return replace(metrics, peak_flops=flops, peak_bandwidth_bps=bps)
-
-
-def _finite(value: float) -> float:
-    return value if value == value and value != float("inf") else 0.0

@@ -249,7 +249,6 @@ class EngineHost:
                             progress=self._progress, hardware=hardware, settings=settings, messages=command.messages,
                             context=self.context)
             engine.kernel_notes = check_kernels(engine)  # a kernel that fails its check is switched off
-            engine.hold_cpu_peaks = True  # never MFU/MBU over 100% on a CPU measured low (Engine._held_to_peak)
             old, self.engine = self.engine, engine
             if old is not None:
                 old.stop()

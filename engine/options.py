@@ -7,8 +7,10 @@ engine process spawned by the app sees what its parent's environment held then. 
     MEMBOUND_FAULTS=POINT[:KIND],...     fault injection for the reliability tests (engine/faults.py)
     MEMBOUND_ENGINE_OMP_WAIT_POLICY=...  OpenMP's waiting in the engine process the app spawns alone
     MEMBOUND_LLAMA_SERVER=PATH           the llama-server `bench --compare llamacpp` runs
-    MEMBOUND_CACHE=DIR                   where built things are kept (default $XDG_CACHE_HOME/membound,
-                                         ~/.cache/membound): the llama-server build, the C++ step
+    MEMBOUND_CACHE=DIR                   where built and measured things are kept (default
+                                         $XDG_CACHE_HOME/membound, ~/.cache/membound): the llama-server
+                                         build, the C++ step, the measured roofs
+    MEMBOUND_ROOF_CACHE=FILE             the measured roofs' file (default roof.json there)
     CXX                                  the C++ compiler for the CPU step (else g++, c++, clang++)
 
 Read elsewhere, each by what it belongs to: OMP_WAIT_POLICY by OpenMP itself (set for it by
@@ -33,6 +35,7 @@ class EngineOptions:
     llama_server: str = ""  # MEMBOUND_LLAMA_SERVER ("": the one `make peers` built, else PATH)
     cache_dir: Path = Path.home() / ".cache" / "membound"  # MEMBOUND_CACHE
     compiler: str = ""  # CXX
+    roof_cache: Path = Path.home() / ".cache" / "membound" / "roof.json"  # MEMBOUND_ROOF_CACHE
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> "EngineOptions":
@@ -44,7 +47,8 @@ class EngineOptions:
                    engine_omp_wait_policy=env.get("MEMBOUND_ENGINE_OMP_WAIT_POLICY", ""),
                    llama_server=env.get("MEMBOUND_LLAMA_SERVER", ""),
                    cache_dir=Path(cache),
-                   compiler=env.get("CXX", ""))
+                   compiler=env.get("CXX", ""),
+                   roof_cache=Path(env.get("MEMBOUND_ROOF_CACHE") or Path(cache) / "roof.json"))
 
 
 def passive_openmp_waits() -> None:

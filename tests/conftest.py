@@ -1,4 +1,5 @@
 import os
+import tempfile
 
 import pytest
 import torch
@@ -6,6 +7,9 @@ import torch
 from engine.context import reset_default_context
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# The roofs a test session measures go to a cache of its own (engine/hardware/roof.py), never the
+# user's; engine processes the tests start inherit it.
+os.environ["MEMBOUND_ROOF_CACHE"] = os.path.join(tempfile.mkdtemp(prefix="membound-roof-"), "roof.json")
 
 
 @pytest.fixture(autouse=True)

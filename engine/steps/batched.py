@@ -28,7 +28,7 @@ class BatchedSteps:
         # retain_kv: the conversation's K/V stay in the pool after the reply, and the next turn
         # prefills only what is new (engine/serving/scheduler.py), as the plain path's cache does
         request = Request(next(self._person_ids), list(reply.ids), min(want, room), reply.eos, retain_kv=True)
-        server.submit_person(request, setup.settings.sampling, gen)
+        server.submit_person(request, setup.settings.sampling, gen, masked=reply.masked)
         reply.batched_from_start = reply.n_new == 0
         reply.seen = len(request.output_ids)
         reply.request = request

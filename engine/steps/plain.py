@@ -11,7 +11,7 @@ from engine.graphs import GraphDecoder
 from engine.kv.cache import DEFAULT_BLOCK_SIZE, ContiguousKVCache, PagedKVCache
 from engine.metrics import StepMetrics, step_cost
 from engine.model.config import ModelConfig
-from engine.model.sampling import sample
+from engine.model.sampling import mask_tokens, sample
 from engine.serving.scheduler import common_prefix
 from engine.serving.speculative import Draft, verify
 from engine.steps.reply import Reply, StepSetup
@@ -33,7 +33,7 @@ class PlainSteps:
         self.cached_ids: list[int] = []  # token ids whose K/V are in self.cache
 
     def step(self, reply: Reply, gen, setup: StepSetup) -> Iterator:
-        (token,), metrics = self.run(reply.ids, produced=reply.n_new, gen=gen, setup=setup)
+        (token,), metrics = self.run(reply.ids, produced=reply.n_new, gen=gen, setup=setup, masked=reply.masked)
         t_end = time.perf_counter()
         self.counter.advance()
         if reply.n_new == 0:
@@ -65,11 +65,12 @@ class PlainSteps:
         return ContiguousKVCache(self.cfg, 1, self.cfg.max_seq_len, dtype, self.device)
 
     @torch.inference_mode()
-    def run(self, ids: list[int], produced: int, gen, setup: StepSetup,
-            draft: Draft | None = None) -> tuple[list[int], StepMetrics]:
+    def run(self, ids: list[int], produced: int, gen, setup: StepSetup, draft: Draft | None = None,
+            masked: tuple[int, ...] = ()) -> tuple[list[int], StepMetrics]:
         """Run the context's uncached tail (and the draft's guesses, if any) through the model;
         returns the tokens it produced (one; or the accepted guesses and the target's own) and the
-        step's figures. Rejected guesses leave the KV cache (contiguous: its length; paged: their blocks)."""
+        step's figures. Rejected guesses leave the KV cache (contiguous: its length; paged: their
+        blocks). `masked` token ids are never sampled."""
         settings = setup.settings
         model = setup.model
         use_cache = settings.kv_cache
@@ -104,6 +105,7 @@ class PlainSteps:
             logits = model(tokens, start_pos=start, cache=self.cache if use_cache else None,
                            attention=attention, logits_rows=len(guesses) + 1)
         accepted = 0
+        mask_tokens(logits, masked)
         if draft is None:
             out = [int(sample(logits[:, -1], settings.sampling, gen).item())]
         else:

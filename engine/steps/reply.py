@@ -52,6 +52,7 @@ class Reply:
         self.request: Request | None = None  # the reply's request, once it runs in the batch
         self.seen = 0  # the batch request's output ids already streamed
         self.oracle: Oracle | None = None  # speculate="oracle": the reply's guesses, computed beforehand
+        self.masked: tuple[int, ...] = ()  # token ids never sampled (keep-decoding's special tokens)
 
     def end_reason(self, stopped: bool, max_context: int) -> str:
         if self.n_new >= self.budget:

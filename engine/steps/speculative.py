@@ -53,7 +53,8 @@ class SpeculativeSteps:
             self.counter.advance()
             reply.decode_s += draft.metrics.step_s
             yield draft.metrics
-        tokens, metrics = self.plain.run(reply.ids, produced=reply.n_new, gen=gen, setup=setup, draft=draft)
+        tokens, metrics = self.plain.run(reply.ids, produced=reply.n_new, gen=gen, setup=setup, draft=draft,
+                                         masked=reply.masked)
         t_end = time.perf_counter()
         self.counter.advance()
         reply.decode_s += metrics.step_s
@@ -81,8 +82,9 @@ class SpeculativeSteps:
         the last one is kept: a benchmark asks for the same reply at every k)."""
         s, model = setup.settings, setup.model
         budget = reply.budget - reply.n_new
-        key = (tuple(reply.ids), budget, reply.eos, model, s.attention, s.kv_cache)
+        key = (tuple(reply.ids), budget, reply.eos, reply.masked, model, s.attention, s.kv_cache)
         if self._last_oracle is None or self._last_oracle[0] != key:
-            reference = greedy_reference(model, reply.ids, budget, reply.eos, s.attention, s.kv_cache)
+            reference = greedy_reference(model, reply.ids, budget, reply.eos, s.attention, s.kv_cache,
+                                         reply.masked)
             self._last_oracle = (key, reference)
         return Oracle(self._last_oracle[1], len(reply.ids))
