@@ -54,6 +54,8 @@ PROCESS_WIDE = {
     "kernels.cpu_decode._LOADED": "the compiled C++ step, one library per set of build flags: a loaded "
                                   "library cannot be unloaded",
     "kernels.cpu_decode._LOCK": "guards the build of that library",
+    "kernels.cpu_roof._lib": "the compiled roof probe (a library, loaded once: it cannot be unloaded)",
+    "kernels.cpu_roof._lock": "guards its load",
     "engine.dispatch._COUNTS": "which implementation ran, counted since the process began: monotonic, and "
                                "read as differences (`since`), so no reader sees another's counts",
     "engine.model.attention._kernels_available": "whether triton imports: a fact of the installed process",
