@@ -20,7 +20,7 @@ The public surface (engine/host.py, engine/cli.py, the bench, the tests):
         effect at the next step boundary, or at take_settings(wait) between replies.
     stop()                        any thread: the reply in progress ends at its next step.
     serve_step()                  between replies: one step for the simulated users (settings.users > 0).
-    reset(); messages (get/set)   the conversation.
+    reset(); messages (get/set)   the conversation; complete(text): a base model's raw continuation.
     settings, requested_settings, has_pending, weights_building, refusal(s), capabilities(),
         max_users, max_users_for(dtype), serving, model, model_for(s), max_context, kv_snapshot(),
         disable_graphs(reason).
@@ -99,6 +99,8 @@ class Engine:
             torch.set_flush_denormal(True)
         self.graphs = GraphDecoder(device, kernels=self.context.kernels)
         self.settings = self._normalised((settings or Settings(dtype=dtype)).validate(device))
+        from engine.io.check import check_model
+        check_model(model)  # a bad or unsupported file says so now, not after the bandwidth probe
         self.hardware = hardware or detect_device(device, progress=(lambda m: progress(0.0, m)) if progress else None,
                                                   context=self.context)
         self.model_spec = model if isinstance(model, str) else None  # what a draft "self"/"default" compares to
@@ -301,6 +303,15 @@ class Engine:
                 done = event
             yield event
         self.conversation.add_turn(user_text, done.text if done else "")
+
+    def complete(self, text: str, ignore_eos: bool = False) -> Iterator:
+        """`text` continued exactly as written: no chat template and no conversation kept, BOS as
+        the tokenizer's file says (a base model's use: `membound chat --raw`)."""
+        if not text or not text.strip():
+            raise PromptError("empty prompt: type something to complete")
+        ids = self.tokenizer.encode(text)
+        check_prompt_length(len(ids), self.max_context)
+        yield from self.generate(ids, ignore_eos=ignore_eos)
 
     # ---- generation: one reply loop, each step plain (batch 1) or in the batch -----------------
     def generate(self, prompt_ids: list[int], max_new_tokens: int | None = None,

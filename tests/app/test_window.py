@@ -302,14 +302,14 @@ def test_a_planted_over_count_shows_above_the_roof_in_the_window_and_the_recordi
     a step above the measured roof is now drawn past it, said in the chat and the strip, and logged."""
     from app.recording import Recorder, read_recording
     from app.window import MainWindow
-    from engine import engine as engine_module
     from engine.hardware.roof import ABOVE_ROOF
+    from engine.steps import plain as plain_steps  # the batch-1 step, where the cost model is charged
 
-    real = engine_module.step_cost
+    real = plain_steps.step_cost
 
     def over_counted(*args, **kwargs):  # the cost model charges 10^5 x the weights the step reads
         return dataclasses.replace(real(*args, **kwargs), weight_bytes=10**5 * kwargs["weight_bytes"])
-    monkeypatch.setattr(engine_module, "step_cost", over_counted)
+    monkeypatch.setattr(plain_steps, "step_cost", over_counted)
     recorder = Recorder(tmp_path / "talk.membound")
     window = MainWindow(model=tiny_model, hardware=fake_cpu(), settings=Settings(max_new_tokens=8, sampling=GREEDY),
                         recorder=recorder)

@@ -44,6 +44,8 @@ CONSTANT_TABLES = {
     "engine.model.config.HF_MODEL_TYPES", "engine.model.config.GGUF_ARCHITECTURES", "engine.model.config.FAMILY_NAMES",
     "engine.model.config.NAMED_SHAPES", "engine.model.cpu_step.ACT_FORMATS", "engine.model.quant.CPU_PACKED_MAX_ROWS",
     "engine.model.quant.DEQUANTISED_COPY_BYTES", "engine.variants.DTYPES",
+    "engine.io.loader._HF_GEMMA_NAMES", "engine.io.tokenizer.GPT4O_PRE", "engine.model.config.GEMMA3_TEXT_DEFAULTS",
+    "engine.model.config.GEMMA2_DEFAULTS", "engine.model.config.ACTIVATIONS",
 }
 # Mutable on purpose, process-wide, each with why (engine/context.py says the same).
 PROCESS_WIDE = {
@@ -61,6 +63,7 @@ PROCESS_WIDE = {
     "engine.model.attention._kernels_available": "whether triton imports: a fact of the installed process",
     "engine.model.transformer._onednn_available": "whether this torch build has oneDNN's packed matmul: a fact "
                                                   "of the installed process",
+    "engine.model.cpu_step.model_refusal": "a pure function of a frozen ModelConfig, memoised",
     # the C++ step's plans and build result: moved last, after the kernels helper's rewrite of cpu_step.py
     "engine.model.cpu_step._PLANS": "model -> its plan over its cache, weakly keyed (to move into the context)",
     "engine.model.cpu_step._unavailable": "why the C++ library cannot load here (to move into the context)",
