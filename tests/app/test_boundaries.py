@@ -76,7 +76,6 @@ def test_the_contracts_catch_the_app_reaching_past_the_engines_contract(tmp_path
     chat.write_text(chat.read_text() + "\n\ndef _pending():\n    from engine import faults\n    return faults\n")
     out = lint_imports(tmp_path)
     assert out.returncode != 0 and "the app imports from the engine only its torch-free contract" in out.stdout
-    assert "the GUI process never imports torch, even indirectly KEPT" in out.stdout  # faults is torch-free
     assert "app.chat -> engine.faults" in out.stdout
 
 
