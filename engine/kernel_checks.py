@@ -192,10 +192,9 @@ def check_graphs(engine) -> str | None:
     try:
         model(prompt, start_pos=0, cache=cache, attention=attention)
         want = model(token, start_pos=GRAPH_PROMPT, cache=cache, attention=attention)
-        kv_len = graphs.bucket(True, GRAPH_PROMPT, cache.max_len)
         for _ in range(3):  # compile and warm up, record, replay: the third call is a replay
             cache.truncate(GRAPH_PROMPT)
-            got = graphs.decode(model, cache, token, GRAPH_PROMPT, kv_len, attention)
+            got = graphs.decode(model, cache, token, GRAPH_PROMPT, attention)
         ran = graphs.replays - replays
     finally:
         cache.truncate(0)

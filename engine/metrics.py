@@ -53,7 +53,7 @@ def step_cost(cfg: ModelConfig, *, batch_size: int, new_tokens: int, context_len
     length plus the new token, context_len must be 0) and nothing is cached.
     logits_rows: rows the head is evaluated on (default one per sequence).
     kv_read_tokens: cache positions attention actually reads, when it reads more than the
-    live context (a CUDA-graph step reads a fixed bucket with the tail masked).
+    live context (a captured step without the flash kernel reads the whole buffer, masked).
     attention="naive": the (B, n_heads, T, S) score matrix is written to memory and read back
     in the activation dtype, S = every key of the step (the masked half included: it is computed
     and stored too), and its FLOPs are the full T x S product; "flash" keeps it on chip and skips
@@ -285,3 +285,57 @@ def speculation_summary(steps: list[StepMetrics]) -> list[str]:
 def decode_ceiling_tokens_per_s(weight_bytes: float, bandwidth_bps: float, kv_bytes: float = 0.0) -> float:
     """Batch-1 decode ceiling: every weight (and the KV cache) read once per token."""
     return bandwidth_bps / (weight_bytes + kv_bytes)
+
+
+# ---- What the weights hold in memory (the fit check) ----------------------------------------------
+# engine/model/quant.py's storage, per matmul weight (N, K): INT8 one int8 code a weight and an fp32
+# scale a row; INT4 two codes a byte and an fp16 scale and min a group; the output head INT8 under
+# both; the embedding table stays floating point (its lookup stays exact). On a CPU the quantised
+# layers also hold the layouts the CPU kernels stream: INT8 bf16 scales; INT4 PyTorch's packed codes
+# (N padded to 16) with a bf16 (scale, zero) pair a group, and the C++ step's 16-row tiles of codes
+# with their fp16 scales and mins: three copies of the codes in all.
+HEAD_WEIGHTS = "int8"  # what the head becomes under int8 and int4 (engine/model/quant.py)
+
+
+def _padded(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def matmul_held_bytes(n: int, k: int, weights: str, elem_bytes: int, group_size: int = 32,
+                      device: str = "cuda") -> int:
+    """Bytes one (N, K) matmul weight holds at `weights` ("fp", "int8", "int4") on `device`."""
+    if weights == "fp":
+        return n * k * elem_bytes
+    cpu = device == "cpu"
+    if weights == "int8":
+        return n * k + 4 * n + (2 * n if cpu else 0)
+    if weights == "int4":
+        held = n * k // 2 + 2 * 2 * n * (k // group_size)
+        if cpu:
+            n_pad = _padded(n, 16)
+            held += n_pad * k // 2 + 2 * 2 * n_pad * (k // group_size)  # PyTorch's layout, (scale, zero)
+            held += n_pad * k // 2 + 2 * 2 * n_pad * (k // group_size)  # the C++ step's tiles, scales, mins
+        return held
+    raise ValueError(f"weights must be fp, int8 or int4, got {weights!r}")
+
+
+def held_weight_bytes(cfg: ModelConfig, elem_bytes: int, weights: str = "fp", group_size: int = 32,
+                      device: str = "cuda") -> int:
+    """Bytes a model's weights hold at one weights setting (each tensor once; a tied head shares
+    the embedding only while both are floating point), as the engine stores them on `device`."""
+    shapes = [(cfg.q_dim + 2 * cfg.kv_dim, cfg.dim), (cfg.dim, cfg.q_dim), (2 * cfg.ffn_dim, cfg.dim),
+              (cfg.dim, cfg.ffn_dim)]
+    layers = cfg.n_layers * sum(matmul_held_bytes(n, k, weights, elem_bytes, group_size, device) for n, k in shapes)
+    embed = cfg.vocab_size * cfg.dim * elem_bytes
+    head_weights = weights if weights == "fp" else HEAD_WEIGHTS
+    head = 0 if cfg.tied_embeddings and weights == "fp" else \
+        matmul_held_bytes(cfg.vocab_size, cfg.dim, head_weights, elem_bytes, group_size, device)
+    return layers + embed + head + cfg.vector_elems_per_step * elem_bytes
+
+
+def extra_copy_bytes(cfg: ModelConfig, elem_bytes: int, weights: str, group_size: int = 32,
+                     device: str = "cuda") -> int:
+    """What a quantised copy adds beside the floating-point model it is made from (which stays, for
+    switching back): its own matmul weights; the embedding and the norms are shared."""
+    shared = cfg.vocab_size * cfg.dim * elem_bytes + cfg.vector_elems_per_step * elem_bytes
+    return held_weight_bytes(cfg, elem_bytes, weights, group_size, device) - shared

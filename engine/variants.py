@@ -9,10 +9,12 @@ import torch
 from engine.context import EngineContext
 from engine.io.loader import LoadedWeights
 from engine.model.config import ModelConfig
+from engine.model.footprint import copy_fit_refusal
 from engine.model.quant import QuantisedModels
 from engine.model.transformer import Transformer
 from engine.serving.speculative import DraftModels
 from engine.settings import DRAFT_GROUP_SIZE, EngineError, QuantError, Settings, check_weights, weights_label
+from engine.steps.timing import elem_bytes
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -61,6 +63,10 @@ class ModelVariants:
 
     def request(self, settings: Settings) -> None:
         """Start making the quantised weights and the draft model `settings` need (EngineError: one line)."""
+        with self._lock:
+            new_dtype = settings.dtype not in self._models
+        if new_dtype:  # another dtype's weights: a copy of the model
+            self.check_copy_fits(settings.dtype, "fp", settings.group_size)
         self.request_weights(settings)
         self.request_draft(settings)
 
@@ -69,9 +75,20 @@ class ModelVariants:
             return
         try:
             check_weights(self.cfg, settings.weights, settings.group_size)
-            self.quantised.start(settings.weights_key, lambda: self.fp(settings.dtype), self.progress)
         except QuantError as e:
             raise EngineError(str(e)) from None
+        building = self.quantised.building
+        made = self.quantised.get(settings.weights_key) is not None
+        if not made and (building is None or building[0] != settings.weights_key):
+            self.check_copy_fits(settings.dtype, settings.weights, settings.group_size)
+        self.quantised.start(settings.weights_key, lambda: self.fp(settings.dtype), self.progress)
+
+    def check_copy_fits(self, dtype: str, weights: str, group_size: int) -> None:
+        """Refuse a new copy of the weights (another dtype, a quantised copy) the device has no room
+        for, in one line, before any of it is made (engine/model/footprint.py)."""
+        refusal = copy_fit_refusal(self.cfg, self.device, dtype, weights, group_size, elem_bytes(DTYPES[dtype]))
+        if refusal:
+            raise EngineError(refusal)
 
     def request_draft(self, settings: Settings) -> None:
         """Start loading the draft model `settings` speculate with (a no-op unless speculate="draft")."""

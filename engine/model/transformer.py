@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from engine.context import EngineContext, default_context
 from engine.model import cpu_step
-from engine.model.attention import attend
+from engine.model.attention import attend, cache_write, decode_attention
 from engine.model.config import ModelConfig
 from engine.model.rope import rope_tables
 
@@ -247,19 +247,17 @@ class Block(nn.Module):
         y = attend(q, k, v, attention, context=self.context, **self.attend_options)
         return self._out_and_ffn(x, y)
 
-    def forward_static(self, x, cos, sin, layer: int, cache, pos: torch.Tensor, kv_len: int,
-                       attention: str = "flash"):
+    def forward_static(self, x, cos, sin, layer: int, cache, pos: torch.Tensor, attention: str = "flash"):
         """One decode token per sequence at tensor position `pos` (B == 1): no Python value
-        depends on the data, so the step can be captured in a CUDA graph. Attention reads
-        the first kv_len cache positions (a fixed bucket) with the unwritten tail masked."""
+        depends on the data or the context length, so one compiled step (one CUDA graph) serves
+        every position. Attention gets the whole cache buffer and reads its live keys
+        (engine/model/attention.py: decode_attention)."""
         q, k, v = self._qkv(x, cos, sin)
         k_all = cache.k[layer]  # (B, n_kv, S, hd)
         v_all = cache.v[layer]
-        k_all.index_copy_(2, pos, k)
-        v_all.index_copy_(2, pos, v)
-        # keys past pos are masked (kv_lens = pos + 1, a tensor: nothing here depends on the data)
-        y = attend(q, k_all[:, :, :kv_len], v_all[:, :, :kv_len], attention, kv_lens=pos + 1, context=self.context,
-                   **self.attend_options)
+        cache_write(k_all, v_all, pos, k, v)  # in place (an op: see engine/model/attention.py)
+        y = decode_attention(q, k_all, v_all, pos, attention, **self.attend_options,
+                             flash_on=(self.context or default_context()).kernels.enabled("flash"))
         return self._out_and_ffn(x, y)
 
     def _qkv(self, x, cos, sin):
@@ -403,13 +401,13 @@ class Transformer(nn.Module):
             x = x[:, -1:]
         return self.logits(x)
 
-    def forward_decode_static(self, tokens: torch.Tensor, pos: torch.Tensor, cache, kv_len: int,
+    def forward_decode_static(self, tokens: torch.Tensor, pos: torch.Tensor, cache,
                               attention: str = "flash") -> torch.Tensor:
-        """Decode one token at tensor position pos (shape (1,)) over a cache bucket of kv_len
-        positions; the graph-capturable twin of forward(tokens, start_pos, cache)."""
+        """Decode one token at tensor position pos (shape (1,)); the graph-capturable twin of
+        forward(tokens, start_pos, cache), the same step at every position."""
         x = self.embed_tokens(tokens)
         for i, (layer, (cos, sin)) in enumerate(zip(self.layers, self.rope_rows(pos))):
-            x = layer.forward_static(x, cos[None], sin[None], i, cache, pos, kv_len, attention)  # cos (1, 1, rd)
+            x = layer.forward_static(x, cos[None], sin[None], i, cache, pos, attention)  # cos (1, 1, rd)
         return self.logits(x)
 
     def linear_weight_bytes(self, rows: int = 1, head_rows: int = 1) -> int:

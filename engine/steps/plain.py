@@ -90,16 +90,15 @@ class PlainSteps:
             feed = ids + guesses
         phase = "verify" if draft is not None else "prefill" if produced == 0 else "decode"
         tokens = torch.tensor([feed], dtype=torch.long, device=self.device)
-        graph_kv_len = None
-        if use_cache and layout == "contiguous" and len(feed) == 1:
-            graph_kv_len = self.graphs.bucket(settings.cuda_graphs, start, self.cache.max_len)
+        captured = use_cache and layout == "contiguous" and len(feed) == 1 and \
+            self.graphs.active(settings.cuda_graphs)
         timer = StepTimer(self.device)
         timer.start()
-        if graph_kv_len is not None:
+        if captured:
             replays = self.graphs.replays
-            logits = self.graphs.decode(model, self.cache, tokens, start, graph_kv_len, attention)
+            logits = self.graphs.decode(model, self.cache, tokens, start, attention)
             if self.graphs.replays == replays:  # fell back to eager this step: it read only the context
-                graph_kv_len = None
+                captured = False
                 self.on_capture_failed()
         else:
             logits = model(tokens, start_pos=start, cache=self.cache if use_cache else None,
@@ -114,15 +113,17 @@ class PlainSteps:
         if use_cache:
             self.cached_ids = list(ids) + guesses[:accepted]
             self.cache.truncate(len(self.cached_ids))  # the rejected guesses' K/V go (paged: their blocks)
+        # a captured step without the flash kernel reads the whole cache buffer, masked (engine/graphs.py)
+        kv_read_tokens = self.graphs.kv_read_tokens(model, start, self.cache.max_len, attention) if captured else None
         cost = step_cost(self.cfg, batch_size=1, new_tokens=len(feed), context_len=start,
                          weight_bytes=model.linear_weight_bytes(rows=len(feed)), kv_elem_bytes=elem_bytes(model.dtype),
                          act_elem_bytes=elem_bytes(model.dtype), kv_cache=use_cache,
-                         logits_rows=len(guesses) + 1, kv_read_tokens=graph_kv_len, attention=attention,
+                         logits_rows=len(guesses) + 1, kv_read_tokens=kv_read_tokens, attention=attention,
                          kv_layout=layout, block_size=getattr(self.cache, "block_size", DEFAULT_BLOCK_SIZE))
         metrics = StepMetrics.from_cost(
             cost, step=self.counter.value, phase=phase, batch_size=1, new_tokens=len(feed), tokens_out=len(out),
             context_len=start, step_s=step_s, peak_bandwidth_bps=setup.peak_bandwidth_bps,
             peak_flops=setup.peak_flops, t_s=time.monotonic(),
             settings_label=settings.label, draft_tokens=len(guesses), accepted_tokens=accepted,
-            captured=graph_kv_len is not None)
+            captured=captured)
         return out, metrics

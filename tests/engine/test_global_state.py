@@ -64,6 +64,9 @@ PROCESS_WIDE = {
     "engine.model.transformer._onednn_available": "whether this torch build has oneDNN's packed matmul: a fact "
                                                   "of the installed process",
     "engine.model.cpu_step.model_refusal": "a pure function of a frozen ModelConfig, memoised",
+    "engine.model.attention._QUIET": "this thread is inside the captured step's attention op (a scoped flag)",
+    "engine.model.attention._FLASH_OFF": "stateless switches (flash off) for that op, which cannot be handed "
+                                         "its engine's context",
     # the C++ step's plans and build result: moved last, after the kernels helper's rewrite of cpu_step.py
     "engine.model.cpu_step._PLANS": "model -> its plan over its cache, weakly keyed (to move into the context)",
     "engine.model.cpu_step._unavailable": "why the C++ library cannot load here (to move into the context)",

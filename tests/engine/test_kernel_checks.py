@@ -89,7 +89,7 @@ def test_a_failed_graph_check_tells_the_graph_decoder_why(inject):
     assert notes["cuda_graphs=True"].endswith("— decoding without graphs")
     assert engine.graphs.unavailable.startswith("failed its check at load: InjectedFault")
     later = GraphDecoder("cuda", kernels=engine.context.kernels)  # a later engine of its context never tries graphs
-    assert later.unavailable == engine.context.kernels.reason("graphs") and later.bucket(True, 10, 4096) is None
+    assert later.unavailable == engine.context.kernels.reason("graphs") and not later.active(True)
     assert not GraphDecoder("cuda", kernels=EngineContext().kernels).unavailable  # another engine's: its own
 
 
@@ -112,7 +112,7 @@ def stand_in_graphs(engine, broken: str = "", cuda_graphs: bool = True):
     graphs.unavailable = ""
     engine.settings = replace(engine.settings, cuda_graphs=cuda_graphs)  # a CPU engine's say False
 
-    def decode(model, cache, tokens, start, kv_len, attention):
+    def decode(model, cache, tokens, start, attention):
         if broken == "capture":
             graphs.unavailable = "capture failed: BackendCompilerFailed: inductor"
             return model(tokens, start_pos=start, cache=cache, attention=attention)
@@ -121,9 +121,9 @@ def stand_in_graphs(engine, broken: str = "", cuda_graphs: bool = True):
         if broken == "stale":
             return model(tokens, attention=attention)
         if broken == "rounding":  # a fused graph rounds differently, by about bf16's step
-            logits = model.forward_decode_static(tokens, torch.tensor([start]), cache, kv_len, attention)
+            logits = model.forward_decode_static(tokens, torch.tensor([start]), cache, attention)
             return logits + 0.02 * logits.abs().max() * torch.sign(torch.randn_like(logits))
-        return model.forward_decode_static(tokens, torch.tensor([start]), cache, kv_len, attention)
+        return model.forward_decode_static(tokens, torch.tensor([start]), cache, attention)
     graphs.decode = decode
     return graphs
 

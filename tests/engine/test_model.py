@@ -171,7 +171,7 @@ def test_static_decode_path_matches_the_dynamic_one():
         ours(tokens[:, :6], 0, b)
         for pos in range(6, 12):
             expect = ours(tokens[:, pos:pos + 1], pos, a)
-            got = ours.forward_decode_static(tokens[:, pos:pos + 1], torch.tensor([pos]), b, kv_len=32)
+            got = ours.forward_decode_static(tokens[:, pos:pos + 1], torch.tensor([pos]), b)
             torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(a.k[:, :, :, :12], b.k[:, :, :, :12])
 
