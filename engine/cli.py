@@ -16,7 +16,7 @@ def _cpu_step_note(engine) -> None:
     """On a CPU, one line when the C++ decode step could not be built (the reason); nothing otherwise."""
     if engine.device == "cpu":
         from engine.model.cpu_step import fallback_line, model_refusal
-        if line := fallback_line():
+        if line := fallback_line(engine.context):
             print(line, file=sys.stderr)
         elif why := model_refusal(engine.cfg):  # Gemma's and Phi's layers
             print(f"membound: {why}", file=sys.stderr)

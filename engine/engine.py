@@ -11,8 +11,9 @@ over parts that each do one job:
     serving/lifecycle.py   BatchLifecycle: the batch server made, configured and dropped
 
 The public surface (engine/host.py, engine/cli.py, the bench, the tests):
-    Engine(model, device, dtype, max_context, progress, hardware, settings, messages)
-        model: a name, path or `synthetic:SHAPE`, or LoadedWeights already in memory.
+    Engine(model, device, dtype, max_context, progress, hardware, settings, messages, context)
+        model: a name, path or `synthetic:SHAPE`, or LoadedWeights already in memory; context: its
+        EngineContext (engine/context.py: kernel switches, caches, faults; None: a new one).
     generate(ids, max_new_tokens, ignore_eos), chat(text, ignore_eos) -> Iterator of TokenEvent,
         StepMetrics, DoneEvent, SettingsApplied/SettingsRefused and (in the batch) BatchStats.
     apply(settings, request_id)   any thread; EngineError (one line) for what cannot run; it takes
@@ -24,7 +25,7 @@ The public surface (engine/host.py, engine/cli.py, the bench, the tests):
         max_users, max_users_for(dtype), serving, model, model_for(s), max_context, kv_snapshot(),
         disable_graphs(reason).
     Attributes: device, cfg, tokenizer, loaded, hardware (may be replaced: the bench re-probes the peak),
-        graphs, kernel_notes, progress, step_count, and kept by the parts but read and
+        context, graphs, kernel_notes, progress, step_count, and kept by the parts but read and
         set here: cache, cached_ids (plain steps), user_workload, kv_pool_budget_bytes, on_request
         (the batch's lifecycle).
 """
@@ -36,6 +37,7 @@ from typing import Iterator
 
 import torch
 
+from engine.context import EngineContext
 from engine.conversation import Conversation
 from engine.events import (
     BatchStats,  # noqa: F401  (an event of chat() and generate() too)
@@ -87,23 +89,25 @@ class Engine:
 
     def __init__(self, model: "str | LoadedWeights" = "default", device: str = "cpu", dtype: str = "fp32",
                  max_context: int | None = 4096, progress=None, hardware=None, settings: Settings | None = None,
-                 messages=()):
+                 messages=(), context: EngineContext | None = None):
         from engine.hardware.detect import detect_device
 
+        self.context = context if context is not None else EngineContext()  # engine/context.py
         self.device = device
         if device == "cpu":
             # subnormal floats take a slow microcode path on x86: random and real weights produce
             # them in decode, and steps ran 10-30x slower at random until they were flushed to zero
             torch.set_flush_denormal(True)
-        self.graphs = GraphDecoder(device)
+        self.graphs = GraphDecoder(device, kernels=self.context.kernels)
         self.settings = self._normalised((settings or Settings(dtype=dtype)).validate(device))
         from engine.io.check import check_model
         check_model(model)  # a bad or unsupported file says so now, not after the bandwidth probe
-        self.hardware = hardware or detect_device(device, progress=(lambda m: progress(0.0, m)) if progress else None)
+        self.hardware = hardware or detect_device(device, progress=(lambda m: progress(0.0, m)) if progress else None,
+                                                  context=self.context)
         self.model_spec = model if isinstance(model, str) else None  # what a draft "self"/"default" compares to
         if not isinstance(model, LoadedWeights):  # else already in memory (tests, the app's model cache)
             model = load_model(model, DTYPES[self.settings.dtype], device, progress, max_context)
-        self.variants = ModelVariants(model, self.settings.dtype, device, progress)
+        self.variants = ModelVariants(model, self.settings.dtype, device, self.context, progress)
         self.cfg: ModelConfig = model.cfg
         self.tokenizer = model.tokenizer
         self.conversation = Conversation(self.tokenizer, messages)
@@ -123,6 +127,18 @@ class Engine:
             raise EngineError(refusal)
         self.variants.request(self.settings)  # quantised or speculating from the start: make what they need now
         self.speculative.use_draft(self.variants.wait(self.settings), self._setup())
+
+    @property
+    def graphs(self) -> GraphDecoder:
+        return self._graphs
+
+    @graphs.setter
+    def graphs(self, decoder: GraphDecoder) -> None:
+        """The captured step's decoder; the plain steps take a replacement too (the overhead sweep
+        gives a CPU engine a compiled step: it measured an eager one while they kept the first)."""
+        self._graphs = decoder
+        if "plain" in self.__dict__:
+            self.plain.graphs = decoder
 
     # ---- control (thread-safe) ---------------------------------------------------------
     def apply(self, settings: Settings, request_id: int = 0) -> None:

@@ -19,10 +19,11 @@ import time
 
 import torch
 
+from engine.context import default_context
 from engine.dispatch import record
 from engine.model.attention import captured_attention_path, captured_reads_whole_buffer
 from engine.model.transformer import Transformer
-from kernels import registry as kernel_registry
+from kernels.registry import KernelSwitches
 
 # torch's CUDA graph trees run a new graph's first call as a warm-up and record it on the second;
 # replays start at the third. Those calls compile and capture: bench warm-ups must make them.
@@ -35,7 +36,8 @@ CPU_CAPTURE_REFUSAL = ("on a CPU a compiled decode step measured no faster than 
 
 
 class GraphDecoder:
-    def __init__(self, device: str, cpu_compile: bool = False):
+    def __init__(self, device: str, cpu_compile: bool = False, kernels: KernelSwitches | None = None):
+        """`kernels`: the engine's switches (engine/context.py): "graphs" off there, no capture here."""
         self.device = device
         self.cuda = device.startswith("cuda")
         self._steps: dict[int, object] = {}  # id(model) -> its compiled step, all for the cache below
@@ -43,7 +45,8 @@ class GraphDecoder:
         self._calls: dict[int, int] = {}  # id(model) -> calls of its compiled step so far
         self.kind = "CUDA graph" if self.cuda else "compiled step" if cpu_compile else ""  # what a capture is here
         # why graphs do not run ("" while they can)
-        self.unavailable = kernel_registry.reason("graphs") if self.cuda else "" if cpu_compile else NOT_ON_GPU
+        self.unavailable = (kernels.reason("graphs") if kernels is not None else "") if self.cuda else \
+            "" if cpu_compile else NOT_ON_GPU
         self.replays = 0  # decode steps that ran through the compiled step (capture calls included)
         self.captures = 0  # steps compiled and captured (one per model and cache buffer)
         self.capture_s = 0.0  # seconds of the calls that compiled and captured them
@@ -62,7 +65,9 @@ class GraphDecoder:
         """Cache positions the captured step's attention reads for a token at `start`, for the cost
         model: None for the live context alone (as eager), or the whole buffer's `max_len` (where any
         layer's attention is one the kernel does not take)."""
-        whole = any(captured_reads_whole_buffer(self.cuda, attention, **layer.attend_options) for layer in model.layers)
+        flash_on = (model.context or default_context()).kernels.enabled("flash")  # its engine's switch
+        whole = any(captured_reads_whole_buffer(self.cuda, attention, flash_on=flash_on, **layer.attend_options)
+                    for layer in model.layers)
         return max_len if whole else None
 
     def decode(self, model: Transformer, cache, tokens: torch.Tensor, start: int, attention: str) -> torch.Tensor:
@@ -96,8 +101,10 @@ class GraphDecoder:
                 record("decode step", "cuda graph" if calls >= CAPTURE_CALLS else "compiled, capturing the cuda graph")
             else:
                 record("decode step", "compiled step (Inductor C++)")
+            flash_on = (model.context or default_context()).kernels.enabled("flash")
             for layer in model.layers:
-                record("attention decode", captured_attention_path(self.cuda, attention, **layer.attend_options))
+                record("attention decode", captured_attention_path(self.cuda, attention, flash_on=flash_on,
+                                                                   **layer.attend_options))
             return logits
         except Exception as error:
             self.unavailable = f"capture failed: {type(error).__name__}: {str(error).strip().splitlines()[0][:200]}" \

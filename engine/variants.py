@@ -6,6 +6,7 @@ import threading
 
 import torch
 
+from engine.context import EngineContext
 from engine.io.loader import LoadedWeights
 from engine.model.config import ModelConfig
 from engine.model.footprint import copy_fit_refusal
@@ -22,13 +23,15 @@ class ModelVariants:
     """`current(settings)` is the model a step runs; `request(settings)` starts making what it
     lacks, `ready(settings)` says whether that is done and `wait(settings)` waits for it."""
 
-    def __init__(self, loaded: LoadedWeights, dtype: str, device: str, progress=None):
+    def __init__(self, loaded: LoadedWeights, dtype: str, device: str, context: EngineContext | None = None,
+                 progress=None):
         self.loaded = loaded
         self.cfg: ModelConfig = loaded.cfg
         self.device = device
+        self.context = context  # the engine's: every variant made here is bound to it
         self.progress = progress  # also reports quantisation, from its background thread
         self._lock = threading.Lock()
-        self._models: dict[str, Transformer] = {dtype: Transformer(self.cfg, loaded.weights)}
+        self._models: dict[str, Transformer] = {dtype: Transformer(self.cfg, loaded.weights, context)}
         self.quantised = QuantisedModels()
         self.drafts = DraftModels()  # draft models for speculation ("draft"), loaded in the background
 
@@ -44,7 +47,7 @@ class ModelVariants:
         if model is None:
             weights = {k: v.to(DTYPES[name]) for k, v in self.loaded.weights.items()}
             with self._lock:
-                model = self._models.setdefault(name, Transformer(self.cfg, weights))
+                model = self._models.setdefault(name, Transformer(self.cfg, weights, self.context))
         return model
 
     def model_for(self, settings: Settings) -> Transformer:
@@ -101,8 +104,9 @@ class ModelVariants:
         if settings.draft_model == "self":
             return self.model_for(Settings(dtype=settings.dtype, weights=settings.draft_weights,
                                            group_size=DRAFT_GROUP_SIZE))
-        return load_draft(settings.draft_model, self.cfg, self.loaded.tokenizer, DTYPES[settings.dtype],
-                          self.device, settings.draft_weights, self.cfg.max_seq_len)
+        draft = load_draft(settings.draft_model, self.cfg, self.loaded.tokenizer, DTYPES[settings.dtype],
+                           self.device, settings.draft_weights, self.cfg.max_seq_len)
+        return draft.bind(self.context)
 
     @property
     def weights_building(self) -> tuple[str, float] | None:

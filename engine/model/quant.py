@@ -23,12 +23,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from engine.context import EngineContext, default_context
 from engine.metrics import dequantised_copy_bytes
 from engine.model import cpu_step
 from engine.model.transformer import Linear, Transformer
 from engine.settings import GROUP_SIZES, QuantError, check_weights, weights_label
-from kernels import registry as kernel_registry
 from kernels.int4_pack import pack_int4, unpack_int4
+from kernels.registry import KernelSwitches
 
 INT4_CPU_ZERO_CODE = 8  # PyTorch's CPU int4 kernel dequantises (code - 8) * scale + zero
 # PyTorch's packed CPU kernels are matrix-vector kernels: their time grows with every row of x,
@@ -118,6 +119,11 @@ def _backend(device: torch.device) -> str:
 
 
 # ---- quantised linear modules -------------------------------------------------------------
+def _kernels(module: nn.Module) -> KernelSwitches:
+    """The kernel switches of the engine the module belongs to (engine/context.py)."""
+    return (module.context or default_context()).kernels
+
+
 class Int8Linear(nn.Module):
     """y = x @ (q * scale[:, None]).T, q int8 (N, K), one fp32 scale per output channel."""
 
@@ -127,6 +133,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("q", q.contiguous())
         self.register_buffer("scales", scales.float())
         self.backend = _backend(q.device)
+        self.context: EngineContext | None = None  # its engine's (Transformer.bind); None: the default
         if self.backend == "cpu":  # the CPU kernel wants scales in the activation dtype (bf16)
             self.register_buffer("scales_bf16", self.scales.bfloat16(), persistent=False)
 
@@ -145,7 +152,7 @@ class Int8Linear(nn.Module):
             else:
                 y = torch._weight_int8pack_mm(x2, self.q, self.scales_bf16)
             return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-        if self.backend == "triton" and kernel_registry.enabled("int8"):
+        if self.backend == "triton" and _kernels(self).enabled("int8"):
             return _int8_op(x, self.q, self.scales)
         return self.reference(x)
 
@@ -163,7 +170,7 @@ class Int8Linear(nn.Module):
         """Bytes a forward over `rows` rows moves for its weight: as stored, plus the dequantised
         copy a path writes and reads back (engine/metrics.py dequantised_copy_bytes)."""
         path = "cpu" if self.backend == "cpu" and rows > CPU_PACKED_MAX_ROWS["int8"] else \
-            "reference" if self.backend == "reference" or (self.backend == "triton" and not kernel_registry.enabled("int8")) \
+            "reference" if self.backend == "reference" or (self.backend == "triton" and not _kernels(self).enabled("int8")) \
             else None
         return self.weight_bytes + dequantised_copy_bytes("int8", path, self.q.numel())
 
@@ -179,6 +186,7 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales", scales.contiguous())
         self.register_buffer("mins", mins.contiguous())
         self.backend = _backend(packed.device)
+        self.context: EngineContext | None = None  # its engine's (Transformer.bind); None: the default
         if self.backend == "cpu":
             self._make_cpu_layout()
 
@@ -239,7 +247,7 @@ class Int4Linear(nn.Module):
             if y.shape[1] != self.out_features:
                 y = y[:, : self.out_features]
             return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-        if self.backend == "triton" and kernel_registry.enabled("int4"):
+        if self.backend == "triton" and _kernels(self).enabled("int4"):
             return _int4_op(x, self.packed, self.scales, self.mins, self.group_size)
         return self.reference(x)
 
@@ -252,7 +260,7 @@ class Int4Linear(nn.Module):
         """Bytes a forward over `rows` rows moves for its weight: as stored, plus the dequantised
         copy a path writes and reads back (engine/metrics.py dequantised_copy_bytes)."""
         path = "cpu" if self.backend == "cpu" and rows > CPU_PACKED_MAX_ROWS["int4"] else \
-            "reference" if self.backend == "reference" or (self.backend == "triton" and not kernel_registry.enabled("int4")) \
+            "reference" if self.backend == "reference" or (self.backend == "triton" and not _kernels(self).enabled("int4")) \
             else None
         return self.weight_bytes + dequantised_copy_bytes("int4", path, self.out_features * self.in_features)
 
@@ -304,7 +312,7 @@ def quantize_model(model: Transformer, weights: str, group_size: int = 32,
                           for child_name, child in module._modules.items()}
         return clone
 
-    return swap(model)
+    return swap(model).bind(model.context)  # the new modules belong to the source's engine
 
 
 class QuantisedModels:

@@ -73,16 +73,17 @@ def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledS
                 blocks, kv_lens, width = gather
                 kd = _gather_blocks(cache.k[i], blocks, n_dec, width, bs)  # (B_dec, n_kv, S, hd)
                 vd = _gather_blocks(cache.v[i], blocks, n_dec, width, bs)
-                yd = attend(qd, kd, vd, attention, kv_lens, **options)  # padded keys past each row's length masked
+                # padded keys past each row's length masked; the model's context: its engine's kernel switches
+                yd = attend(qd, kd, vd, attention, kv_lens, context=model.context, **options)
             else:
                 yd = attend(qd.contiguous(), PagedKV(cache.k[i], decode_layout), PagedKV(cache.v[i], decode_layout),
-                            attention, **options)
+                            attention, context=model.context, **options)
             parts.append(yd[:, :, 0].transpose(0, 1)[None])  # (1, H, B_dec, hd)
         offset = n_dec
         for s, lay in zip(prefills, prefill_layouts):
             T = len(s.token_ids)
             parts.append(attend(q[:, :, offset:offset + T], PagedKV(cache.k[i], lay), PagedKV(cache.v[i], lay),
-                                attention, **options))  # (1, H, T, hd)
+                                attention, context=model.context, **options))  # (1, H, T, hd)
             offset += T
         y = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
         x = layer._out_and_ffn(x, y)

@@ -11,7 +11,8 @@ from engine.io.loader import synthetic_weights
 from engine.kv.cache import ContiguousKVCache
 from engine.model.config import ModelConfig
 from engine.model.transformer import Transformer
-from kernels import registry as kernel_registry
+from engine.context import EngineContext
+from engine.options import EngineOptions
 
 CFG = ModelConfig(name="tiny", dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, vocab_size=97, max_seq_len=64)
 
@@ -41,8 +42,8 @@ def decode(decoder, m, cache, pos):
 
 
 def test_steps_count_as_captures_then_replays_and_match_eager(compiles):
-    kernel_registry.disable("cpu_step", "the reference is PyTorch's eager step")
     m, decoder = model(), GraphDecoder("cuda")
+    m.bind(EngineContext(EngineOptions(cpu_step=False)))  # the reference is PyTorch's eager step
     cache = ContiguousKVCache(CFG, 1, CFG.max_seq_len, torch.float32, "cpu")
     eager = ContiguousKVCache(CFG, 1, CFG.max_seq_len, torch.float32, "cpu")
     before = dispatch.counts()
@@ -126,13 +127,13 @@ def test_the_captured_step_keeps_each_layers_attention_options(monkeypatch, on_g
     model is told the whole buffer is read)."""
     from engine.model import attention
     monkeypatch.setattr(attention, "_on_gpu", lambda q: on_gpu)
-    kernel_registry.disable("cpu_step", "the reference is PyTorch's eager step")
     cfg = ModelConfig.from_gguf_metadata({
         "general.architecture": "gemma2", "gemma2.embedding_length": 64, "gemma2.attention.head_count": 4,
         "gemma2.block_count": 2, "gemma2.feed_forward_length": 96, "gemma2.vocab_size": 97,
         "gemma2.attention.key_length": 16, "gemma2.attention.sliding_window": 8, "gemma2.context_length": 64,
         "gemma2.attn_logit_softcapping": 50.0, "gemma2.final_logit_softcapping": 30.0})
-    m = Transformer(cfg, synthetic_weights(cfg, torch.float32, "cpu", seed=4))
+    m = Transformer(cfg, synthetic_weights(cfg, torch.float32, "cpu", seed=4),
+                    EngineContext(EngineOptions(cpu_step=False)))  # the reference is PyTorch's eager step
     tokens = torch.randint(0, cfg.vocab_size, (1, 30), generator=torch.Generator().manual_seed(4))
     eager = ContiguousKVCache(cfg, 1, cfg.max_seq_len, torch.float32, "cpu")
     static = ContiguousKVCache(cfg, 1, cfg.max_seq_len, torch.float32, "cpu")
