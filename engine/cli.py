@@ -15,9 +15,11 @@ USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, P
 def _cpu_step_note(engine) -> None:
     """On a CPU, one line when the C++ decode step could not be built (the reason); nothing otherwise."""
     if engine.device == "cpu":
-        from engine.model.cpu_step import fallback_line
-        if line := fallback_line():
+        from engine.model.cpu_step import fallback_line, model_refusal
+        if line := fallback_line(engine.context):
             print(line, file=sys.stderr)
+        elif why := model_refusal(engine.cfg):  # Gemma's and Phi's layers
+            print(f"membound: {why}", file=sys.stderr)
 
 
 def _progress_printer(stream=sys.stderr):
@@ -62,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lang", choices=["en", "es"],
                         help="(app) the language of the window and the tour: en or es (default: the system's)")
     parser.add_argument("--autoplay", action="store_true", help="(app) the tour steps on by itself")
+    parser.add_argument("--check", action="store_true",
+                        help="(with --tour) no window: check each step's direction against the engine on this "
+                             "machine, printing its figure and verdict (a step that does not hold is left out "
+                             "of the tour here)")
     parser.add_argument("--keep-decoding", action="store_true",
                         help="(app) the model keeps talking until stopped (Ctrl+K in the app)")
     parser.add_argument("--record", metavar="FILE", help="(app) record the session to FILE (membound replay plays it)")
@@ -81,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     chat = sub.add_parser("chat", help="chat in the terminal")
     add_model_args(chat)
     chat.add_argument("--prompt", dest="chat_prompt", help="answer this once and exit")
+    chat.add_argument("--raw", action="store_true",
+                      help="complete each prompt exactly as written: no chat template, no conversation, BOS as "
+                           "the model file says (for base models)")
     chat.add_argument("--greedy", action="store_true", help="always take the most likely token")
     chat.add_argument("--max-tokens", type=int, default=256)
     chat.add_argument("--temperature", type=float, default=0.7)
@@ -144,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     attach.add_argument("--headless", action="store_true", help="no window: print each scrape")
     attach.add_argument("--seconds", type=float, default=10.0, help="(headless) how long to scrape (default 10)")
     attach.add_argument("--json", metavar="FILE", help="(headless) write the series, one record per scrape")
+    roof = sub.add_parser("roof", help="this machine's measured roofs (read bandwidth, FLOP/s): when and how measured")
+    roof.add_argument("--measure", action="store_true", help="measure them again now (run on a quiet machine)")
     models = sub.add_parser("models", help="list the models already on this machine (nothing is downloaded)")
     models.add_argument("--folder", action="append", default=[], metavar="DIR",
                         help="also look in DIR (repeatable; --add-folder remembers one)")
@@ -169,11 +180,18 @@ def main(argv: list[str] | None = None) -> int:
             return run_headless(args)
         if args.command == "models":
             return run_models(args)
+        if args.command == "roof":
+            return run_roof(args)
         if args.command == "replay":
             raise ValueError("a replay plays in the desktop app: run `membound replay FILE`")
         if args.command == "bench":
             from engine.bench.run import run_bench
             return run_bench(args, _progress_printer())
+        if args.check:
+            if not args.tour:
+                raise ValueError("--check checks a tour: give --tour FILE (or --tour default)")
+            from engine.tour_check import run_tour_check
+            return run_tour_check(args)
         return run_app(args)
     except KeyboardInterrupt:
         print(file=sys.stderr)
@@ -205,6 +223,8 @@ def run_app(args) -> int:
 
 
 def run_chat(args) -> int:
+    from engine.io.check import check_model
+    check_model(args.model)  # header and architecture first: a bad file is refused before torch is imported
     from engine.engine import Engine
     from engine.events import DoneEvent, SettingsApplied, TokenEvent
     from engine.hardware.spec import describe
@@ -226,10 +246,17 @@ def run_chat(args) -> int:
                     progress=progress, settings=settings)
     print(f"membound · {engine.loaded.label} · {describe(engine.hardware)}", file=sys.stderr)
     _cpu_step_note(engine)
+    note = getattr(engine.tokenizer, "template_note", "")
+    if args.raw:
+        bos = getattr(engine.tokenizer, "add_bos", False) and getattr(engine.tokenizer, "bos_id", None) is not None
+        print(f"membound: raw completion: each prompt continued exactly as written, "
+              f"{'BOS first' if bos else 'no BOS'} (as the model file says)", file=sys.stderr)
+    elif note:
+        print(f"membound: {note}", file=sys.stderr)
 
     def turn(text: str) -> None:
         metrics = []
-        for event in engine.chat(text):
+        for event in (engine.complete(text) if args.raw else engine.chat(text)):
             if isinstance(event, TokenEvent):
                 print(event.text, end="", flush=True)
             elif isinstance(event, DoneEvent):
@@ -263,6 +290,18 @@ def run_chat(args) -> int:
             turn(text)
         except USER_ERRORS as e:  # a bad prompt loses nothing: the conversation stays
             print(f"membound: error: {_one_line(e)}", file=sys.stderr)
+
+
+def run_roof(args) -> int:
+    """The CPU roof every front end measures against (engine/hardware/roof.py), from the cache or now."""
+    from engine.hardware.probe import cache_file, cpu_roof
+    roof = cpu_roof(remeasure=args.measure, progress=lambda message: print(f"… {message}", file=sys.stderr))
+    print(roof.describe())
+    print(f"machine: {roof.machine}")
+    if roof.load_average is not None:
+        print(f"load average when measured: {roof.load_average:.2f}")
+    print(f"cached in {cache_file()} (membound roof --measure measures again)")
+    return 0
 
 
 def parse_speculate(value: str) -> tuple[str, str]:
@@ -311,19 +350,18 @@ def run_models(args) -> int:
 
 
 def _turn_summary(done, metrics, engine) -> str:
-    from engine.metrics import DECODE_PHASES, decode_rate, speculation_summary
-    decode = [m for m in metrics if m.phase in DECODE_PHASES]
+    from engine.metrics import DECODE_PHASES, reply_figures, speculation_summary
     parts = [f"{done.n_new_tokens} tokens ({done.reason})", done.ttft_note]
-    if decode:
-        step_s = sum(m.step_s for m in decode)
-        moved = sum(m.total_bytes for m in decode)
-        gbs = moved / step_s / 1e9
-        peak = engine.hardware.peak_bandwidth_gbs
-        target = [m for m in decode if m.phase != "draft"]
-        parts += [f"decode {decode_rate(decode):.1f} tok/s", f"{gbs:.1f} GB/s (model)",
-                  f"MBU {100 * gbs / peak:.0f}% of {peak:.1f} GB/s",
-                  f"ceiling {sum(m.tokens_out for m in target) / sum(m.floor_s for m in target):.0f} tok/s"]
-        parts += speculation_summary(decode)
+    steps = [m for m in metrics if hasattr(m, "step_s")]  # the StepMetrics among the events
+    figures = reply_figures(steps)  # the window sums a reply up the same way
+    if figures is not None:
+        parts += [f"decode {figures.tokens_per_s:.1f} tok/s", f"{figures.achieved_gbs:.1f} GB/s (model)",
+                  f"MBU {100 * figures.mbu:.0f}% of {figures.peak_gbs:.1f} GB/s",
+                  f"ceiling {figures.ceiling_tokens_per_s:.0f} tok/s"]
+        parts += speculation_summary([m for m in steps if m.phase in DECODE_PHASES])
+    if any(m.above_roof for m in steps):  # shown, never absorbed into the peak (engine/hardware/roof.py)
+        from engine.hardware.roof import ABOVE_ROOF
+        parts.append(ABOVE_ROOF)
     return "[" + " · ".join(parts) + "]"
 
 

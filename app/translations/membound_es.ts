@@ -389,6 +389,10 @@
         <translation>medido</translation>
     </message>
     <message>
+        <source>{gbs} GB/s (last-level cache, {mib} MiB)</source>
+        <translation>{gbs} GB/s (caché de último nivel, {mib} MiB)</translation>
+    </message>
+    <message>
         <source>unknown</source>
         <translation>desconocido</translation>
     </message>
@@ -1065,6 +1069,10 @@
         <translation>la ventana y cada gráfica en PNG y SVG, los pasos en CSV, un informe de una página</translation>
     </message>
     <message>
+        <source>tour step {number} left out: on this machine {why}</source>
+        <translation>paso {number} del recorrido omitido: en esta máquina {why}</translation>
+    </message>
+    <message>
         <source>Export the session into a folder</source>
         <translation>Exportar la sesión a una carpeta</translation>
     </message>
@@ -1201,6 +1209,10 @@
     <message>
         <source>start: {settings}</source>
         <translation>inicio: {settings}</translation>
+    </message>
+    <message>
+        <source>above the measured roof: the cost model or the probe is wrong (step {step}, {phase}: MBU {mbu}%, MFU {mfu}%)</source>
+        <translation>por encima del techo medido: el modelo de costes o la sonda se equivocan (paso {step}, {phase}: MBU {mbu}%, MFU {mfu}%)</translation>
     </message>
     <message>
         <source>{n} tokens, {how}</source>

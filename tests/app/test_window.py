@@ -11,10 +11,10 @@ import pytest
 from app_test_helpers import GREEDY, activate, confirmed, fake_cpu, send_and_wait
 from PySide6.QtCore import Qt
 
-from engine.engine import Engine
 from engine.events import DoneEvent, TokenEvent
 from engine.metrics import StepMetrics
 from engine.settings import Settings
+from engine.steps.plain import PlainSteps
 
 
 def test_a_prompt_streams_a_reply_into_the_chat_panel(make_window, qtbot):
@@ -122,7 +122,7 @@ def test_a_failing_step_shows_a_message_and_the_app_survives(make_window, qtbot,
     window = make_window(max_new_tokens=20)
     send_and_wait(window, qtbot, "first turn")
     kept = list(window.worker.engine.messages)
-    real_step = Engine._step
+    real_step = PlainSteps.run  # the batch-1 step (engine/steps/plain.py)
     calls = {"n": 0}
 
     def failing_step(self, *args, **kwargs):
@@ -131,14 +131,14 @@ def test_a_failing_step_shows_a_message_and_the_app_survives(make_window, qtbot,
             raise RuntimeError("simulated kernel failure")
         return real_step(self, *args, **kwargs)
 
-    monkeypatch.setattr(Engine, "_step", failing_step)
+    monkeypatch.setattr(PlainSteps, "run", failing_step)
     with qtbot.waitSignal(window.error_shown, timeout=10_000):
         window.send("this one breaks")
     qtbot.waitUntil(lambda: not window.replying)
     assert "simulated kernel failure" in window.last_error and window.error_bar.isVisibleTo(window)
     assert "simulated kernel failure" in window.chat.plain_text()
     assert window.worker.engine.messages == kept  # the failed turn is not part of the conversation
-    monkeypatch.setattr(Engine, "_step", real_step)
+    monkeypatch.setattr(PlainSteps, "run", real_step)
     done = send_and_wait(window, qtbot, "and again")
     assert done.n_new_tokens == 20 and not window.error_bar.isVisibleTo(window)
     assert len(window.worker.engine.messages) == len(kept) + 2
@@ -203,7 +203,7 @@ def test_themes_and_large_fonts_redraw_the_same_data(make_window, qtbot):
 def test_the_hardware_strip_and_seed_table_name_their_sources(make_window):
     window = make_window()
     strip = window.hardware_strip
-    assert "CPU — measured bandwidth" in strip.device_label.text()
+    assert "CPU — measured roof" in strip.device_label.text()
     assert "20.0 GB/s (measured)" in strip.bandwidth_label.text()
     assert "(model)" in strip.memory_label.text() and "no NVML" in strip.live_label.text()
     table = window.seed_table.table
@@ -296,31 +296,40 @@ def test_the_roofline_trail_reuses_its_rendered_symbols(make_window, qtbot):
     assert len(window.plots.roofline.trail_item.scatter.fragmentAtlas) <= size + 1  # (one new colour at most)
 
 
-def test_cpu_peaks_measured_low_follow_the_engine_so_the_plots_and_the_strip_agree(qtbot, tiny_model):
-    """A busy machine measured a low matmul peak at load: the engine raises it to what a step reached,
-    and the strip says the peak the plots draw (never MFU over 100%)."""
-    from dataclasses import replace
-
+def test_a_planted_over_count_shows_above_the_roof_in_the_window_and_the_recording(qtbot, tiny_model, tmp_path,
+                                                                                  monkeypatch):
+    """The window once raised its peaks to follow the engine's ratchet (MBU <= 100% by construction):
+    a step above the measured roof is now drawn past it, said in the chat and the strip, and logged."""
+    from app.recording import Recorder, read_recording
     from app.window import MainWindow
-    low = replace(fake_cpu(), peak_flops={"fp32": 1e3}, measured_flops={"fp32": 1e3},
-                  peak_bandwidth_gbs=1e-6, measured_bandwidth_gbs=1e-6)
-    window = MainWindow(model=tiny_model, hardware=low, settings=Settings(max_new_tokens=8, sampling=GREEDY))
+    from engine.hardware.roof import ABOVE_ROOF
+    from engine.steps import plain as plain_steps  # the batch-1 step, where the cost model is charged
+
+    real = plain_steps.step_cost
+
+    def over_counted(*args, **kwargs):  # the cost model charges 10^5 x the weights the step reads
+        return dataclasses.replace(real(*args, **kwargs), weight_bytes=10**5 * kwargs["weight_bytes"])
+    monkeypatch.setattr(plain_steps, "step_cost", over_counted)
+    recorder = Recorder(tmp_path / "talk.membound")
+    window = MainWindow(model=tiny_model, hardware=fake_cpu(), settings=Settings(max_new_tokens=8, sampling=GREEDY),
+                        recorder=recorder)
     qtbot.addWidget(window)
     with qtbot.waitSignal(window.model_ready, timeout=30_000):
         pass
     send_and_wait(window, qtbot, "hi")
-    mfu = window.data.steps.column("mfu_pct")
-    assert len(mfu) and np.nanmax(mfu) <= 100 + 1e-6
-    peak = window.hardware.peak_flops["fp32"]
-    assert peak > 1e3 and f"fp32 {peak / 1e9:.1f} GFLOP/s (measured)" in window.hardware_strip.compute_label.text()
     gbs_col, peak_bps = window.data.steps.column("gbs"), window.data.steps.column("peak_bps")
-    assert np.nanmax(gbs_col * 1e9 / peak_bps) <= 1 + 1e-6  # the memory plot's data never above its peak line
-    gbs = window.hardware.peak_bandwidth_gbs
-    assert gbs > 1e-6 and f"{gbs:,.1f} GB/s (measured)" in window.hardware_strip.bandwidth_label.text()
-    window.plots.refresh(force=True)  # the plots keep their items (same device) and move their peak lines
-    assert window.plots.memory._peak_lines["measured_bw"].value() == pytest.approx(gbs)
-    assert window.plots.memory.hardware is window.hardware
+    assert np.nanmax(gbs_col * 1e9 / peak_bps) > 1.5  # the memory plot's data drawn past its peak line
+    assert window.hardware == fake_cpu() and np.all(peak_bps == 20e9)  # the peak stays the measured one
+    assert ABOVE_ROOF in window.chat.plain_text()
+    assert window.chat.plain_text().count(ABOVE_ROOF) == 1  # one line, not one a step
+    assert ABOVE_ROOF in window.hardware_strip.notes_label.full_text()
+    window.plots.refresh(force=True)
+    dot_ai, dot_flops = window.plots.roofline.dot_item.getData()
+    assert dot_ai is not None and len(dot_ai) == 1
     window.close()
+    recorder.close()
+    logged = [e for e in read_recording(tmp_path / "talk.membound").entries if e.kind == "above_roof"]
+    assert len(logged) == 1 and ABOVE_ROOF in logged[0].args[1]
 
 
 def test_the_frame_budget_guards_only_an_engine_that_shares_the_cpu(qtbot):

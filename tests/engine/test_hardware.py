@@ -3,12 +3,14 @@ driven through a fake pynvml module so its GPU code paths run on a CPU-only mach
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import types
 
 import pytest
 import torch
 
+from engine.context import EngineContext, reset_default_context
 from engine.hardware import detect as hardware
 from engine.hardware.detect import detect_device
 from engine.hardware.nvml import HardwareSample, NvmlSampler, nvml_status
@@ -122,19 +124,24 @@ def test_device_spec_is_frozen_plain_data():
 
 
 @pytest.fixture(scope="module")
-def cpu_spec_and_progress():
-    hardware._SPEC_CACHE.pop(("cpu", 0, True), None)  # measure here, so progress is reported
-    messages: list[str] = []
-    return detect_device("cpu", progress=messages.append), messages
+def cpu_spec_and_progress(tmp_path_factory):
+    messages: list[str] = []  # a context of its own: measured here, so progress is reported
+    context = EngineContext()
+    saved = os.environ["MEMBOUND_ROOF_CACHE"]
+    os.environ["MEMBOUND_ROOF_CACHE"] = str(tmp_path_factory.mktemp("roof") / "roof.json")  # nothing cached yet
+    try:
+        yield detect_device("cpu", progress=messages.append, context=context), messages, context
+    finally:
+        os.environ["MEMBOUND_ROOF_CACHE"] = saved
 
 
 def test_detect_cpu_measures_the_cpu(cpu_spec_and_progress):
-    spec, messages = cpu_spec_and_progress
+    spec, messages, _ = cpu_spec_and_progress
     assert spec.kind == "cpu"
     assert 1 < spec.measured_bandwidth_gbs < 1000
     assert spec.peak_bandwidth_gbs == spec.measured_bandwidth_gbs
     assert spec.spec_bandwidth_gbs is None and not spec.nvml
-    assert "CPU" in spec.source
+    assert "CPU" in spec.source and "C++ streaming read" in spec.source and spec.measured_at
     assert spec.measured_flops["fp32"] > 0 and spec.peak_flops_for("bf16") > 0
     assert spec.ridge_flop_per_byte > 0
     assert any("bandwidth" in message for message in messages)
@@ -143,15 +150,15 @@ def test_detect_cpu_measures_the_cpu(cpu_spec_and_progress):
 
 
 def test_detect_cpu_is_cached(cpu_spec_and_progress):
-    spec, _ = cpu_spec_and_progress
+    spec, _, context = cpu_spec_and_progress
     again: list[str] = []
-    assert detect_device("cpu", progress=again.append) is spec
+    assert detect_device("cpu", progress=again.append, context=context) is spec  # measured once per context
     assert again == []
 
 
 def test_detect_auto_without_gpu_is_cpu(cpu_spec_and_progress, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert detect_device("auto") is cpu_spec_and_progress[0]
+    assert detect_device("auto", context=cpu_spec_and_progress[2]) is cpu_spec_and_progress[0]
 
 
 @pytest.mark.parametrize("device", ["cuda", "cuda:0"])
@@ -442,7 +449,7 @@ def fake_cuda(fake_nvml, monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: device.name)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=0: device)
-    monkeypatch.setattr(hardware, "_SPEC_CACHE", {})
+    reset_default_context()  # nothing measured before the fake GPU came (tests/conftest.py resets it after)
     return device
 
 
