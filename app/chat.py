@@ -39,6 +39,14 @@ class ChatPanel(QWidget):
         self.transcript = QTextBrowser()
         self.transcript.setOpenExternalLinks(False)
         self.transcript.setObjectName("transcript")
+        # The transcript follows the newest line unless the reader scrolled away from it. Kept as a
+        # state, not read off the bar at each insertion: a theme or type change (or a narrower chat)
+        # lays the text out again after the insertion, and the bar left at the old bottom (or at the
+        # top, after a redraw) would read as "scrolled away" for the rest of the reply.
+        self._follow = True
+        bar = self.transcript.verticalScrollBar()
+        bar.actionTriggered.connect(self._on_scroll_action)
+        bar.rangeChanged.connect(self._on_scroll_range)
         self.input = QLineEdit()
         self.input.setPlaceholderText(translate("Chat", PLACEHOLDER))
         self.input.returnPressed.connect(self._send)
@@ -136,14 +144,18 @@ class ChatPanel(QWidget):
         else:
             cursor.insertBlock(block)
 
-    def _keep_scrolled(self, at_bottom: bool) -> None:
-        if at_bottom:
+    def _keep_scrolled(self) -> None:
+        if self._follow:
             bar = self.transcript.verticalScrollBar()
             bar.setValue(bar.maximum())
 
-    def _at_bottom(self) -> bool:
+    def _on_scroll_range(self, _minimum: int, _maximum: int) -> None:
+        self._keep_scrolled()
+
+    def _on_scroll_action(self, _action: int) -> None:
+        """The reader moved the bar (wheel, keys, drag): follow again only at the bottom."""
         bar = self.transcript.verticalScrollBar()
-        return bar.value() >= bar.maximum() - 4
+        self._follow = bar.sliderPosition() >= bar.maximum() - 4
 
     def _draw(self, entry: list) -> None:
         """One entry at the end of the document: [kind, text, extra]."""
@@ -173,18 +185,16 @@ class ChatPanel(QWidget):
             cursor.insertText(("⚠ " if extra else "") + text, self._format(colour, bold=bool(extra), scale=0.9))
 
     def _add(self, kind: str, text: str = "", extra=None) -> None:
-        at_bottom = self._at_bottom()
         entry = [kind, text, extra]
         self._entries.append(entry)
         self._draw(entry)
-        self._keep_scrolled(at_bottom)
+        self._keep_scrolled()
 
     def _redraw(self) -> None:
-        at_bottom = self._at_bottom()
         self.transcript.clear()
         for entry in self._entries:
             self._draw(entry)
-        self._keep_scrolled(at_bottom)
+        self._keep_scrolled()
 
     def add_message(self, role: str, text: str) -> None:
         self._add("message", text, role)
@@ -209,7 +219,6 @@ class ChatPanel(QWidget):
                 runs.append([piece, drafted])
         if not runs:
             return
-        at_bottom = self._at_bottom()
         cursor = self._cursor_at_end()
         reply = self._entries[-1] if self._entries and self._entries[-1][0] == "reply" else None
         for piece, drafted in runs:
@@ -217,7 +226,7 @@ class ChatPanel(QWidget):
             if reply is not None:
                 reply[1].append((piece, drafted))
             cursor.insertText(piece, self._format(self.theme.verify if drafted else self.theme.text))
-        self._keep_scrolled(at_bottom)
+        self._keep_scrolled()
 
     def end_reply(self, summary: str) -> None:
         self._add("summary", summary)
@@ -237,6 +246,7 @@ class ChatPanel(QWidget):
 
     def clear(self) -> None:
         self.transcript.clear()
+        self._follow = True
         self._entries = []
         self._held_notices = []
         self._reply_open = False

@@ -41,3 +41,47 @@ def test_a_reply_that_ends_without_a_summary_lets_its_notices_out(qtbot):
     assert panel.plain_text().endswith("⚠ the reply failed: the engine stopped")
     panel.add_notice("new chat")  # no reply open: at once
     assert panel.plain_text().endswith("new chat")
+
+
+def _stream(panel, qtbot, words: int) -> None:
+    for i in range(words):
+        panel.append_reply(f"word{i} and some more words to fill the line ")
+    qtbot.wait(20)
+
+
+def test_the_transcript_follows_the_reply_through_a_new_layout(qtbot):
+    # seen in Xvfb: after F9 or F10 mid-reply the chat stood at an old position (or the top) while
+    # the reply went on below; the layout grows after the insertion that read the bar
+    panel = _panel(qtbot)
+    panel.resize(420, 300)
+    panel.show()
+    qtbot.waitExposed(panel)
+    panel.add_message("user", "Why is decoding limited by memory bandwidth?")
+    panel.begin_reply()
+    _stream(panel, qtbot, 40)
+    bar = panel.transcript.verticalScrollBar()
+    assert bar.maximum() > 0 and bar.value() == bar.maximum()
+    panel.resize(260, 300)  # the same text on more lines
+    qtbot.wait(20)
+    _stream(panel, qtbot, 2)
+    assert bar.value() == bar.maximum()
+    panel.set_theme(themed("light", large_fonts=True))  # a redraw from the entries, larger type
+    qtbot.wait(20)
+    _stream(panel, qtbot, 2)
+    assert bar.value() == bar.maximum()
+
+
+def test_the_transcript_stays_where_the_reader_scrolled(qtbot):
+    panel = _panel(qtbot)
+    panel.resize(420, 300)
+    panel.show()
+    qtbot.waitExposed(panel)
+    panel.begin_reply()
+    _stream(panel, qtbot, 40)
+    bar = panel.transcript.verticalScrollBar()
+    bar.triggerAction(bar.SliderAction.SliderToMinimum)  # as the wheel or PageUp does
+    _stream(panel, qtbot, 10)
+    assert bar.value() == 0
+    bar.triggerAction(bar.SliderAction.SliderToMaximum)  # back at the bottom: it follows again
+    _stream(panel, qtbot, 10)
+    assert bar.value() == bar.maximum() > 0
