@@ -162,11 +162,13 @@ class MainWindow(QMainWindow):
         self.seed_table.set_title_visible(False)  # (the tab says it; its format box sits beside the tabs)
         self.side_tabs.setCornerWidget(self.seed_table.format_box, Qt.Corner.TopRightCorner)
         self.side_tabs.currentChanged.connect(
-            lambda _index: self.seed_table.format_box.setVisible(self.side_tabs.currentWidget() is self.seed_table))
+            lambda _index: (self.seed_table.format_box.setVisible(self.side_tabs.currentWidget() is self.seed_table),
+                            self._show_table_state()))
         self.side_tabs.addTab(self.kv_panel, translate("Window", "KV cache"))
         self.serving_panel = ServingPanel(self.data, self.theme)
         self.side_tabs.addTab(self.serving_panel, translate("Window", "Serving"))
         self.plots = PlotsPanel(self.data, self.theme, self.colours, extra=self.side_tabs)
+        self.plots.cells_changed.connect(self._show_table_state)  # (the table's button says whether it is on show)
         self.plots.extra_readable_size = lambda: QSize(  # the table's, with the tabs around it
             self.seed_table.readable_width() + 8, self.seed_table.readable_height() + self.side_tabs.tabBar().sizeHint().height() + 8)
         self.hardware_strip = HardwareStrip(self.theme)
@@ -225,10 +227,10 @@ class MainWindow(QMainWindow):
         self.model_button.clicked.connect(self.pick_model)
         self.theme_button.clicked.connect(self.toggle_theme)
         self.fonts_button.clicked.connect(lambda checked: self.set_large_fonts(checked))
-        self.table_button.clicked.connect(lambda checked: self.show_seed_table(checked))
+        self.table_button.clicked.connect(lambda _checked: self.toggle_seed_table())
         self.shortcuts = []
         for keys, action in (("Esc", self.stop), ("Ctrl+N", self.new_chat), ("Ctrl+O", self.pick_model),
-                             ("F8", lambda: self.show_seed_table(not self.seed_table.isVisibleTo(self))),
+                             ("F8", self.toggle_seed_table),
                              ("F9", self.toggle_theme), ("F10", lambda: self.set_large_fonts(not self.theme.large)),
                              ("F11", self.toggle_full_screen)):
             shortcut = QShortcut(QKeySequence(keys), self)
@@ -426,8 +428,32 @@ class MainWindow(QMainWindow):
         self.controls.set_height_budget(int(BAR_SHARE * self.height()))
 
     def show_seed_table(self, visible: bool) -> None:
+        """Whether the grid keeps a cell for the seed table (when it has room for it)."""
         self.plots.set_extra_visible(visible)
-        self.table_button.setChecked(visible)
+        self._show_table_state()
+
+    def seed_table_on_show(self) -> bool:
+        return self.seed_table.isVisibleTo(self) and self.side_tabs.currentWidget() is self.seed_table
+
+    def _show_table_state(self) -> None:
+        self.table_button.setChecked(self.seed_table_on_show())
+
+    def toggle_seed_table(self) -> None:
+        """F8: the hardware table on show, or away. Where the grid has no readable cell for it (a
+        small screen, large type) it comes as the presenter's panel (key 6), and F8 again brings the
+        grid back."""
+        presenter = getattr(getattr(self, "talk", None), "presenter", None)
+        presenting = self.plots.shown is not None
+        if self.seed_table_on_show():
+            if presenting and presenter is not None and "extra" in self.plots.shown:
+                presenter.show([name for name in self.plots.shown if name != "extra"] or None)
+            self.show_seed_table(False)
+            return
+        self.side_tabs.setCurrentWidget(self.seed_table)
+        self.show_seed_table(True)
+        if not self.seed_table_on_show() and presenter is not None:  # the grid (or the presenter) left it out
+            presenter.show(["table"])
+        self._show_table_state()
 
     def toggle_full_screen(self) -> None:
         if not self.isFullScreen():

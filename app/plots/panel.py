@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from PySide6.QtCore import QSize, Qt
+from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtWidgets import QGridLayout, QSplitter, QVBoxLayout, QWidget
 
 from app.hardware_strip import OneLineLabel
@@ -64,6 +64,8 @@ def grid_shape(names: list[str], room: QSize, cell: QSize, spacing: int) -> tupl
 
 
 class PlotsPanel(QWidget):
+    cells_changed = Signal()  # the cells on show changed (the grid's, or the presenter's)
+
     def __init__(self, data: LiveData, theme: Theme, colours: SettingColours, extra: QWidget | None = None,
                  parent=None):
         super().__init__(parent)
@@ -171,6 +173,7 @@ class PlotsPanel(QWidget):
             plots = " · ".join(f"{GRID_KEYS[name]} {self._cell_title(name)}" for name in left_out)
             self.more_label.set_full_text(translate("Plots", MORE_PLOTS).format(plots=plots))
         self.more_label.setVisible(bool(left_out))
+        self.cells_changed.emit()
 
     def _extra_fits(self, names: list[str], columns: int, room: QSize) -> bool:
         spacing = self._grid.spacing()
@@ -210,7 +213,7 @@ class PlotsPanel(QWidget):
         if self.shown is None:
             self._stack.setVisible(False)
             self.grid_area.setVisible(True)
-            self._layout_grid(force=True)
+            self._layout_grid(force=True)  # (emits cells_changed)
             return
         for name, widget in cells.items():
             self._grid.removeWidget(widget)
@@ -224,6 +227,7 @@ class PlotsPanel(QWidget):
         self._drawn_version = self._readout_version = -1
         self._stack.setSizes([1300 if name == "extra" else 1000 for name in self.shown])
         self._stack.setVisible(True)
+        self.cells_changed.emit()
 
     def _set_speculation_visible(self, visible: bool) -> None:
         """The speculation row, only while the data holds speculative steps."""

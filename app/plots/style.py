@@ -6,7 +6,7 @@ import math
 
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt
-from PySide6.QtGui import QColor, QFont, QGuiApplication
+from PySide6.QtGui import QColor, QFont, QFontMetricsF, QGuiApplication
 
 from app.i18n import QT_TRANSLATE_NOOP
 from app.theme import Theme
@@ -39,6 +39,48 @@ def pen(colour: str, width: float = 2.0, dashed: bool = False, dotted: bool = Fa
     p = pg.mkPen(QColor(colour), width=width * device_pixel_ratio(), style=style)
     p.setCosmetic(True)
     return p
+
+
+class ReadableAxis(pg.AxisItem):
+    """pyqtgraph's axis, with labels that never run into each other on a log scale: over less than a
+    decade pyqtgraph labels every 1..9 of it, and on a short axis they overlap ("0.60.70.80.91", a
+    column of 9, 8, 7 on a 720-pixel screen). The labelled ticks are the most of 1–9, 1-2-3-5,
+    1-2-5, 1-3 or 1 that keep a label's size apart; the rest keep their grid lines, unlabelled.
+    No SI prefix either: the units are in the axis labels ("time since send (s) (x0.001)" was one)."""
+    UNLABELLED = -1.0  # the spacing that marks the unlabelled level (pyqtgraph passes it to the strings)
+    MANTISSAS = ((1, 2, 3, 4, 5, 6, 7, 8, 9), (1, 2, 3, 5), (1, 2, 5), (1, 3), (1,))
+
+    def __init__(self, orientation: str, **kwargs):
+        super().__init__(orientation, **kwargs)
+        self.enableAutoSIPrefix(False)
+
+    def _label_extent_px(self) -> float:
+        metrics = QFontMetricsF(self.style["tickFont"] or QFont())
+        along = metrics.height() if self.orientation in ("left", "right") else metrics.horizontalAdvance("0.55")
+        return 1.25 * along
+
+    def logTickValues(self, minVal, maxVal, size, stdTicks):
+        ticks = super().logTickValues(minVal, maxVal, size, stdTicks)
+        if not ticks or ticks[-1][0] is not None or maxVal <= minVal or size <= 0:
+            return ticks
+        levels, minor = ticks[:-1], ticks[-1][1]
+        labelled_above = sorted(v for _spacing, values in levels for v in values)
+        px_per_decade = size / (maxVal - minVal)
+        extent = self._label_extent_px()
+        for mantissas in self.MANTISSAS:
+            labelled = [v for v in minor if round(10 ** (v - math.floor(v + 1e-9))) in mantissas
+                        and not any(abs(v - above) < 1e-9 for above in labelled_above)]
+            every = sorted(labelled_above + labelled)
+            gaps = [b - a for a, b in zip(every, every[1:])]
+            if not gaps or min(gaps) * px_per_decade >= extent:
+                break
+        rest = [v for v in minor if v not in labelled]
+        return levels + [(None, labelled), (self.UNLABELLED, rest)]
+
+    def logTickStrings(self, values, scale, spacing):
+        if spacing == self.UNLABELLED:
+            return [""] * len(values)
+        return super().logTickStrings(values, scale, spacing)
 
 
 def with_alpha(colour: str, alpha: int) -> QColor:

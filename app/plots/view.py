@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QFrame, QLabel, QVBoxLayout
 
 from app.i18n import translate
 from app.live_data import Annotation, LiveData
-from app.plots.style import device_pixel_ratio, label_font, pen, style_plot, title_html, with_alpha
+from app.plots.style import ReadableAxis, device_pixel_ratio, label_font, pen, style_plot, title_html, with_alpha
 from app.theme import SettingColours, Theme
 
 LEGEND_SHARE = 0.3  # of a plot's height, the most its legend may take
@@ -36,7 +36,7 @@ class PlotView(QFrame):
         self.colours = colours
         self.hardware = None  # DeviceSpec, once a model is loaded
         self.setObjectName("panel")
-        self.widget = pg.PlotWidget()
+        self.widget = pg.PlotWidget(axisItems={side: ReadableAxis(side) for side in ("left", "bottom")})
         self.widget.setMinimumSize(200, 90)  # small enough for a 720-pixel screen with projector fonts
         self.widget.setMenuEnabled(False)
         # The title is a Qt label above the plot: it wraps in large-font mode, where a pyqtgraph

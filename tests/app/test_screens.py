@@ -188,3 +188,64 @@ def test_on_a_hidpi_screen_the_curves_are_as_wide_as_at_1x(monkeypatch, qapp):
     assert style.pen("#ffffff", 2).widthF() == 2 * style.device_pixel_ratio()
     monkeypatch.setattr(style, "device_pixel_ratio", lambda: 2.0)
     assert style.pen("#ffffff", 2.5, dashed=True).widthF() == 5.0 and style.pen("#ffffff").isCosmetic()
+
+
+def test_f8_shows_the_hardware_table_where_the_grid_has_no_room_for_it(make_window, qtbot):
+    """1280x720 with projector fonts: the grid keeps two plots, so F8 (the window's Hardware table
+    button) brings the table as the presenter's panel, whole; F8 again, the grid. Seen in Xvfb: F8
+    only set the grid's wish for the cell, and nothing changed on the screen."""
+    window = make_window(large_fonts=True)
+    talk.install(window)
+    window.fit_to_screen(QRect(0, 0, 1280, 720))
+    window.show()
+    QApplication.processEvents()
+    assert "extra" not in window.plots.grid_cells and not window.seed_table.isVisible()
+    window.toggle_seed_table()
+    QApplication.processEvents()
+    assert window.plots.shown == ["extra"] and window.seed_table.isVisible() and window.table_button.isChecked()
+    assert window.side_tabs.currentWidget() is window.seed_table
+    assert not table_problems(window) and not cut(window)
+    window.toggle_seed_table()
+    QApplication.processEvents()
+    assert window.plots.shown is None and not window.seed_table.isVisible() and not window.table_button.isChecked()
+    assert window.plots.grid_cells == ["tokens", "memory"]
+    window.set_large_fonts(False)  # on a desktop in normal type the grid has a cell for it: F8 toggles it there
+    window.fit_to_screen(QRect(0, 0, 1920, 1080))
+    QApplication.processEvents()
+    assert "extra" in window.plots.grid_cells and window.seed_table.isVisible() and window.table_button.isChecked()
+    window.toggle_seed_table()
+    QApplication.processEvents()
+    assert "extra" not in window.plots.grid_cells and not window.seed_table.isVisible()
+    window.toggle_seed_table()
+    QApplication.processEvents()
+    assert window.plots.shown is None and "extra" in window.plots.grid_cells and window.seed_table.isVisible()
+
+
+@pytest.mark.parametrize("orientation, lo, hi, size", [("left", 1.5, 9.8, 130), ("bottom", 0.35, 3.2, 350),
+                                                       ("left", 0.2, 3.0, 90), ("left", 0.1, 1e4, 250)])
+def test_a_short_log_axis_labels_no_two_ticks_on_top_of_each_other(qapp, orientation, lo, hi, size):
+    """Seen in Xvfb at 1280x720: over less than a decade pyqtgraph labelled every 1..9 of it, a column
+    of 9, 8, 7 and "0.60.70.80.91" on the roofline. The labelled ticks keep a label's size apart."""
+    import math
+
+    import pyqtgraph as pg
+
+    from app.plots.style import ReadableAxis
+
+    def labelled(axis) -> list[float]:
+        axis.setLogMode(True)
+        values = []
+        for spacing, ticks in axis.tickValues(math.log10(lo), math.log10(hi), size):
+            values += [v for v, text in zip(ticks, axis.tickStrings(ticks, 1, spacing)) if text]
+        return sorted(values)
+
+    def closest_px(values: list[float]) -> float:
+        return min(b - a for a, b in zip(values, values[1:])) * size / (math.log10(hi) - math.log10(lo))
+
+    axis = ReadableAxis(orientation)
+    shown = labelled(axis)
+    assert len(shown) >= 2 or hi / lo < 3  # something to read the scale by
+    if len(shown) >= 2:
+        assert closest_px(shown) >= axis._label_extent_px() - 1e-6, [10 ** v for v in shown]
+    if size < 200 and hi / lo < 10:
+        assert closest_px(labelled(pg.AxisItem(orientation))) < axis._label_extent_px()  # pyqtgraph's own: crowded
