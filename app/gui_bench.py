@@ -37,6 +37,32 @@ def headless_decode_tokens_per_s(model: str, tokens: int, dtype: str = "fp32", w
     return result.decode_tokens_per_s
 
 
+def thread_activity() -> dict[str, tuple[int, float]]:
+    """Per thread name of this process (Linux; {} elsewhere): its context switches so far (a
+    voluntary one is the thread going to sleep: the count is how often it woke up) and its CPU seconds."""
+    import os
+    activity: dict[str, tuple[int, float]] = {}
+    try:
+        tasks = os.listdir("/proc/self/task")
+        tick_s = 1 / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        return activity
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as file:
+                name = file.read().strip()
+            with open(f"/proc/self/task/{tid}/status") as file:
+                switches = sum(int(line.split(":")[1]) for line in file if "ctxt_switches" in line)
+            with open(f"/proc/self/task/{tid}/stat") as file:
+                fields = file.read().rsplit(")", 1)[1].split()
+            cpu_s = (int(fields[11]) + int(fields[12])) * tick_s  # utime, stime (fields 14, 15 of stat)
+        except (OSError, ValueError, IndexError):
+            continue
+        n, cpu = activity.get(name, (0, 0.0))
+        activity[name] = (n + switches, cpu + cpu_s)
+    return activity
+
+
 class LatenessProbe:
     """A 10 ms QTimer and how late each of its ticks came (ms): the GUI event loop's latency.
     `counting`: whether a tick counts (e.g. only while a reply streams)."""
@@ -65,7 +91,7 @@ class LatenessProbe:
 
 
 def in_app(model: str, tokens: int, replies: int, engine_process: bool = True, dtype: str = "fp32",
-           weights: str = "fp") -> dict:
+           weights: str = "fp", probe_ms: int = 10) -> dict:
     import numpy as np
     from PySide6.QtCore import QEventLoop
     from PySide6.QtWidgets import QApplication
@@ -86,9 +112,10 @@ def in_app(model: str, tokens: int, replies: int, engine_process: bool = True, d
     window.model_ready.connect(lambda _info: loop.quit())
     loop.exec()
 
-    probe = LatenessProbe(counting=lambda: window.replying)
+    probe = LatenessProbe(counting=lambda: window.replying, interval_ms=probe_ms)
     decode_rates, figures = [], []
     gui_cpu_s = wall_s = 0.0
+    activity0 = thread_activity()
     for i in range(replies):
         done_loop = QEventLoop()
         window.reply_finished.connect(done_loop.quit)
@@ -107,6 +134,8 @@ def in_app(model: str, tokens: int, replies: int, engine_process: bool = True, d
             # between steps (events through the pipe) counts, as it does in `membound bench`
             if len(steps) > 1 and steps[-1].t_s > steps[0].t_s:
                 decode_rates.append((len(steps) - 1) / (steps[-1].t_s - steps[0].t_s))
+    activity = {name: (n - activity0.get(name, (0, 0.0))[0], cpu - activity0.get(name, (0, 0.0))[1])
+                for name, (n, cpu) in thread_activity().items()}
     frames = window.plots.frames_drawn
     window.close()
     lateness = np.array(probe.lateness_ms)
@@ -119,7 +148,13 @@ def in_app(model: str, tokens: int, replies: int, engine_process: bool = True, d
             "frames_per_s": frames / wall_s if wall_s else 0.0,
             # CPU the app's own process took while replies streamed, in cores (with the engine in its
             # own process: the GUI's share of the machine; on a thread: the engine's too)
-            "app_process_cores": gui_cpu_s / wall_s if wall_s else 0.0}
+            "app_process_cores": gui_cpu_s / wall_s if wall_s else 0.0,
+            # how often each of the app's threads woke up a second while replies streamed, and its share of
+            # a core (the bench's own 10 ms probe is on the main thread, "python": ~100 wake-ups a second)
+            "thread_wakeups_per_s": {name: round(n / wall_s, 1) for name, (n, _) in sorted(activity.items()) if n}
+            if wall_s else {},
+            "thread_cores": {name: round(cpu / wall_s, 3) for name, (n, cpu) in sorted(activity.items()) if n}
+            if wall_s else {}}
 
 
 def attached(url: str, replies: int, interval_s: float = 0.25) -> dict:
@@ -169,6 +204,8 @@ def main(argv=None) -> int:
     parser.add_argument("--attach", metavar="URL", help="measure the window attached to this server instead")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="activations and fp weights")
     parser.add_argument("--weights", choices=["fp", "int8", "int4"], default="fp", help="weight storage")
+    parser.add_argument("--probe-ms", type=int, default=10,
+                        help="the lateness probe's period (its own wake-ups; 1000 to see the app's alone)")
     args = parser.parse_args(argv)
     if args.attach:
         print(json.dumps(attached(args.attach, args.replies), indent=2))
@@ -178,7 +215,7 @@ def main(argv=None) -> int:
     # cores) shows as a spread between the two instead of hiding in the ratio
     before = headless_decode_tokens_per_s(args.model, args.tokens, args.dtype, args.weights)
     result = in_app(args.model, args.tokens, args.replies, engine_process=not args.engine_thread, dtype=args.dtype,
-                    weights=args.weights)
+                    weights=args.weights, probe_ms=args.probe_ms)
     after = headless_decode_tokens_per_s(args.model, args.tokens, args.dtype, args.weights)
     headless = (before + after) / 2
     result["engine"] = "thread" if args.engine_thread else "process"

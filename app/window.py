@@ -36,7 +36,11 @@ from engine.protocol import Apply, Chat, Load, MeasureQuality, ModelInfo, Reset,
 from engine.settings import Settings, weights_label
 
 FRAME_MS = 33  # ~30 fps redraw
-READOUT_EVERY_FRAMES = 8  # numbers in titles and the strip: ~4 Hz
+# With the engine on the CPU the budget below holds the frames to 1-3 a second, so the timer ticks
+# at 10 Hz rather than 30: each tick wakes the GUI thread, and on 2 cores a wake-up pre-empts one of
+# the engine's two spinning OpenMP threads while the other waits at the step's next barrier.
+FRAME_MS_CPU = 100
+READOUT_INTERVAL_S = 0.25  # numbers in titles and the strip: ~4 Hz
 # With the engine on the CPU, every core the GUI thread takes is one the engine's threads wanted:
 # the GUI keeps to this share of the machine's cores (2 cores: 0.08 of one) and skips frames above
 # it (app/frame_budget.py), never below MIN_FPS_CPU. Measured with `python -m app.gui_bench` on 2
@@ -91,6 +95,15 @@ DONE_WORDS = {"eos": QT_TRANSLATE_NOOP("Window", "finished"),
               "context_full": QT_TRANSLATE_NOOP("Window", "context window full")}
 
 
+def single_threaded_painting() -> None:
+    """Qt's GUI thread pool off: Qt converts and scales large images on a pool of threads, and a repaint
+    of the whole 1600x960 window woke them ~14 times (712 wake-ups in 50 repaints offscreen; none
+    with the pool off, and the GUI thread's own wake-ups fell from 544 to 175). With the engine on
+    the CPU each wake-up pre-empts one of its threads. Qt reads the switch once, at the pool's first
+    use (the first paint), so it is set before the window paints; a value already set stays."""
+    os.environ.setdefault("QT_NO_GUI_THREADPOOL", "1")
+
+
 class MainWindow(QMainWindow):
     model_ready = Signal(object)  # ModelInfo
     reply_finished = Signal(object)  # DoneEvent, or None when the reply failed
@@ -103,6 +116,7 @@ class MainWindow(QMainWindow):
     def __init__(self, model="default", device: str = "auto", hardware=None, settings: Settings | None = None,
                  theme: str = "dark", large_fonts: bool = False, autoload: bool = True, max_context: int = 4096,
                  engine_process: bool = False, worker=None, recorder=None):
+        single_threaded_painting()
         super().__init__()
         self.setWindowTitle(translate("Window", "membound — watch decoding hit the memory wall"))
         self.theme = themed(theme, large_fonts)
@@ -134,7 +148,8 @@ class MainWindow(QMainWindow):
         self._quality_asked = False
         self.last_done: DoneEvent | None = None
         self._reply_steps: list[StepMetrics] = []
-        self._frame = self._readout_frame = 0
+        self._frame = 0
+        self._readout_s = -float("inf")
         self.frame_budget = FrameBudget(GUI_CPU_BUDGET_GPU, MIN_FPS_GPU)  # set from the engine at every tick
         self._closed = False
         self._sampler = None
@@ -756,12 +771,16 @@ class MainWindow(QMainWindow):
         return MIN_FPS_CPU if self._engine_shares_the_cpu else MIN_FPS_GPU
 
     def _on_frame(self) -> None:
-        """~30 fps, but the GUI thread keeps to a CPU budget: on a CPU the engine and the drawing
-        share the same cores, so when drawing (and the rest of the GUI) costs more than its
-        budget (gui_cpu_budget), frames are skipped (app/frame_budget.py; never below min_fps)."""
+        """~30 fps (10 with the engine on this CPU), but the GUI thread keeps to a CPU budget: on a
+        CPU the engine and the drawing share the same cores, so when drawing (and the rest of the
+        GUI) costs more than its budget (gui_cpu_budget), frames are skipped (app/frame_budget.py;
+        never below min_fps)."""
         self._frame += 1
+        interval = FRAME_MS_CPU if self._engine_shares_the_cpu else FRAME_MS
+        if self.frame_timer.interval() != interval:  # the device may have changed
+            self.frame_timer.setInterval(interval)
         budget = self.frame_budget
-        budget.budget_cores, budget.min_fps = self.gui_cpu_budget, self.min_fps  # the device may have changed
+        budget.budget_cores, budget.min_fps = self.gui_cpu_budget, self.min_fps
         now = time.monotonic()
         drew = budget.tick(now, time.thread_time()) and self.plots.refresh()
         if drew:
@@ -771,8 +790,8 @@ class MainWindow(QMainWindow):
         if self.side_tabs.currentWidget() is self.serving_panel and self.side_tabs.isVisible():
             self.serving_panel.refresh()
         # the numbers a few times a second; over budget, with the frames (a readout relays its label)
-        if self._frame - self._readout_frame >= READOUT_EVERY_FRAMES and (drew or budget.share <= budget.budget_cores):
-            self._readout_frame = self._frame
+        if now - self._readout_s >= READOUT_INTERVAL_S and (drew or budget.share <= budget.budget_cores):
+            self._readout_s = now
             self.plots.update_readouts()
             if self._sampler is None and self.model_info is not None:
                 self.hardware_strip.update_memory(None)
