@@ -65,6 +65,8 @@ class ReadableAxis(pg.AxisItem):
             return ticks
         levels, minor = ticks[:-1], ticks[-1][1]
         labelled_above = sorted(v for _spacing, values in levels for v in values)
+        if maxVal - minVal >= 2 and len(labelled_above) >= 2:  # decades enough to read it by
+            return levels + [(self.UNLABELLED, minor)]
         px_per_decade = size / (maxVal - minVal)
         extent = self._label_extent_px()
         for mantissas in self.MANTISSAS:

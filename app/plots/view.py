@@ -290,6 +290,9 @@ class PlotView(QFrame):
             legend.set_point_size(pt)
             legend.relayout()
         legend.set_hidden(legend.maximumHeight() > allowed or legend.widest_entry() > legend.room_px)
+        # the plot's layout at once, not at its posted request: a paint in between (a frame, a grab)
+        # drew a legend that had just gained its first row over the top of the data
+        self.plot.layout.activate()
         key = (self.legend_wanted(), tuple(label.text for _, label in legend.items), room, self.widget.height(),
                self.theme.font_pt)
         self._set_keys["legend"] = key

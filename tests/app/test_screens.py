@@ -249,3 +249,31 @@ def test_a_short_log_axis_labels_no_two_ticks_on_top_of_each_other(qapp, orienta
         assert closest_px(shown) >= axis._label_extent_px() - 1e-6, [10 ** v for v in shown]
     if size < 200 and hi / lo < 10:
         assert closest_px(labelled(pg.AxisItem(orientation))) < axis._label_extent_px()  # pyqtgraph's own: crowded
+
+
+def test_a_legend_that_gains_its_first_row_sits_above_the_data_at_once(qtbot):
+    """Seen in Xvfb at 1366x768: at a reply's first step the memory plot's new legend row lay over
+    the top of the data (the plot's layout came at its posted request, after a paint; with frames
+    held to 1-3 a second it stayed so until the next). It is laid out as the legend changes."""
+    from app_test_helpers import fake_cpu
+    from test_plots import step
+
+    from app.live_data import LiveData
+    from app.plots.memory import MemoryPlot
+    from app.plots.step_plot import StepWindow
+    from app.theme import DARK, SettingColours
+
+    live = LiveData()
+    live.start_reply(100.0)
+    view = MemoryPlot(live, DARK, SettingColours(DARK))
+    qtbot.addWidget(view)
+    view.set_hardware(fake_cpu())
+    view.resize(440, 190)
+    view.show()
+    qtbot.waitExposed(view)
+    view.draw(StepWindow(live))
+    QApplication.processEvents()
+    live.add_step(step(0, "prefill"))
+    view.draw(StepWindow(live))  # no event in between, as a paint right after the frame would see it
+    legend, data = view.plot.legend, view.plot.getViewBox().sceneBoundingRect()
+    assert len(legend.items) == 1 and legend.sceneBoundingRect().bottom() <= data.top() + 1
