@@ -1,19 +1,27 @@
-"""The batch-1 decode step on a CPU as one call into C++ (kernels/cpu_decode.cpp): one OpenMP region
-per step instead of ~700 PyTorch operators. `decode_step(model, tokens, start_pos, cache)` returns
-the logits, or None where it does not apply (the caller runs the PyTorch step, its reference).
+"""Decode-shaped steps on a CPU as one call into C++ (kernels/cpu_decode.cpp): one OpenMP region per
+step instead of ~700 PyTorch operators. `decode_step(model, tokens, start_pos, cache)` returns the
+logits, or None where it does not apply (the caller runs the PyTorch step, its reference).
 
 It applies to one sequence, one new token, the contiguous cache, fused attention, fp32 or bf16
 activations, and models whose every matmul module can describe itself (`cpu_matrix()`); the
 reason it does not is kept (`unavailable_reason`). It reads what the PyTorch step reads: each
 weight once at its stored precision, the cache's live positions; no dequantised copy is made.
-MEMBOUND_CPU_STEP=0 in the environment switches it off (PyTorch's step then runs every step)."""
+
+Per format (activation dtype and weight format, on this model's shapes) the C++ step is timed once
+against PyTorch's step, on a stand-in of the model's first layers (`choice`), and runs only where it
+is faster; `path_line` says which runs, why, and at which vector level. MEMBOUND_CPU_STEP=0 in the
+environment switches it off (PyTorch's step then runs every step); MEMBOUND_CPU_ISA builds it for
+another vector level (kernels/cpu_decode.py)."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import os
 import threading
+import time
 import weakref
+from dataclasses import dataclass, replace
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -25,11 +33,38 @@ from kernels import registry as kernel_registry
 ACT_FORMATS = {torch.float32: 0, torch.bfloat16: 1}  # kernels/cpu_decode.py F32, BF16
 STEP_LABEL = "C++ CPU step (one OpenMP region)"  # what the bench's path line calls it
 MAX_HEAD_DIM = 1024  # the C++ step's per-head buffers
+# The timing at load: a stand-in of the model's first layers, at least this many bytes of weights
+# (out of the caches, as the whole model's are) or the whole model, and a 256-row head; each step
+# warmed once, then the best of TIMED_STEPS of each, interleaved.
+STAND_IN_BYTES = 32 << 20
+STAND_IN_VOCAB = 256
+TIMED_STEPS = 3
+PROMPT = 4  # positions prefilled before a timed step
 
 _PLANS = WeakIdKeyDictionary()  # model -> _Plan for its current cache
 _unavailable: str | None = None  # why the library cannot be used in this process ("" when it can)
 _lock = threading.Lock()
 _local = threading.local()  # .pytorch_only: this thread runs PyTorch's step (a reference, a profile)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One format's timing: the C++ step against PyTorch's on the same stand-in, seconds a step."""
+    label: str  # "fp32", "bf16 · int8", …
+    cpp_s: float
+    pytorch_s: float
+    isa: str
+
+    @property
+    def use_cpp(self) -> bool:
+        return self.cpp_s < self.pytorch_s
+
+    @property
+    def speedup(self) -> float:
+        return self.pytorch_s / self.cpp_s if self.cpp_s > 0 else float("inf")
+
+
+_CHOICES: dict[tuple, Choice] = {}  # format key -> its timing (made once per process)
 
 
 @contextlib.contextmanager
@@ -59,10 +94,20 @@ def unavailable_reason() -> str:
         return _unavailable or kernel_registry.reason("cpu_step")
 
 
+def library():
+    """The loaded library (after unavailable_reason() == "")."""
+    from kernels.cpu_decode import load
+    return load()
+
+
 def fallback_line() -> str:
-    """One line for a terminal when the C++ step cannot run in this process ("" when it can)."""
+    """One line for a terminal when the C++ step cannot run in this process, or runs on one thread
+    ("" when it runs as built)."""
     why = unavailable_reason()
-    return f"membound: the C++ CPU decode step is off ({why}): PyTorch's step decodes" if why else ""
+    if why:
+        return f"membound: the C++ CPU decode step is off ({why}): PyTorch's step decodes"
+    note = library().threads_note
+    return f"membound: {note}" if note else ""
 
 
 def refusal(model, tokens: torch.Tensor, cache, attention: str) -> str:
@@ -71,6 +116,10 @@ def refusal(model, tokens: torch.Tensor, cache, attention: str) -> str:
         return "not a batch-1 decode step on a CPU"
     if not isinstance(cache, ContiguousKVCache) or cache.k.shape[1] != 1:
         return "not the contiguous cache of one sequence"
+    return model_refusal(model, cache, attention)
+
+
+def model_refusal(model, cache, attention: str) -> str:
     if attention != "flash":
         return "naive attention runs in PyTorch (its score matrix in memory is the point)"
     if model.dtype not in ACT_FORMATS or cache.k.dtype != model.dtype:
@@ -83,23 +132,158 @@ def refusal(model, tokens: torch.Tensor, cache, attention: str) -> str:
 
 def decode_step(model, tokens: torch.Tensor, start_pos: int, cache, attention: str = "flash") -> torch.Tensor | None:
     """Logits (1, 1, vocab) fp32 of the token at start_pos, its K/V written into `cache`; None
-    when the C++ step does not apply here (nothing has been written then)."""
+    when the C++ step does not apply here, or PyTorch's step is faster for this format (nothing has
+    been written then)."""
     if torch.compiler.is_compiling() or getattr(_local, "pytorch_only", False) \
             or refusal(model, tokens, cache, attention) or unavailable_reason():
         return None
-    plan = _PLANS.get(model)
-    if plan is None or plan.cache() is not cache:
-        plan = _Plan.build(model, cache)
-        if plan is None:
-            return None
-        _PLANS[model] = plan
-    logits = plan.run(int(tokens[0, 0]), start_pos)
+    plan = _plan_for(model, cache)
+    if plan is None or not choice(model).use_cpp:
+        return None
+    logits = plan.run([(int(tokens[0, 0]), start_pos, 0, None)], [0])
     cache.length = start_pos + 1
     record("decode step", STEP_LABEL)
     record("attention decode", "C++ CPU step", model.cfg.n_layers)
     return logits.view(1, 1, -1)
 
 
+def _plan_for(model, cache) -> _Plan | None:
+    plan = _PLANS.get(model)
+    if plan is None or plan.cache() is not cache:
+        plan = _Plan.build(model, cache)
+        if plan is None:
+            return None
+        _PLANS[model] = plan
+    return plan
+
+
+# ---- which step is faster here, per format ------------------------------------------------------------
+def format_label(model) -> str:
+    """The model's format as the timing keys it: "fp32", "bf16 · int8", …"""
+    dtype = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(model.dtype, str(model.dtype))
+    described = getattr(model.layers[0].wqkv, "cpu_matrix", lambda: None)()
+    weights = {2: "int8", 3: "int4"}.get(described[0] if described else None, "")
+    return f"{dtype} · {weights}" if weights else dtype
+
+
+def _key(model) -> tuple:
+    cfg = model.cfg
+    return (format_label(model), cfg.dim, cfg.ffn_dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, library().isa)
+
+
+def choice(model) -> Choice:
+    """The timing of this model's format (timed on first use: ~6 steps of a stand-in, once per process)."""
+    key = _key(model)
+    found = _CHOICES.get(key)
+    if found is None:
+        cpp_s, pytorch_s = time_steps(model)
+        found = _CHOICES.setdefault(key, Choice(key[0], cpp_s, pytorch_s, library().isa))
+    return found
+
+
+def known_choices(model) -> list[Choice]:
+    """The timings made so far for this model's shapes and the built level (in the order made)."""
+    cfg, isa = model.cfg, library().isa
+    return [c for k, c in _CHOICES.items() if k[1:] == (cfg.dim, cfg.ffn_dim, cfg.n_heads, cfg.n_kv_heads,
+                                                        cfg.head_dim, isa)]
+
+
+def stand_in(model):
+    """The model's first layers (at least STAND_IN_BYTES of their weights, or all) and the first
+    STAND_IN_VOCAB rows of its head: the same tensors, a shorter model to time."""
+    from engine.model.transformer import Linear
+    layers, total = 0, 0
+    for block in model.layers:
+        layers += 1
+        total += sum(getattr(m, "weight_bytes", 0) for m in (block.wqkv, block.wo, block.w_gate_up, block.w_down))
+        if total >= STAND_IN_BYTES:
+            break
+    vocab = min(STAND_IN_VOCAB, model.cfg.vocab_size)
+    short = copy.copy(model)
+    short._modules = dict(model._modules)
+    short._parameters = dict(model._parameters)
+    short._buffers = dict(model._buffers)
+    short.cfg = replace(model.cfg, n_layers=layers, vocab_size=vocab)
+    short.layers = torch.nn.ModuleList(list(model.layers)[:layers])
+    head = model.head
+    if isinstance(head, Linear):
+        short.head = Linear(head.weight.detach()[:vocab])
+    else:  # a quantised head: the same format over its first rows
+        from engine.model.quant import Int8Linear
+        short.head = Int8Linear(head.q[:vocab], head.scales[:vocab]) if isinstance(head, Int8Linear) else head
+    return short
+
+
+@torch.inference_mode()
+def time_steps(model) -> tuple[float, float]:
+    """(C++ step, PyTorch step) seconds on the model's stand-in after PROMPT positions: the best of
+    TIMED_STEPS each, interleaved, after one of each to warm up."""
+    short = stand_in(model)
+    cfg = short.cfg
+    cache = ContiguousKVCache(cfg, 1, PROMPT + 1, model.dtype, "cpu")
+    with pytorch_only():
+        short(torch.arange(1, PROMPT + 1)[None] % cfg.vocab_size, 0, cache)
+    plan = _Plan.build(short, cache)
+    if plan is None:
+        return float("inf"), 0.0
+    token = torch.tensor([[PROMPT % cfg.vocab_size]])
+
+    def cpp() -> None:
+        plan.run([(PROMPT % cfg.vocab_size, PROMPT, 0, None)], [0])
+
+    def pytorch() -> None:
+        cache.truncate(PROMPT)
+        with pytorch_only():
+            short(token, PROMPT, cache)
+
+    best = [float("inf"), float("inf")]
+    for _ in range(TIMED_STEPS + 1):
+        for i, run in enumerate((cpp, pytorch)):
+            t0 = time.perf_counter()
+            run()
+            best[i] = min(best[i], time.perf_counter() - t0)
+    return best[0], best[1]
+
+
+def time_formats(model, group_size: int = 32) -> list[Choice]:
+    """The timings of the model's format and of INT8 and INT4 weights at its dtype (quantised
+    stand-ins: seconds), as the load check makes them."""
+    from engine.model.quant import quantize_model
+    made = [choice(model)]
+    if format_label(model) in ("fp32", "bf16"):
+        short = stand_in(model)
+        for weights in ("int8", "int4"):
+            try:
+                made.append(choice(quantize_model(short, weights, group_size)))
+            except Exception:  # a shape INT4 cannot take: that format is not offered
+                continue
+    return made
+
+
+def path_line(model) -> str:
+    """Which step decodes each format timed so far, at which vector level, and why (one line; "" when
+    the C++ step cannot run here)."""
+    if unavailable_reason():
+        return ""
+    lib = library()
+    made = known_choices(model)
+    cpp = [c for c in made if c.use_cpp]
+    slower = [c for c in made if not c.use_cpp]
+    threads = lib.threads_note or f"{torch.get_num_threads()} threads"
+    line = f"decode: C++ step, {lib.isa}, {threads}"
+    if cpp:
+        line += " — timed at load against PyTorch's step: " + ", ".join(f"{c.label} {c.speedup:.1f}x" for c in cpp)
+    if slower:
+        line += "; PyTorch's step for " + ", ".join(f"{c.label} (the C++ step {1 / c.speedup:.1f}x its time)"
+                                                    for c in slower)
+    return line
+
+
+def slower_formats(model) -> list[Choice]:
+    return [c for c in known_choices(model) if not c.use_cpp]
+
+
+# ---- the C structs -----------------------------------------------------------------------------------
 def matrix(fmt: int, weight: torch.Tensor, scale: torch.Tensor | None = None, mins: torch.Tensor | None = None,
            group: int = 0, n: int | None = None, k: int | None = None) -> tuple:
     """A matmul module's `cpu_matrix()`: (format, N, K, group, tensors to keep alive, codes, scale, min);
@@ -121,7 +305,7 @@ class _Plan:
 
     @classmethod
     def build(cls, model, cache) -> _Plan | None:
-        from kernels.cpu_decode import Layer, Mat, Model, load
+        from kernels.cpu_decode import Layer, Mat, Model
 
         plan = cls()
         plan.keep = []
@@ -145,43 +329,55 @@ class _Plan:
             return t.data_ptr()
 
         cfg = model.cfg
+        if isinstance(cache, ContiguousKVCache):  # (L, B, n_kv, S, hd): a row's sequence b at b * n_kv * S * hd
+            head_stride, block_size, max_len = cache.max_len * cfg.head_dim, 0, cache.max_len
+        else:  # a paged pool (L, n_kv, slots, hd), addressed through each row's block table
+            head_stride, block_size, max_len = cache.k.shape[2] * cfg.head_dim, cache.block_size, cache.k.shape[2]
         layers = (Layer * cfg.n_layers)()
         for i, block in enumerate(model.layers):
             mats = [mat(m) for m in (block.wqkv, block.wo, block.w_gate_up, block.w_down)]
             if any(m is None for m in mats):
                 return None
             layers[i] = Layer(vec(block.attn_norm), vec(block.ffn_norm), vec(block.bqkv), vec(block.qk_norm), *mats,
-                              cache.k[i, 0].data_ptr(), cache.v[i, 0].data_ptr())
+                              cache.k[i].data_ptr(), cache.v[i].data_ptr())
         head = mat(model.head)
         if head is None:
             return None
         plan.layers = layers
+        # max_len: the longest context a row may attend over (the per-thread score buffer)
         plan.model = Model(cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim,
-                           cfg.vocab_size, cache.max_len, ACT_FORMATS[model.dtype], cfg.norm_eps,
-                           vec(model.embed), vec(model.norm), head, layers)
-        plan.lib = load()
+                           cfg.vocab_size, min(max_len, model.rope_cos.shape[0]), ACT_FORMATS[model.dtype],
+                           cfg.norm_eps, vec(model.embed), vec(model.norm), head, layers, head_stride, block_size)
+        plan.lib = library()
         plan.cos, plan.sin = model.rope_cos, model.rope_sin  # (max_seq_len, head_dim) fp32
-        plan.row_bytes = cfg.head_dim * 4
         plan.vocab = cfg.vocab_size
         plan.cache = weakref.ref(cache)
         plan.keep += [cache.k, cache.v]
-        plan.threads = 0
-        plan.scratch = None
+        plan.scratch_for = {}  # (rows, threads) -> scratch
         return plan
 
-    def run(self, token: int, pos: int, profile: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits (vocab,) fp32; `profile` (float64, one per kernels.cpu_decode.PHASES): thread 0's
-        seconds per phase are added to it."""
-        if pos >= self.model.max_len or pos >= self.cos.shape[0]:
-            raise ValueError(f"position {pos} is past the cache's {self.model.max_len}")
+    def run(self, rows: list[tuple[int, int, int, int | None]], logit_rows: list[int],
+            profile: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (len(logit_rows), vocab) fp32 of the token rows (token, position, kv_base, block table
+        pointer or None); `profile` (float64, one per kernels.cpu_decode.PHASES): thread 0's seconds
+        per phase are added to it."""
+        from kernels.cpu_decode import Row
+        m = len(rows)
+        limit = self.model.max_len
+        for _, pos, _, _ in rows:
+            if not 0 <= pos < limit:
+                raise ValueError(f"position {pos} is past the cache's {limit}")
         threads = torch.get_num_threads()
-        if threads != self.threads:
-            floats = self.lib.membound_scratch_floats(ctypes.byref(self.model), threads)
-            self.scratch, self.threads = torch.empty(floats, dtype=torch.float32), threads
-        logits = torch.empty(self.vocab, dtype=torch.float32)
-        self.lib.membound_decode_step(ctypes.byref(self.model), token, pos,
-                                      self.cos.data_ptr() + pos * self.row_bytes,
-                                      self.sin.data_ptr() + pos * self.row_bytes,
-                                      logits.data_ptr(), self.scratch.data_ptr(), threads,
-                                      None if profile is None else profile.data_ptr())
+        scratch = self.scratch_for.get((m, threads))
+        if scratch is None:
+            floats = self.lib.membound_scratch_floats(ctypes.byref(self.model), m, threads)
+            scratch = self.scratch_for[(m, threads)] = torch.empty(floats, dtype=torch.float32)
+        c_rows = (Row * m)(*[Row(t, p, b, table) for t, p, b, table in rows])
+        wanted = (ctypes.c_int64 * max(1, len(logit_rows)))(*logit_rows)
+        logits = torch.empty(len(logit_rows), self.vocab, dtype=torch.float32)
+        failed = self.lib.membound_step(ctypes.byref(self.model), c_rows, m, self.cos.data_ptr(), self.sin.data_ptr(),
+                                        wanted, len(logit_rows), logits.data_ptr(), scratch.data_ptr(), threads,
+                                        None if profile is None else profile.data_ptr())
+        if failed:
+            raise ValueError(f"{m} token rows: the C++ step takes 1 to {self.lib.max_rows}")
         return logits
