@@ -68,8 +68,8 @@ static inline double omp_get_wtime(void) {
 #if defined(LEVEL_AVX512) && defined(__AVX512BF16__)
 #define HAVE_BF16_DOT 1  // vdpbf16ps
 #endif
-#if defined(LEVEL_NEON) && defined(__ARM_FEATURE_BF16)
-#define HAVE_BF16_DOT 1  // BFDOT
+#if defined(LEVEL_NEON) && (defined(__ARM_FEATURE_BF16) || defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC))
+#define HAVE_BF16_DOT 1  // BFDOT (GCC names the feature by its vector half)
 #endif
 #if defined(LEVEL_NEON) && defined(__ARM_FEATURE_DOTPROD)
 #define HAVE_SDOT 1

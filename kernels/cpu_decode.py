@@ -117,11 +117,12 @@ def build_plan(isa: str = "native", system: str | None = None, machine: str | No
     common = ("-O3", "-std=c++17", *WARNINGS, *EXTRA_FLAGS)
 
     if system == "Windows":
-        cxx = environ.get("CXX", "") or which("clang-cl")
-        if not cxx or not which(cxx) and not exists(Path(cxx)):
+        cxx = environ.get("CXX", "") or "clang-cl"
+        found_at = which(cxx) or (cxx if exists(Path(cxx)) else None)
+        if not found_at:
             found = "only MSVC's cl, which lacks the GCC vector extensions it uses" if which("cl") else "no compiler"
             raise BuildError(f"the C++ decode step on Windows needs LLVM's clang-cl ({found}): PyTorch's step decodes")
-        omp_lib = Path(which(cxx) or cxx).resolve().parent.parent / "lib" / "libomp.lib"
+        omp_lib = Path(found_at).parent.parent / "lib" / "libomp.lib"
         openmp = exists(omp_lib)
         flags = ("/O2", "/LD", "/EHsc", *(f"/clang:{f}" for f in (*target, *common)),
                  *(("/openmp",) if openmp else ("/clang:-Wno-unknown-pragmas",)))
@@ -240,7 +241,7 @@ def _build(plan: BuildPlan) -> Path:
     return target
 
 
-def cpu_feature_line(system: str | None = None) -> str:
+def cpu_feature_line(system: str | None = None, cpuinfo: str = "/proc/cpuinfo") -> str:
     """The CPU's features, for the cache key: /proc/cpuinfo's `flags` (x86) or `Features` (ARM) line,
     macOS's sysctl, else the processor's name."""
     system = system or platform.system()
@@ -252,7 +253,7 @@ def cpu_feature_line(system: str | None = None) -> str:
         except (OSError, subprocess.SubprocessError):
             return platform.processor()
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(cpuinfo) as f:
             return next((line for line in f if line.startswith(("flags", "Features"))), "")
     except OSError:
         return platform.processor() + os.environ.get("PROCESSOR_IDENTIFIER", "")
