@@ -107,6 +107,9 @@ class HardwareStrip(QFrame):
         self.progress.setVisible(False)
         self.progress_label = QLabel("")
         self.progress_label.setObjectName("caption")
+        self.path_label = OneLineLabel()  # on a CPU: which step decodes, at which vector level (whole line on hover)
+        self.path_label.setObjectName("caption")
+        self.path_label.setVisible(False)
         self.notes_label = OneLineLabel()  # kernels that failed their check at load, and what runs instead
         self.notes_label.setObjectName("error")
         self.notes_label.setVisible(False)
@@ -119,6 +122,7 @@ class HardwareStrip(QFrame):
         right.setSpacing(0)
         right.addWidget(self.memory_label)
         right.addWidget(self.live_label)
+        right.addWidget(self.path_label)
         right.addWidget(self.notes_label)
         right.addWidget(self.progress_label)
         right.addWidget(self.progress)
@@ -129,8 +133,8 @@ class HardwareStrip(QFrame):
 
     def set_compact(self, compact: bool) -> None:
         """Compact (the presenter layout): the device line only; notes and progress still show."""
-        for label in (self.bandwidth_label, self.compute_label, self.memory_label, self.live_label):
-            label.setVisible(not compact)
+        for label in (self.bandwidth_label, self.compute_label, self.memory_label, self.live_label, self.path_label):
+            label.setVisible(not compact and (label is not self.path_label or bool(label.full_text())))
         self.layout().setStretch(1, 0 if compact else 2)  # the device line takes the width
 
     def set_progress(self, fraction: float, message: str) -> None:
@@ -144,6 +148,11 @@ class HardwareStrip(QFrame):
         said each note in full at load): wrapped, a note took the plots' height at large fonts."""
         self.notes_label.set_full_text(" · ".join(notes))
         self.notes_label.setVisible(bool(notes))
+
+    def set_decode_path(self, line: str) -> None:
+        """The CPU's decode path (engine Capabilities.decode_path), one elided line; hidden when empty."""
+        self.path_label.set_full_text(line)
+        self.path_label.setVisible(bool(line))
 
     def set_device(self, spec, weight_bytes: int | None = None) -> None:
         self.spec = spec

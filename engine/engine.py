@@ -29,6 +29,7 @@ from engine.hardware.spec import dtype_name
 from engine.io.loader import LoadedWeights, load_model
 from engine.kv.cache import DEFAULT_BLOCK_SIZE, ContiguousKVCache, PagedKVCache
 from engine.metrics import StepMetrics, step_cost
+from engine.model import cpu_step
 from engine.model.config import ModelConfig
 from engine.model.quant import QuantisedModels
 from engine.model.sampling import sample
@@ -169,7 +170,8 @@ class Engine:
         dtypes = [d for d in DTYPES if d != "fp16" or self.device != "cpu"]
         return Capabilities.for_model(self.cfg, self.device, {d: self.max_users_for(d) for d in dtypes},
                                       self.kernel_notes, captured_step=self.graphs.kind,
-                                      captured_refusal=self.graphs.refusal)
+                                      captured_refusal=self.graphs.refusal,
+                                      decode_path=cpu_step.path_line(self.model) if self.device == "cpu" else "")
 
     def _request_weights(self, settings: Settings) -> None:
         if settings.weights_key is None:

@@ -65,7 +65,25 @@ def check_kernels(engine) -> dict[str, str]:
         failed = sum(bool(r.problem) for r in ran)
         engine.progress(1.0, f"checked {len(ran)} GPU kernels in {sum(r.seconds for r in ran):.1f} s"
                              + (f": {failed} switched off" if failed else ""))
-    return kernel_notes()
+    return {**kernel_notes(), **cpu_step_notes(engine)}
+
+
+def cpu_step_notes(engine) -> dict[str, str]:
+    """"weights=…" -> one line for each weight format at the engine's dtype that the load timing gave
+    to PyTorch's step (the C++ step ran slower here: engine/model/cpu_step.py `choice`)."""
+    if engine.device != "cpu" or not registry.enabled("cpu_step"):
+        return {}
+    from engine.model import cpu_step
+    if cpu_step.unavailable_reason():
+        return {}
+    notes = {}
+    dtype = cpu_step.format_label(engine.model)
+    for c in cpu_step.slower_formats(engine.model):
+        fmt, _, weights = c.label.partition(" · ")
+        if fmt == dtype:
+            notes[f"weights={weights or 'fp'}"] = (f"{c.label} decodes in PyTorch's step: the C++ step ({c.isa}) took "
+                                                   f"{1 / c.speedup:.1f}x its time at load")
+    return notes
 
 
 def run_checks(engine) -> list[CheckResult]:
@@ -221,13 +239,18 @@ def check_cpu_step(engine) -> str | None:
         return unavailable
     ids = torch.arange(1, GRAPH_PROMPT + 1)[None] % cfg.vocab_size
     model(ids, start_pos=0, cache=cache)
-    got = cpu_step.decode_step(model, token, GRAPH_PROMPT, cache)
+    got = cpu_step.checked_step(model, token, GRAPH_PROMPT, cache)
     cache.truncate(GRAPH_PROMPT)
     with cpu_step.pytorch_only():
         want = model(token, start_pos=GRAPH_PROMPT, cache=cache)
     if got is None:
         return "the C++ step did not run"
-    return mismatch(got, want, GRAPH_TOLERANCE, model.dtype)  # fp32 logits of a model that computes in its dtype
+    problem = mismatch(got, want, GRAPH_TOLERANCE, model.dtype)  # fp32 logits of a model that computes in its dtype
+    if not problem:  # which step decodes each weight format here: the C++ one where it is faster
+        if engine.progress is not None:
+            engine.progress(1.0, "timing the C++ step against PyTorch's, per format…")
+        cpu_step.time_formats(model, _int4_group(engine) or 32)
+    return problem
 
 
 def _fp_weight(engine) -> torch.Tensor:

@@ -35,13 +35,14 @@ STEP_LABEL = "C++ CPU step (one OpenMP region)"  # what the bench's path line ca
 MAX_HEAD_DIM = 1024  # the C++ step's per-head buffers
 # The timing at load: a stand-in of the model's first layers, at least this many bytes of weights
 # (out of the caches, as the whole model's are) or the whole model, and a 256-row head; each step
-# warmed once, then the best of TIMED_STEPS of each, interleaved (more, up to MAX_TIMED_STEPS, while
-# they take under TIMING_S: a busy machine's outliers fall out of the best).
+# warmed once, then the best of at least TIMED_STEPS of each, interleaved, and more (up to
+# MAX_TIMED_STEPS) until TIMING_S have passed: on a busy machine a step whose thread lost the core for
+# a time slice falls out of the best, and a short step gets many tries across several slices.
 STAND_IN_BYTES = 32 << 20
 STAND_IN_VOCAB = 256
 TIMED_STEPS = 3
-MAX_TIMED_STEPS = 12
-TIMING_S = 0.2
+MAX_TIMED_STEPS = 200
+TIMING_S = 0.1
 PROMPT = 4  # positions prefilled before a timed step
 
 _PLANS = WeakIdKeyDictionary()  # model -> _Plan for its current cache
@@ -98,10 +99,17 @@ def unavailable_reason() -> str:
         return _unavailable or kernel_registry.reason("cpu_step")
 
 
+_LIBRARY: dict[tuple, object] = {}  # (MEMBOUND_CPU_ISA, extra flags, CXX) -> the loaded library
+
+
 def library():
-    """The loaded library (after unavailable_reason() == "")."""
-    from kernels.cpu_decode import load
-    return load()
+    """The loaded library for the level asked for now (after unavailable_reason() == "")."""
+    from kernels import cpu_decode
+    key = (os.environ.get(cpu_decode.ISA_VARIABLE, ""), cpu_decode.EXTRA_FLAGS, os.environ.get("CXX", ""))
+    lib = _LIBRARY.get(key)
+    if lib is None:
+        lib = _LIBRARY[key] = cpu_decode.load()
+    return lib
 
 
 def fallback_line() -> str:
@@ -148,6 +156,18 @@ def decode_step(model, tokens: torch.Tensor, start_pos: int, cache, attention: s
     cache.length = start_pos + 1
     record("decode step", STEP_LABEL)
     record("attention decode", "C++ CPU step", model.cfg.n_layers)
+    return logits.view(1, 1, -1)
+
+
+def checked_step(model, tokens: torch.Tensor, start_pos: int, cache) -> torch.Tensor | None:
+    """decode_step run in C++ whatever the timing says (the load check holds it to PyTorch's step)."""
+    if refusal(model, tokens, cache, "flash") or unavailable_reason():
+        return None
+    plan = _plan_for(model, cache)
+    if plan is None:
+        return None
+    logits = plan.run([(int(tokens[0, 0]), start_pos, 0, None)], [0])
+    cache.length = start_pos + 1
     return logits.view(1, 1, -1)
 
 
@@ -199,15 +219,16 @@ def known_choices(model) -> list[Choice]:
                                                         cfg.head_dim, isa)]
 
 
-def stand_in(model):
-    """The model's first layers (at least STAND_IN_BYTES of their weights, or all) and the first
-    STAND_IN_VOCAB rows of its head: the same tensors, a shorter model to time."""
+def stand_in(model, min_bytes: int | None = None):
+    """The model's first layers (at least `min_bytes` of their weights, default STAND_IN_BYTES, or all)
+    and the first STAND_IN_VOCAB rows of its head: the same tensors, a shorter model to time."""
     from engine.model.transformer import Linear
+    min_bytes = STAND_IN_BYTES if min_bytes is None else min_bytes
     layers, total = 0, 0
     for block in model.layers:
         layers += 1
         total += sum(getattr(m, "weight_bytes", 0) for m in (block.wqkv, block.wo, block.w_gate_up, block.w_down))
-        if total >= STAND_IN_BYTES:
+        if total >= min_bytes:
             break
     vocab = min(STAND_IN_VOCAB, model.cfg.vocab_size)
     short = copy.copy(model)
@@ -250,7 +271,7 @@ def time_steps(model) -> tuple[float, float]:
     best = [float("inf"), float("inf")]
     start = time.perf_counter()
     for done in range(MAX_TIMED_STEPS + 1):
-        if done > TIMED_STEPS and time.perf_counter() - start > TIMING_S:
+        if done > TIMED_STEPS and time.perf_counter() - start >= TIMING_S:
             break
         for i, run in enumerate((cpp, pytorch)):
             t0 = time.perf_counter()
@@ -260,11 +281,12 @@ def time_steps(model) -> tuple[float, float]:
 
 
 def time_formats(model, group_size: int = 32) -> list[Choice]:
-    """The timings of the model's format and of INT8 and INT4 weights at its dtype (quantised
-    stand-ins: seconds), as the load check makes them."""
+    """The timings of the model's format and of INT8 and INT4 weights at its dtype (its stand-in's
+    layers quantised), as the load check makes them."""
     from engine.model.quant import quantize_model
     made = [choice(model)]
     if format_label(model) in ("fp32", "bf16"):
+        # the same layers quantised (fewer bytes: quantising as many bytes' worth took seconds at load)
         short = stand_in(model)
         for weights in ("int8", "int4"):
             try:
@@ -285,6 +307,8 @@ def path_line(model) -> str:
     slower = [c for c in made if not c.use_cpp]
     threads = lib.threads_note or f"{torch.get_num_threads()} threads"
     line = f"decode: C++ step, {lib.isa}, {threads}"
+    if not made:
+        return line + " (not yet timed against PyTorch's step)"
     if cpp:
         line += " — timed at load against PyTorch's step: " + ", ".join(f"{c.label} {c.speedup:.1f}x" for c in cpp)
     if slower:
