@@ -29,6 +29,8 @@ ISA_VARIABLE = "MEMBOUND_CPU_ISA"
 ISAS = ("native", "avx512", "avx2", "neon", "scalar")
 WARNINGS = ("-Wall", "-Wextra")
 EXTRA_FLAGS: tuple[str, ...] = ()  # added to every build (tests: a library not in the cache)
+# the plain native Linux build, for other sources built the same way (kernels/cpu_roof.py's probes)
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 BUILD_TIMEOUT_S = 120
 
 F32, BF16, INT8, INT4 = 0, 1, 2, 3  # struct Mat's formats
@@ -214,29 +216,32 @@ def gemm(lib, mat: Mat, x, threads: int):
     return y
 
 
-def _build(plan: BuildPlan) -> Path:
+def _build(plan: BuildPlan | tuple[str, ...], source_path: Path = SOURCE) -> Path:
+    """The library of `source_path` (the decode step; kernels/cpu_roof.cpp's probes too, with bare flags)."""
+    if not isinstance(plan, BuildPlan):
+        plan = BuildPlan(build_plan().compiler, tuple(plan), ".so", "native")
     cxx = plan.compiler
-    source = SOURCE.read_bytes()
+    source = source_path.read_bytes()
     try:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
     except (OSError, subprocess.SubprocessError) as e:
         raise BuildError(f"{cxx} --version failed: {e}") from None
     key = hashlib.sha256(source + repr((plan.flags, version, plan.level, cpu_feature_line())).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "membound" / "cpu_decode"
-    target = cache / f"cpu_decode-{plan.level}-{key}{plan.suffix}"
+    target = cache / f"{source_path.stem}-{plan.level}-{key}{plan.suffix}"
     if target.exists():
         return target
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:  # built aside, then renamed: never half a file
         out = Path(tmp) / target.name
         try:
-            done = subprocess.run([cxx, *plan.flags, str(SOURCE), "-o", str(out)], capture_output=True, text=True,
-                                  check=False, timeout=BUILD_TIMEOUT_S)
+            done = subprocess.run([cxx, *plan.flags, str(source_path), "-o", str(out)], capture_output=True,
+                                  text=True, check=False, timeout=BUILD_TIMEOUT_S)
         except (OSError, subprocess.SubprocessError) as e:
             raise BuildError(f"{cxx} failed: {e}") from None
         if done.returncode != 0:
             first = next((line for line in done.stderr.splitlines() if "error" in line), done.stderr.strip()[:200])
-            raise BuildError(f"{cxx} could not build kernels/cpu_decode.cpp: {first}")
+            raise BuildError(f"{cxx} could not build kernels/{source_path.name}: {first}")
         os.replace(out, target)
     return target
 
