@@ -652,7 +652,8 @@ class Engine:
             self.cached_ids = list(ids) + guesses[:accepted]
             self.cache.truncate(len(self.cached_ids))  # the rejected guesses' K/V go (paged: their blocks)
         cost = step_cost(self.cfg, batch_size=1, new_tokens=len(feed), context_len=start,
-                         weight_bytes=model.linear_weight_bytes(rows=len(feed)), kv_elem_bytes=_elem_bytes(model.dtype),
+                         weight_bytes=model.linear_weight_bytes(rows=1 if cpu_step.ran_in_cpp() else len(feed)),
+                         kv_elem_bytes=_elem_bytes(model.dtype),
                          act_elem_bytes=_elem_bytes(model.dtype), kv_cache=use_cache,
                          logits_rows=len(guesses) + 1, kv_read_tokens=graph_kv_len, attention=attention,
                          kv_layout=layout, block_size=getattr(self.cache, "block_size", DEFAULT_BLOCK_SIZE))

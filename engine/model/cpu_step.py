@@ -153,10 +153,104 @@ def decode_step(model, tokens: torch.Tensor, start_pos: int, cache, attention: s
     if plan is None or not choice(model).use_cpp:
         return None
     logits = plan.run([(int(tokens[0, 0]), start_pos, 0, None)], [0])
+    _ran(True)
     cache.length = start_pos + 1
     record("decode step", STEP_LABEL)
     record("attention decode", "C++ CPU step", model.cfg.n_layers)
     return logits.view(1, 1, -1)
+
+
+ROWS_LABEL = "C++ CPU step, token rows"  # a step of several rows (a batch, a verify step, a prompt chunk)
+
+
+def ran_in_cpp() -> bool:
+    """Whether this thread's last model step ran in C++ (its cost: each weight read once as stored,
+    whatever the rows; PyTorch's path for many rows may write a dequantised copy)."""
+    return getattr(_local, "ran", False)
+
+
+def _ran(done: bool) -> None:
+    _local.ran = done
+
+
+def mark_pytorch_step() -> None:
+    _local.ran = False
+
+
+def _routable(model, cache, attention: str) -> bool:
+    """Whether this model's steps over this cache may run in C++ now (cheap: asked every step)."""
+    return not (torch.compiler.is_compiling() or getattr(_local, "pytorch_only", False)
+                or model_refusal(model, cache, attention) or unavailable_reason())
+
+
+def sequence_step(model, tokens: torch.Tensor, start_pos: int, cache, attention: str = "flash",
+                  last_only: bool = True, logits_rows: int | None = None) -> torch.Tensor | None:
+    """One sequence's T new tokens (1 <= T <= the library's rows) at positions start_pos.., over the
+    contiguous cache of one sequence or a paged cache of one sequence, causal among themselves:
+    a decode step, a speculative verify step (T = k + 1) or a prompt chunk. Logits (1, rows, vocab)
+    for the last `logits_rows` rows (else the last row, or every row when not `last_only`), as
+    Transformer.forward returns them; None where the C++ step does not apply (nothing written)."""
+    B, T = tokens.shape
+    if tokens.device.type != "cpu" or B != 1 or T < 1:
+        return None
+    _ran(False)
+    if T == 1 and isinstance(cache, ContiguousKVCache):
+        return decode_step(model, tokens, start_pos, cache, attention)
+    from engine.kv.cache import PagedKVCache
+    paged = isinstance(cache, PagedKVCache)
+    if not (paged and len(cache.seq_ids) == 1 or isinstance(cache, ContiguousKVCache) and cache.k.shape[1] == 1):
+        return None
+    if not _routable(model, cache, attention) or start_pos + T > cache.max_len:
+        return None
+    plan = _plan_for(model, cache)
+    if plan is None or T > plan.lib.max_rows or not choice(model).use_cpp:
+        return None
+    n = T if logits_rows is None and not last_only else (logits_rows or 1)
+    table = None
+    if paged:  # the blocks for the new positions (all or nothing: KVCacheFull leaves the cache as it was)
+        layout = cache._begin_step(start_pos, T)
+        table = torch.tensor(layout.block_tables[0], dtype=torch.int32)
+        if len(layout.block_tables[0]) * cache.block_size > plan.lib.membound_max_blocks() * cache.block_size:
+            return None
+    ids = tokens[0].tolist()
+    rows = [(ids[i], start_pos + i, 0, None if table is None else table.data_ptr()) for i in range(T)]
+    logits = plan.run(rows, list(range(T - n, T)))
+    _ran(True)
+    if not paged:
+        cache.length = start_pos + T
+    record("decode step" if T == 1 else "multi-row step", STEP_LABEL if T == 1 else ROWS_LABEL)
+    return logits.view(1, n, -1)
+
+
+def plan_step(model, cache, seqs, attention: str = "flash") -> tuple[list[int], torch.Tensor] | None:
+    """A scheduler plan (engine/serving/batch_forward.py forward_plan's contract) as one C++ step: every
+    sequence's tokens are token rows at their own positions over their own blocks of the paged pool;
+    (request ids that sample, their logits (n, vocab)); None where it does not apply."""
+    _ran(False)
+    total = sum(len(s.token_ids) for s in seqs)
+    if not seqs or model.device.type != "cpu" or not _routable(model, cache, attention):
+        return None
+    plan = _plan_for(model, cache)
+    if plan is None or total > plan.lib.max_rows or not choice(model).use_cpp:
+        return None
+    bs = cache.block_size
+    rows, wanted, ids, tables = [], [], [], []
+    for s in seqs:
+        if -(-(s.start_pos + len(s.token_ids)) // bs) > len(s.block_table):
+            return None  # (the scheduler allocates before it plans: never seen)
+        table = torch.tensor(s.block_table, dtype=torch.int32)
+        tables.append(table)
+        rows += [(t, s.start_pos + i, 0, table.data_ptr()) for i, t in enumerate(s.token_ids)]
+        if s.samples:
+            wanted.append(len(rows) - 1)
+            ids.append(s.request_id)
+    if max(p for _, p, _, _ in rows) >= model.cfg.max_seq_len:
+        raise ValueError(f"context of {max(p for _, p, _, _ in rows) + 1} tokens exceeds the model's "
+                         f"{model.cfg.max_seq_len}")
+    logits = plan.run(rows, wanted)
+    _ran(True)
+    record("batched step", ROWS_LABEL)
+    return ids, logits
 
 
 def checked_step(model, tokens: torch.Tensor, start_pos: int, cache) -> torch.Tensor | None:
@@ -299,7 +393,7 @@ def time_formats(model, group_size: int = 32) -> list[Choice]:
 def path_line(model) -> str:
     """Which step decodes each format timed so far, at which vector level, and why (one line; "" when
     the C++ step cannot run here)."""
-    if unavailable_reason():
+    if model is None or unavailable_reason():
         return ""
     lib = library()
     made = known_choices(model)
@@ -391,7 +485,7 @@ class _Plan:
         plan.vocab = cfg.vocab_size
         plan.cache = weakref.ref(cache)
         plan.keep += [cache.k, cache.v]
-        plan.scratch_for = {}  # (rows, threads) -> scratch
+        plan.scratch = torch.empty(0, dtype=torch.float32)  # grown to the most rows asked for
         return plan
 
     def run(self, rows: list[tuple[int, int, int, int | None]], logit_rows: list[int],
@@ -406,10 +500,10 @@ class _Plan:
             if not 0 <= pos < limit:
                 raise ValueError(f"position {pos} is past the cache's {limit}")
         threads = torch.get_num_threads()
-        scratch = self.scratch_for.get((m, threads))
-        if scratch is None:
-            floats = self.lib.membound_scratch_floats(ctypes.byref(self.model), m, threads)
-            scratch = self.scratch_for[(m, threads)] = torch.empty(floats, dtype=torch.float32)
+        floats = self.lib.membound_scratch_floats(ctypes.byref(self.model), m, threads)
+        if self.scratch.numel() < floats:
+            self.scratch = torch.empty(floats, dtype=torch.float32)
+        scratch = self.scratch
         c_rows = (Row * m)(*[Row(t, p, b, table) for t, p, b, table in rows])
         wanted = (ctypes.c_int64 * max(1, len(logit_rows)))(*logit_rows)
         logits = torch.empty(len(logit_rows), self.vocab, dtype=torch.float32)

@@ -323,10 +323,12 @@ class Transformer(nn.Module):
         B, T = tokens.shape
         if start_pos + T > self.cfg.max_seq_len:
             raise ValueError(f"context of {start_pos + T} tokens exceeds the model's {self.cfg.max_seq_len}")
-        if T == 1 and cache is not None and tokens.device.type == "cpu":  # batch-1 decode: one C++ call
-            logits = cpu_step.decode_step(self, tokens, start_pos, cache, attention)
-            if logits is not None:
-                return logits
+        if tokens.device.type == "cpu":
+            cpu_step.mark_pytorch_step()  # (until the C++ step takes it: cpu_step.ran_in_cpp)
+            if cache is not None:  # one sequence's step (T <= 64 rows): one C++ call
+                logits = cpu_step.sequence_step(self, tokens, start_pos, cache, attention, last_only, logits_rows)
+                if logits is not None:
+                    return logits
         x = F.embedding(tokens, self.embed)
         cos = self.rope_cos[start_pos:start_pos + T]
         sin = self.rope_sin[start_pos:start_pos + T]

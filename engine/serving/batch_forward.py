@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from engine.kv.cache import PagedKV, PagedKVCache, PageLayout
 from engine.metrics import StepCost, StepMetrics, step_cost
+from engine.model import cpu_step
 from engine.model.attention import attend
 from engine.model.transformer import Transformer
 from engine.serving.scheduler import ScheduledSeq, Scheduler
@@ -32,6 +33,9 @@ def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledS
     that made it must run on `cache.manager`."""
     if not seqs:
         return [], torch.empty(0, model.cfg.vocab_size)
+    routed = cpu_step.plan_step(model, cache, seqs, attention)  # on a CPU: the whole plan in one C++ step
+    if routed is not None:
+        return routed
     bs = cache.block_size
     # one-token rows first (decodes: attended together), then prefill chunks, each on its own
     decodes = [s for s in seqs if len(s.token_ids) == 1]
@@ -194,8 +198,11 @@ class BatchRunner:
         step_s = time.perf_counter() - t0
         sampled = dict(zip(ids, tokens))
         self.scheduler.update_from_output(plan, sampled)
-        weight_bytes = self.model.linear_weight_bytes(rows=plan.total_num_scheduled_tokens,
-                                                      head_rows=sum(s.samples for s in plan.seqs))
+        # in C++ each weight is read once as stored, whatever the rows; PyTorch's many-row path may
+        # write and read a dequantised copy too (Transformer.linear_weight_bytes counts it)
+        weight_bytes = self.model.linear_weight_bytes(
+            rows=1 if cpu_step.ran_in_cpp() else plan.total_num_scheduled_tokens,
+            head_rows=sum(s.samples for s in plan.seqs))
         cost = plan_cost(self.model.cfg, plan.seqs, weight_bytes=weight_bytes, elem_bytes=self._elem_bytes,
                          attention=self.attention, block_size=self.cache.block_size)
         n = len(plan.seqs)
