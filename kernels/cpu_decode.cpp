@@ -613,26 +613,39 @@ static inline DotAcc dot_stepn(DotAcc a, const uint16_t *w, const uint16_t *x, i
 static inline float dot_sum(DotAcc a) { return vaddvq_f32(a); }
 #endif
 
-template <int G>
-static inline void block_bf16dot(const uint16_t *const *w, int rr, const uint16_t *xb, int64_t ldx, int64_t k,
-                                 float *out, const char *ahead, int64_t row_bytes) {
-  DotAcc acc[G][R];
+template <int G, int RR>
+static inline void block_bf16dot(const uint16_t *const *w, const uint16_t *xb, int64_t ldx, int64_t k, float *out,
+                                 const char *ahead, int64_t row_bytes) {
+  DotAcc acc[G][RR];
   for (int g = 0; g < G; g++)
-    for (int i = 0; i < R; i++) acc[g][i] = dot_zero();
+    for (int i = 0; i < RR; i++) acc[g][i] = dot_zero();
   int64_t j = 0;
   for (; j + DOT_STEP <= k; j += DOT_STEP) {
     if (ahead && ((j * 2) & 63) == 0)
-      for (int i = 0; i < rr; i++) prefetch(ahead + (AHEAD_ROWS + i) * row_bytes + 2 * j);
+      for (int i = 0; i < RR; i++) prefetch(ahead + (AHEAD_ROWS + i) * row_bytes + 2 * j);
     for (int g = 0; g < G; g++)
-      for (int i = 0; i < R; i++)
-        if (i < rr) acc[g][i] = dot_step(acc[g][i], w[i] + j, xb + g * ldx + j);
+      for (int i = 0; i < RR; i++) acc[g][i] = dot_step(acc[g][i], w[i] + j, xb + g * ldx + j);
   }
   if (j < k)
     for (int g = 0; g < G; g++)
-      for (int i = 0; i < R; i++)
-        if (i < rr) acc[g][i] = dot_stepn(acc[g][i], w[i] + j, xb + g * ldx + j, k - j);
+      for (int i = 0; i < RR; i++) acc[g][i] = dot_stepn(acc[g][i], w[i] + j, xb + g * ldx + j, k - j);
   for (int g = 0; g < G; g++)
-    for (int i = 0; i < rr; i++) out[g * R + i] = dot_sum(acc[g][i]);
+    for (int i = 0; i < RR; i++) out[g * R + i] = dot_sum(acc[g][i]);
+}
+
+template <int RR>
+static inline void bf16dot_rows(const uint16_t *const *w, const uint16_t *xb, int64_t ldx, int64_t k, int64_t g_rows,
+                                float *out, const char *ahead, int64_t row_bytes) {
+  switch (g_rows) {
+#if G_MAX >= 4
+    case 4: block_bf16dot<4, RR>(w, xb, ldx, k, out, ahead, row_bytes); break;
+    case 3: block_bf16dot<3, RR>(w, xb, ldx, k, out, ahead, row_bytes); break;
+#endif
+#if G_MAX >= 2
+    case 2: block_bf16dot<2, RR>(w, xb, ldx, k, out, ahead, row_bytes); break;
+#endif
+    default: block_bf16dot<1, RR>(w, xb, ldx, k, out, ahead, row_bytes); break;
+  }
 }
 
 static void gemm_bf16dot(const struct Mat *mt, const struct In *in, float *y, int64_t ldy, int64_t r0, int64_t r1) {
@@ -643,14 +656,14 @@ static void gemm_bf16dot(const struct Mat *mt, const struct In *in, float *y, in
     const int rr = r + R <= r1 ? R : 1;
     const uint16_t *w[R];
     for (int i = 0; i < R; i++) w[i] = base + (r + (i < rr ? i : 0)) * k;
-    for (int64_t m0 = 0; m0 < in->m; m0 += G_MAX) {
+    for (int64_t m0 = 0; m0 < in->m; m0 += G_MAX) {  // later passes read the rows from L1/L2
       const int64_t g_rows = in->m - m0 < G_MAX ? in->m - m0 : G_MAX;
       const uint16_t *xb = in->xb + m0 * in->ld;
       const char *ahead = m0 == 0 ? (const char *)(base + r * k) : NULL;
-      if (g_rows == 4) block_bf16dot<4>(w, rr, xb, in->ld, k, out + m0 * R, ahead, 2 * k);
-      else if (g_rows == 3) block_bf16dot<3>(w, rr, xb, in->ld, k, out + m0 * R, ahead, 2 * k);
-      else if (g_rows == 2) block_bf16dot<2>(w, rr, xb, in->ld, k, out + m0 * R, ahead, 2 * k);
-      else block_bf16dot<1>(w, rr, xb, in->ld, k, out + m0 * R, ahead, 2 * k);
+      if (rr == R)
+        bf16dot_rows<R>(w, xb, in->ld, k, g_rows, out + m0 * R, ahead, 2 * k);
+      else
+        bf16dot_rows<1>(w, xb, in->ld, k, g_rows, out + m0 * R, NULL, 2 * k);
     }
     for (int64_t t = 0; t < in->m; t++)
       for (int i = 0; i < rr; i++) y[t * ldy + r + i] = out[t * R + i];

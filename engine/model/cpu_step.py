@@ -299,7 +299,7 @@ def time_formats(model, group_size: int = 32) -> list[Choice]:
 def path_line(model) -> str:
     """Which step decodes each format timed so far, at which vector level, and why (one line; "" when
     the C++ step cannot run here)."""
-    if unavailable_reason():
+    if model is None or unavailable_reason():
         return ""
     lib = library()
     made = known_choices(model)
