@@ -455,7 +455,14 @@ static void prepare(struct In *in, const struct Mat *m) {
 
 // ---- floating-point and int8 rows: R weight rows against G token rows, one FMA chain per output --------
 #define R 4           // weight rows a block reads side by side
-#define AHEAD_ROWS 4  // the block of rows prefetched ahead (the prefetchers lose four short rows side by side)
+// The hardware prefetchers lose track of four short rows read side by side, so each block asks for
+// the same columns of the rows at least AHEAD_BYTES further on (a multiple of four rows: 4 rows of
+// fp32 at K = 576, 16 of int8), one block running ahead in memory while this one computes.
+#define AHEAD_BYTES 8192
+static inline int64_t ahead_rows(int64_t row_bytes) {
+  const int64_t blocks = (AHEAD_BYTES + R * row_bytes - 1) / (R * row_bytes);
+  return blocks < 1 ? R : blocks * R;
+}
 #if defined(LEVEL_AVX512) || defined(LEVEL_NEON)
 #define G_MAX 4  // token rows per pass: 16 accumulators (of 32 vector registers)
 #elif defined(LEVEL_AVX2)
@@ -485,7 +492,7 @@ struct I8Rows {
 };
 
 // out[g * R + i] = sum_j w[i][j] x[g][j] for RR rows and G token rows (x rows ldx apart);
-// `ahead`: the start of row 0 of this block in the matrix, to prefetch the block AHEAD_ROWS on
+// `ahead`: row 0 of the block ahead_rows() on in the matrix, to prefetch (null: no prefetch)
 template <int G, int RR, class Rows>
 static inline void block_fma(const Rows &w, const float *x, int64_t ldx, int64_t k, float *out, const char *ahead,
                              int64_t row_bytes) {
@@ -495,7 +502,7 @@ static inline void block_fma(const Rows &w, const float *x, int64_t ldx, int64_t
   int64_t j = 0;
   for (; j + W <= k; j += W) {
     if (ahead && ((j * Rows::BYTES) & 63) == 0)
-      for (int i = 0; i < RR; i++) prefetch(ahead + (AHEAD_ROWS + i) * row_bytes + j * Rows::BYTES);
+      for (int i = 0; i < RR; i++) prefetch(ahead + i * row_bytes + j * Rows::BYTES);
     V wv[RR];
     for (int i = 0; i < RR; i++) wv[i] = w.load(i, j);
     for (int g = 0; g < G; g++) {
@@ -547,8 +554,11 @@ static void rows_times_tokens(const Rows &w, const struct In *in, int64_t k, flo
     for (int i = 0; i < R; i++) fb.p[i] = (const float *)w.p[i < RR ? i : 0];
   } else {
     int64_t j = 0;
-    for (; j + W <= k; j += W)
+    for (; j + W <= k; j += W) {
+      if (ahead && ((j * Rows::BYTES) & 63) == 0)
+        for (int i = 0; i < RR; i++) prefetch(ahead + i * row_bytes + j * Rows::BYTES);
       for (int i = 0; i < RR; i++) vstore(wbuf + i * ldb + j, w.load(i, j));
+    }
     if (j < k)
       for (int i = 0; i < RR; i++) vstore(wbuf + i * ldb + j, w.loadn(i, j, k - j));
     for (int i = 0; i < R; i++) fb.p[i] = wbuf + (i < RR ? i : 0) * ldb;
@@ -571,7 +581,7 @@ static void gemm_rows(const struct Mat *mt, const struct In *in, float *y, int64
   for (int64_t r = r0; r < r1;) {
     const int rr = r + R <= r1 ? R : 1;
     const Rows w = make(r);
-    const char *ahead = (const char *)mt->w + r * row_bytes;
+    const char *ahead = (const char *)mt->w + (r + ahead_rows(row_bytes)) * row_bytes;
     if (rr == R)
       rows_times_tokens<R>(w, in, k, out, wbuf, ahead, row_bytes);
     else
@@ -622,7 +632,7 @@ static inline void block_bf16dot(const uint16_t *const *w, const uint16_t *xb, i
   int64_t j = 0;
   for (; j + DOT_STEP <= k; j += DOT_STEP) {
     if (ahead && ((j * 2) & 63) == 0)
-      for (int i = 0; i < RR; i++) prefetch(ahead + (AHEAD_ROWS + i) * row_bytes + 2 * j);
+      for (int i = 0; i < RR; i++) prefetch(ahead + i * row_bytes + 2 * j);
     for (int g = 0; g < G; g++)
       for (int i = 0; i < RR; i++) acc[g][i] = dot_step(acc[g][i], w[i] + j, xb + g * ldx + j);
   }
@@ -659,7 +669,7 @@ static void gemm_bf16dot(const struct Mat *mt, const struct In *in, float *y, in
     for (int64_t m0 = 0; m0 < in->m; m0 += G_MAX) {  // later passes read the rows from L1/L2
       const int64_t g_rows = in->m - m0 < G_MAX ? in->m - m0 : G_MAX;
       const uint16_t *xb = in->xb + m0 * in->ld;
-      const char *ahead = m0 == 0 ? (const char *)(base + r * k) : NULL;
+      const char *ahead = m0 == 0 ? (const char *)(base + (r + ahead_rows(2 * k)) * k) : NULL;
       if (rr == R)
         bf16dot_rows<R>(w, xb, in->ld, k, g_rows, out + m0 * R, ahead, 2 * k);
       else
@@ -698,7 +708,7 @@ static void gemm_int8_sdot(const struct Mat *mt, const struct In *in, float *y, 
   const int8_t *q = (const int8_t *)mt->w;
   const uint16_t *scale = (const uint16_t *)mt->scale;
   for (int64_t r = r0; r < r1; r++) {  // the row (k bytes) stays in L1 across the token rows
-    prefetch(q + (r + AHEAD_ROWS) * k);
+    prefetch(q + (r + ahead_rows(k)) * k);
     for (int64_t t = 0; t < in->m; t++)
       y[t * ldy + r] = sdot_row(q + r * k, (const int8_t *)(in->xq + t * in->ld), in->xqs + t * ls, k) *
                        bf16_to_f32(scale[r]);
