@@ -72,6 +72,8 @@ class Engine:
             torch.set_flush_denormal(True)
         self.graphs = GraphDecoder(device)
         self.settings = self._normalised((settings or Settings(dtype=dtype)).validate(device))
+        from engine.io.check import check_model
+        check_model(model)  # a bad or unsupported file says so now, not after the bandwidth probe
         self.hardware = hardware or detect_device(device, progress=(lambda m: progress(0.0, m)) if progress else None)
         if isinstance(model, LoadedWeights):  # already in memory (tests, the app's model cache)
             self.loaded = model
@@ -429,6 +431,15 @@ class Engine:
                 done = event
             yield event
         self.conversation.add_turn(user_text, done.text if done else "")
+
+    def complete(self, text: str, ignore_eos: bool = False) -> Iterator:
+        """`text` continued exactly as written: no chat template and no conversation kept, BOS as
+        the tokenizer's file says (a base model's use: `membound chat --raw`)."""
+        if not text or not text.strip():
+            raise PromptError("empty prompt: type something to complete")
+        ids = self.tokenizer.encode(text)
+        self._check_prompt_length(len(ids))
+        yield from self.generate(ids, ignore_eos=ignore_eos)
 
     def _check_prompt_length(self, n: int) -> None:
         if n + 1 > self.max_context:

@@ -58,12 +58,16 @@ def step_cost(cfg: ModelConfig, *, batch_size: int, new_tokens: int, context_len
     in the activation dtype, S = every key of the step (the masked half included: it is computed
     and stored too), and its FLOPs are the full T x S product; "flash" keeps it on chip and skips
     the masked half. kv_layout="paged": attention also reads each sequence's block table (int32,
-    once per KV head and layer); the positions it reads are the live ones, as contiguous."""
+    once per KV head and layer); the positions it reads are the live ones, as contiguous.
+    Sliding-window layers (Gemma, Phi-3-mini) read and attend to their window's keys only; Gemma 2's
+    soft-capped scores are written to memory and read back as naive attention's are (no fused
+    kernel here takes them)."""
     B, T, C = batch_size, new_tokens, context_len
     logits_rows = B if logits_rows is None else logits_rows
     kv_elems_per_token = cfg.kv_bytes_per_token_per_elem  # K and V, all layers
-    kv_read = B * (C if kv_read_tokens is None else kv_read_tokens) * kv_elems_per_token * kv_elem_bytes \
-        if kv_cache else 0
+    kv_elems_per_layer_token = 2 * cfg.kv_dim
+    positions_read = cfg.kv_positions_read(C) if kv_read_tokens is None else cfg.n_layers * kv_read_tokens
+    kv_read = B * positions_read * kv_elems_per_layer_token * kv_elem_bytes if kv_cache else 0
     kv_write = B * T * kv_elems_per_token * kv_elem_bytes if kv_cache else 0
     # RMSNorm weights, and where the family has them the q/k/v biases (Qwen2) and q/k norms (Qwen3)
     norm_bytes = cfg.vector_elems_per_step * act_elem_bytes
@@ -71,18 +75,18 @@ def step_cost(cfg: ModelConfig, *, batch_size: int, new_tokens: int, context_len
     logits_bytes = logits_rows * cfg.vocab_size * 4  # fp32 logits
     layer_matmul = 2 * cfg.layer_linear_params * B * T * cfg.n_layers
     head_matmul = 2 * cfg.vocab_size * cfg.dim * logits_rows
-    # attention per layer: QK^T and PV, 2 FLOPs per MAC each, q_dim wide; query i of T
-    # sees C + i + 1 keys (causal), so the keys seen sum to T*C + T(T+1)/2
-    keys_seen = T * C + T * (T + 1) // 2
+    # attention: QK^T and PV, 2 FLOPs per MAC each, q_dim wide; query i of T sees C + i + 1 keys
+    # (causal), so the keys seen sum to T*C + T(T+1)/2 a layer (a sliding layer: its window's)
+    keys_seen = cfg.keys_seen(C, T)
     score_bytes = 0
-    if attention == "naive":
+    if attention == "naive" or cfg.attn_softcap:
         S = kv_read_tokens if kv_cache and kv_read_tokens is not None else C + T  # keys in the matrix
-        keys_seen = T * S
+        keys_seen = cfg.n_layers * T * S
         score_bytes = 2 * cfg.n_layers * B * cfg.n_heads * T * S * act_elem_bytes  # written, then read
     if kv_cache and kv_layout == "paged":
         blocks = -(-(C + T) // block_size)
         kv_read += cfg.n_layers * B * cfg.n_kv_heads * blocks * 4
-    flops_attention = cfg.n_layers * B * 2 * 2 * cfg.q_dim * keys_seen
+    flops_attention = B * 2 * 2 * cfg.q_dim * keys_seen
     return StepCost(
         weight_bytes=weight_bytes + norm_bytes,
         kv_read_bytes=kv_read,

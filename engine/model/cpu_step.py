@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import ctypes
+import functools
 import os
 import threading
 import time
@@ -139,7 +140,14 @@ def model_refusal(model, cache, attention: str) -> str:
     cfg = model.cfg
     if cfg.head_dim % 2 or cfg.head_dim > MAX_HEAD_DIM or cfg.n_heads % cfg.n_kv_heads:
         return "an attention shape the C++ step does not take"
-    return ""
+    return model_refusal(cfg)
+
+
+@functools.lru_cache(maxsize=16)
+def model_refusal(cfg) -> str:
+    """Why this model's layers cannot run in C++ ("" when they can): Gemma's and Phi's additions."""
+    beyond = cfg.beyond_llama()
+    return f"{cfg.family}'s {beyond}: the C++ step runs Llama-family layers, PyTorch's step decodes" if beyond else ""
 
 
 def decode_step(model, tokens: torch.Tensor, start_pos: int, cache, attention: str = "flash") -> torch.Tensor | None:

@@ -1,5 +1,7 @@
 """One Llama-family transformer (RMSNorm, RoPE with scaling, GQA, SwiGLU, tied or untied head; the
-Qwen2 q/k/v bias and the Qwen3 per-head q/k RMSNorm where the config has them).
+Qwen2 q/k/v bias and the Qwen3 per-head q/k RMSNorm where the config has them; Gemma 2/3's scaled
+embeddings, GeGLU, four norms a layer, query scale, soft-capping and sliding-window layers with a RoPE
+base of their own; Phi's partial rotary).
 
 `Transformer.forward(tokens, start_pos, cache)` returns logits; linear layers go through
 `Linear` so later settings (quantisation) can swap them between steps."""
@@ -181,14 +183,37 @@ def _memory_allows(nbytes: int) -> bool:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: (B, T, H, hd); cos/sin: (T, hd) or (B, T, hd) for per-sequence positions
+    # x: (B, T, H, hd); cos/sin: (T, rd) or (B, T, rd) for per-sequence positions; rd < hd: partial
+    # rotary, the first rd dimensions of each head rotated and the rest passed through
     if cos.dim() == 2:
         cos, sin = cos[None, :, None, :], sin[None, :, None, :]
     else:
         cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    rd = cos.shape[-1]
+    if rd < x.shape[-1]:
+        return torch.cat([apply_rope(x[..., :rd], cos[:, :, 0], sin[:, :, 0]), x[..., rd:]], dim=-1)
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool = False) -> torch.Tensor:
+    """RMSNorm over the last dimension. Gemma's (weights stored as 1 + w) normalise and scale in
+    fp32 and round once; Llama's round the normalised x to its dtype before the scale."""
+    if gemma and x.dtype != torch.float32:
+        return F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def gated(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
+    """The gated MLP's product: SwiGLU (silu) or GeGLU (GELU, tanh approximation)."""
+    if activation == "gelu_tanh":
+        return F.gelu(gate, approximate="tanh") * up
+    return F.silu(gate) * up
+
+
+def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    return torch.tanh(x / cap) * cap if cap else x
 
 
 def fused(weights: dict[str, torch.Tensor], name: str, parts: tuple[str, ...]) -> torch.Tensor:
@@ -199,11 +224,17 @@ def fused(weights: dict[str, torch.Tensor], name: str, parts: tuple[str, ...]) -
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]):
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], layer: int = 0):
         super().__init__()
         self.cfg = cfg
+        self.gemma = cfg.post_norms  # Gemma 2/3's norms (fp32 scale) and their output norms
+        # this layer's attention: its window (sliding layers), the query scale, Gemma 2's soft cap
+        self.attend_options = dict(scale=cfg.attn_scale or None, softcap=cfg.attn_softcap,
+                                   window=cfg.layer_window(layer))
         self.attn_norm = nn.Parameter(weights["attn_norm"], requires_grad=False)
         self.ffn_norm = nn.Parameter(weights["ffn_norm"], requires_grad=False)
+        self.post_attn_norm = nn.Parameter(weights["post_attn_norm"], requires_grad=False) if cfg.post_norms else None
+        self.post_ffn_norm = nn.Parameter(weights["post_ffn_norm"], requires_grad=False) if cfg.post_norms else None
         # q, k and v are one matmul; gate and up are one matmul (fewer launches per step). The
         # loaders hand them over fused already (engine/io/loader.py: fuse_layers), so no copy here.
         self.wqkv = Linear(fused(weights, "wqkv", ("wq", "wk", "wv")))
@@ -221,7 +252,7 @@ class Block(nn.Module):
         q, k, v = self._qkv(x, cos, sin)
         if cache is not None:  # (B, n_kv, start_pos + T, hd) views, or PagedKV handles (paged cache)
             k, v = cache.update(layer, start_pos, k, v)
-        y = attend(q, k, v, attention)  # engine/model/attention.py: "naive" or "flash"
+        y = attend(q, k, v, attention, **self.attend_options)  # engine/model/attention.py: "naive" or "flash"
         return self._out_and_ffn(x, y)
 
     def forward_static(self, x, cos, sin, layer: int, cache, pos: torch.Tensor, kv_len: int,
@@ -235,18 +266,20 @@ class Block(nn.Module):
         k_all.index_copy_(2, pos, k)
         v_all.index_copy_(2, pos, v)
         # keys past pos are masked (kv_lens = pos + 1, a tensor: nothing here depends on the data)
-        y = attend(q, k_all[:, :, :kv_len], v_all[:, :, :kv_len], attention, kv_lens=pos + 1)
+        y = attend(q, k_all[:, :, :kv_len], v_all[:, :, :kv_len], attention, kv_lens=pos + 1, **self.attend_options)
         return self._out_and_ffn(x, y)
 
     def _qkv(self, x, cos, sin):
         cfg = self.cfg
         B, T, _ = x.shape
-        h = F.rms_norm(x, (cfg.dim,), self.attn_norm, cfg.norm_eps)
+        h = rms_norm(x, self.attn_norm, cfg.norm_eps, self.gemma)
         qkv = self.wqkv(h)
         if self.bqkv is not None:
             qkv = qkv + self.bqkv
         qk = qkv[..., : cfg.q_dim + cfg.kv_dim].view(B, T, cfg.n_heads + cfg.n_kv_heads, cfg.head_dim)
-        if self.qk_norm is not None:  # each head of q and k normalised over head_dim, before RoPE
+        if self.qk_norm is not None and self.gemma:  # Gemma 3: normalised and scaled in fp32
+            qk = (F.rms_norm(qk.float(), (cfg.head_dim,), None, cfg.norm_eps) * self.qk_norm.float()).to(qk.dtype)
+        elif self.qk_norm is not None:  # each head of q and k normalised over head_dim, before RoPE
             qk = F.rms_norm(qk, (cfg.head_dim,), None, cfg.norm_eps) * self.qk_norm
         qk = apply_rope(qk, cos, sin)  # q and k rotated together: one op instead of two
         q = qk[:, :, : cfg.n_heads].transpose(1, 2)  # (B, n_heads, T, hd)
@@ -258,10 +291,16 @@ class Block(nn.Module):
         cfg = self.cfg
         B, _, T, _ = y.shape
         y = y.transpose(1, 2).reshape(B, T, cfg.q_dim)
-        x = x + self.wo(y)
-        h = F.rms_norm(x, (cfg.dim,), self.ffn_norm, cfg.norm_eps)
+        out = self.wo(y)
+        if self.post_attn_norm is not None:
+            out = rms_norm(out, self.post_attn_norm, cfg.norm_eps, True)
+        x = x + out
+        h = rms_norm(x, self.ffn_norm, cfg.norm_eps, self.gemma)
         gate, up = self.w_gate_up(h).split(cfg.ffn_dim, dim=-1)
-        return x + self.w_down(F.silu(gate) * up)
+        out = self.w_down(gated(gate, up, cfg.activation))
+        if self.post_ffn_norm is not None:
+            out = rms_norm(out, self.post_ffn_norm, cfg.norm_eps, True)
+        return x + out
 
 
 def attention(q, k, v, gqa: bool) -> torch.Tensor:
@@ -297,7 +336,7 @@ class Transformer(nn.Module):
         layers = []
         for i in range(cfg.n_layers):
             prefix = f"layers.{i}."
-            layers.append(Block(cfg, {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}))
+            layers.append(Block(cfg, {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}, i))
             _share_fused(weights, prefix, layers[-1])  # layer by layer: the peak is one layer over the model
         self.layers = nn.ModuleList(layers)
         self.norm = nn.Parameter(weights["norm"], requires_grad=False)
@@ -307,6 +346,31 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(cfg, cfg.max_seq_len, device=self.embed.device)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        if cfg.rope_local_theta:  # Gemma 3's sliding layers: their own base, unscaled
+            cos, sin = rope_tables(cfg, cfg.max_seq_len, device=self.embed.device, local=True)
+            self.register_buffer("rope_cos_local", cos, persistent=False)
+            self.register_buffer("rope_sin_local", sin, persistent=False)
+        self.layer_local_rope = [cfg.layer_rope_local(i) for i in range(cfg.n_layers)]
+
+    def rope_rows(self, index) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(cos, sin) rows at `index` (a slice or a tensor of positions) for each layer in turn."""
+        rows = (self.rope_cos[index], self.rope_sin[index])
+        if not self.cfg.rope_local_theta:
+            return [rows] * self.cfg.n_layers
+        local = (self.rope_cos_local[index], self.rope_sin_local[index])
+        return [local if is_local else rows for is_local in self.layer_local_rope]
+
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T) ids -> (B, T, dim); Gemma's scaled by sqrt(dim), rounded to the weights' dtype as it does."""
+        x = F.embedding(tokens, self.embed)
+        if self.cfg.embed_scale != 1.0:
+            x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
+        return x
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The final norm, the head (fp32 logits) and Gemma 2's soft cap on them."""
+        x = rms_norm(x, self.norm, self.cfg.norm_eps, self.cfg.post_norms)
+        return softcap(self.head(x).float(), self.cfg.final_softcap)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -329,29 +393,23 @@ class Transformer(nn.Module):
                 logits = cpu_step.sequence_step(self, tokens, start_pos, cache, attention, last_only, logits_rows)
                 if logits is not None:
                     return logits
-        x = F.embedding(tokens, self.embed)
-        cos = self.rope_cos[start_pos:start_pos + T]
-        sin = self.rope_sin[start_pos:start_pos + T]
-        for i, layer in enumerate(self.layers):
+        x = self.embed_tokens(tokens)
+        for i, (layer, (cos, sin)) in enumerate(zip(self.layers, self.rope_rows(slice(start_pos, start_pos + T)))):
             x = layer(x, cos, sin, i, cache, start_pos, attention)
         if logits_rows is not None:
             x = x[:, -logits_rows:]
         elif last_only:
             x = x[:, -1:]
-        x = F.rms_norm(x, (self.cfg.dim,), self.norm, self.cfg.norm_eps)
-        return self.head(x).float()
+        return self.logits(x)
 
     def forward_decode_static(self, tokens: torch.Tensor, pos: torch.Tensor, cache, kv_len: int,
                               attention: str = "flash") -> torch.Tensor:
         """Decode one token at tensor position pos (shape (1,)) over a cache bucket of kv_len
         positions; the graph-capturable twin of forward(tokens, start_pos, cache)."""
-        x = F.embedding(tokens, self.embed)
-        cos = self.rope_cos[pos][None]  # (1, 1, hd)
-        sin = self.rope_sin[pos][None]
-        for i, layer in enumerate(self.layers):
-            x = layer.forward_static(x, cos, sin, i, cache, pos, kv_len, attention)
-        x = F.rms_norm(x, (self.cfg.dim,), self.norm, self.cfg.norm_eps)
-        return self.head(x).float()
+        x = self.embed_tokens(tokens)
+        for i, (layer, (cos, sin)) in enumerate(zip(self.layers, self.rope_rows(pos))):
+            x = layer.forward_static(x, cos[None], sin[None], i, cache, pos, kv_len, attention)  # cos (1, 1, rd)
+        return self.logits(x)
 
     def linear_weight_bytes(self, rows: int = 1, head_rows: int = 1) -> int:
         """Bytes of every matmul weight one forward step reads, the layers over `rows` rows (all
