@@ -129,10 +129,11 @@ def refusal(model, tokens: torch.Tensor, cache, attention: str) -> str:
         return "not a batch-1 decode step on a CPU"
     if not isinstance(cache, ContiguousKVCache) or cache.k.shape[1] != 1:
         return "not the contiguous cache of one sequence"
-    return model_refusal(model, cache, attention)
+    return step_refusal(model, cache, attention)
 
 
-def model_refusal(model, cache, attention: str) -> str:
+def step_refusal(model, cache, attention: str) -> str:
+    """Why this model's steps over this cache cannot run in C++, whatever their rows ("" when they can)."""
     if attention != "flash":
         return "naive attention runs in PyTorch (its score matrix in memory is the point)"
     if model.dtype not in ACT_FORMATS or cache.k.dtype != model.dtype:
