@@ -189,7 +189,7 @@ def mark_pytorch_step() -> None:
 def _routable(model, cache, attention: str) -> bool:
     """Whether this model's steps over this cache may run in C++ now (cheap: asked every step)."""
     return not (torch.compiler.is_compiling() or getattr(_local, "pytorch_only", False)
-                or model_refusal(model, cache, attention) or unavailable_reason())
+                or step_refusal(model, cache, attention) or unavailable_reason())
 
 
 def sequence_step(model, tokens: torch.Tensor, start_pos: int, cache, attention: str = "flash",
