@@ -3,10 +3,11 @@ the system's C++ compiler into ~/.cache/membound/, loaded with ctypes; `load()` 
 `BuildError` (one line: what is missing).
 
 The level is the compiler's target: the machine's own (`-march=native` / `-mcpu=native`) unless
-MEMBOUND_CPU_ISA asks for another this machine can run (avx512, avx2, scalar on x86; neon, scalar on
+MEMBOUND_CPU_ISA (EngineOptions.cpu_isa) asks for another this machine can run (avx512, avx2, scalar on x86; neon, scalar on
 aarch64), so a laptop without AVX-512 can be reproduced here. `build_plan` chooses the compiler and
 flags for Linux, macOS (Apple clang, with PyTorch's own libomp or on one thread) and Windows
-(LLVM's clang-cl); the cache key holds the source, compiler, flags and the CPU's features.
+(LLVM's clang-cl), `CXX` first (EngineOptions.compiler); the library goes to cpu_decode/ under
+EngineOptions.cache_dir, keyed by the source, compiler, flags and the CPU's features.
 
 The descriptors mirror the C structs; engine/model/cpu_step.py fills them from a model. The
 reference that defines correctness is the model's own PyTorch forward (tests/kernels)."""
@@ -22,7 +23,10 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Callable
+
+from engine.options import EngineOptions
 
 SOURCE = Path(__file__).with_name("cpu_decode.cpp")
 ISA_VARIABLE = "MEMBOUND_CPU_ISA"
@@ -34,7 +38,7 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 BUILD_TIMEOUT_S = 120
 
 F32, BF16, INT8, INT4 = 0, 1, 2, 3  # struct Mat's formats
-FORMAT_NAMES = {F32: "fp32", BF16: "bf16", INT8: "int8", INT4: "int4"}
+FORMAT_NAMES = MappingProxyType({F32: "fp32", BF16: "bf16", INT8: "int8", INT4: "int4"})
 # how a product takes its input rows (membound_input_rounding)
 X_EXACT, X_BF16, X_INT16, X_INT8 = 0, 1, 2, 3
 # the phases of a step `membound_step` times when asked (its enum, in order)
@@ -82,20 +86,21 @@ class BuildPlan:
     note: str = ""
 
 
-def requested_isa(environ=os.environ) -> str:
-    """The level MEMBOUND_CPU_ISA asks for ("native" when unset); BuildError for a value it cannot be."""
-    isa = environ.get(ISA_VARIABLE, "").strip().lower() or "native"
+def requested_isa(asked: str = "") -> str:
+    """The level MEMBOUND_CPU_ISA asks for (`asked`, EngineOptions.cpu_isa; "native" when unset);
+    BuildError for a value it cannot be."""
+    isa = asked.strip().lower() or "native"
     if isa not in ISAS:
         raise BuildError(f"{ISA_VARIABLE}={isa}: expected one of {', '.join(ISAS[1:])} (or unset: this CPU's own)")
     return isa
 
 
 def build_plan(isa: str = "native", system: str | None = None, machine: str | None = None,
-               which: Callable[[str], str | None] = shutil.which, environ=os.environ,
+               which: Callable[[str], str | None] = shutil.which, compiler: str = "",
                cpu_features: str | None = None, torch_dir: Path | None = None,
                exists: Callable[[Path], bool] = Path.exists) -> BuildPlan:
-    """The compiler and flags for `isa` on this platform (each input injectable: the tests mock the
-    platform); BuildError, one line, where nothing here can build it."""
+    """The compiler and flags for `isa` on this platform (`compiler`: CXX, tried first; each input
+    injectable: the tests mock the platform); BuildError, one line, where nothing here can build it."""
     system = system or platform.system()
     machine = (machine or platform.machine()).lower()
     arm = machine in ("arm64", "aarch64") or machine.startswith("armv8")
@@ -119,7 +124,7 @@ def build_plan(isa: str = "native", system: str | None = None, machine: str | No
     common = ("-O3", "-std=c++17", *WARNINGS, *EXTRA_FLAGS)
 
     if system == "Windows":
-        cxx = environ.get("CXX", "") or "clang-cl"
+        cxx = compiler or "clang-cl"
         found_at = which(cxx) or (cxx if exists(Path(cxx)) else None)
         if not found_at:
             found = "only MSVC's cl, which lacks the GCC vector extensions it uses" if which("cl") else "no compiler"
@@ -131,7 +136,7 @@ def build_plan(isa: str = "native", system: str | None = None, machine: str | No
         note = "" if openmp else "the C++ step runs on one thread (clang-cl found no LLVM libomp.lib for OpenMP)"
         return BuildPlan(cxx, flags, ".dll", isa, note)
 
-    cxx = _compiler(which, environ, ("clang++", "c++", "g++") if system == "Darwin" else ("g++", "c++", "clang++"))
+    cxx = _compiler(which, compiler, ("clang++", "c++", "g++") if system == "Darwin" else ("g++", "c++", "clang++"))
     if system == "Darwin":  # Apple clang has no -fopenmp: PyTorch's wheel ships the runtime (torch/lib/libomp.dylib)
         torch_dir = torch_dir if torch_dir is not None else _torch_dir()
         lib = torch_dir / "lib" if torch_dir else None
@@ -148,8 +153,8 @@ def build_plan(isa: str = "native", system: str | None = None, machine: str | No
     return BuildPlan(cxx, (*common, *target, "-fopenmp", "-shared", "-fPIC"), ".so", isa)
 
 
-def _compiler(which, environ, names: tuple[str, ...]) -> str:
-    for name in (environ.get("CXX", ""), *names):
+def _compiler(which, compiler: str, names: tuple[str, ...]) -> str:
+    for name in (compiler, *names):
         if name and which(name):
             return name
     raise BuildError(f"no C++ compiler ({' or '.join(names[::2])}) on PATH")
@@ -167,17 +172,19 @@ _LOADED: dict[tuple, ctypes.CDLL] = {}
 _LOCK = threading.Lock()
 
 
-def load(isa: str | None = None) -> ctypes.CDLL:
-    """The compiled library for `isa` (default: MEMBOUND_CPU_ISA, else this CPU's own level), built on
-    first use (seconds), then read from the cache. Its `.isa` says which vector level it runs,
-    `.threads_note` a line when it runs on one thread."""
-    plan = build_plan(requested_isa() if isa is None else isa)
-    key = (plan.compiler, plan.flags)
+def load(isa: str | None = None, options: EngineOptions | None = None) -> ctypes.CDLL:
+    """The compiled library for `isa` (default: the options' MEMBOUND_CPU_ISA, else this CPU's own
+    level), built with the options' compiler into their cache on first use (seconds), then read from
+    the cache. Its `.isa` says which vector level it runs, `.threads_note` a line when it runs on one
+    thread. `options`: an engine's (default: the environment now)."""
+    options = options if options is not None else EngineOptions.from_environ()
+    plan = build_plan(requested_isa(options.cpu_isa) if isa is None else isa, compiler=options.compiler)
+    key = (plan.compiler, plan.flags, options.cache_dir)
     with _LOCK:
         lib = _LOADED.get(key)
         if lib is None:
             import torch  # noqa: F401  (first: its OpenMP runtime is the one the library binds to)
-            lib = ctypes.CDLL(str(_build(plan)))
+            lib = ctypes.CDLL(str(_build(plan, cache_dir=options.cache_dir)))
             lib.membound_scratch_floats.argtypes = [ctypes.POINTER(Model), ctypes.c_int64, ctypes.c_int64]
             lib.membound_scratch_floats.restype = ctypes.c_int64
             lib.membound_step.argtypes = [ctypes.POINTER(Model), ctypes.POINTER(Row), ctypes.c_int64,
@@ -216,10 +223,14 @@ def gemm(lib, mat: Mat, x, threads: int):
     return y
 
 
-def _build(plan: BuildPlan | tuple[str, ...], source_path: Path = SOURCE) -> Path:
-    """The library of `source_path` (the decode step; kernels/cpu_roof.cpp's probes too, with bare flags)."""
-    if not isinstance(plan, BuildPlan):
-        plan = BuildPlan(build_plan().compiler, tuple(plan), ".so", "native")
+def _build(plan: BuildPlan | tuple[str, ...], source_path: Path = SOURCE, cache_dir: Path | None = None) -> Path:
+    """The library of `source_path` (the decode step; kernels/cpu_roof.cpp's probes too, with bare
+    flags) under `cache_dir` (default: the environment's EngineOptions.cache_dir) / cpu_decode."""
+    if cache_dir is None or not isinstance(plan, BuildPlan):
+        options = EngineOptions.from_environ()
+        cache_dir = options.cache_dir if cache_dir is None else cache_dir
+        if not isinstance(plan, BuildPlan):
+            plan = BuildPlan(build_plan(compiler=options.compiler).compiler, tuple(plan), ".so", "native")
     cxx = plan.compiler
     source = source_path.read_bytes()
     try:
@@ -227,7 +238,7 @@ def _build(plan: BuildPlan | tuple[str, ...], source_path: Path = SOURCE) -> Pat
     except (OSError, subprocess.SubprocessError) as e:
         raise BuildError(f"{cxx} --version failed: {e}") from None
     key = hashlib.sha256(source + repr((plan.flags, version, plan.level, cpu_feature_line())).encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "membound" / "cpu_decode"
+    cache = Path(cache_dir) / "cpu_decode"
     target = cache / f"{source_path.stem}-{plan.level}-{key}{plan.suffix}"
     if target.exists():
         return target

@@ -15,8 +15,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from engine.options import EngineOptions
+
 VERSION = "0.3.36"  # llama-cpp-python's version; its sdist vendors llama.cpp's source
-CACHE_ROOT = Path(os.environ.get("MEMBOUND_CACHE", Path.home() / ".cache" / "membound")) / "llama-server"
+CACHE_ROOT = EngineOptions.from_environ().cache_dir / "llama-server"
 # only the server, on the CPU, with no network at build time (no prebuilt web UI, no HTTPS)
 CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=ON",
                  "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_APP=OFF",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -17,6 +16,7 @@ import time
 from pathlib import Path
 
 from engine.bench.single import BenchResult
+from engine.options import EngineOptions
 
 SERVER_ENV = "MEMBOUND_LLAMA_SERVER"
 HOW_TO_GET = ("--compare llamacpp needs llama.cpp's llama-server: run `make peers` (builds it once into "
@@ -27,10 +27,11 @@ START_TIMEOUT_S = 120.0
 
 def find_server() -> Path | None:
     """The llama-server to run: $MEMBOUND_LLAMA_SERVER, else the newest one `make peers` built, else PATH."""
-    named = os.environ.get(SERVER_ENV)
+    options = EngineOptions.from_environ()
+    named = options.llama_server
     if named:
         return Path(named) if Path(named).is_file() else None
-    root = Path(os.environ.get("MEMBOUND_CACHE", Path.home() / ".cache" / "membound")) / "llama-server"
+    root = options.cache_dir / "llama-server"
     built = sorted(root.glob("*/llama-server"), key=lambda p: p.stat().st_mtime, reverse=True)
     if built:
         return built[0]

@@ -7,20 +7,19 @@ base of their own; Phi's partial rotary).
 `Linear` so later settings (quantisation) can swap them between steps."""
 from __future__ import annotations
 
+import functools
 import os
-import threading
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.weak import WeakIdKeyDictionary
 
+from engine.context import EngineContext, default_context
 from engine.model import cpu_step
-from engine.model.attention import attend
+from engine.model.attention import attend, cache_write, decode_attention
 from engine.model.config import ModelConfig
 from engine.model.rope import rope_tables
-from kernels import registry as kernel_registry
 
 # Decode on a CPU is a matrix-vector product per weight, and which PyTorch call streams it
 # fastest depends on the CPU: on a 2-core AMD EPYC, plain F.linear (one GEMV on (N, K) weights)
@@ -46,13 +45,12 @@ def cpu_gemv_chunks() -> int:
     return max(1, torch.get_num_threads())
 
 
-_CHUNKED_FASTER: dict[int, bool] = {}  # chunks -> the chunked bmm beat F.linear on this machine
-
-
-def chunked_gemv_is_faster(chunks: int) -> bool:
+def chunked_gemv_is_faster(chunks: int, context: EngineContext | None = None) -> bool:
     """Whether the chunked bmm streams an fp32 GEMV faster than F.linear here: both timed once on a
-    32 MiB weight (best of 5 after a warm-up, ~20 ms in all), the answer kept per thread count."""
-    faster = _CHUNKED_FASTER.get(chunks)
+    32 MiB weight (best of 5 after a warm-up, ~20 ms in all), the answer kept per thread count (in
+    the engine's context, engine/context.py)."""
+    known = (context or default_context()).chunked_gemv_faster
+    faster = known.get(chunks)
     if faster is None:
         n, k = chunks * (8192 // chunks), 1024
         w, x = torch.randn(n, k), torch.randn(1, k)
@@ -68,7 +66,7 @@ def chunked_gemv_is_faster(chunks: int) -> bool:
                 times.append(time.perf_counter() - t0)
             return min(times)
         faster = best_s(lambda: torch.bmm(chunked, xt)) < best_s(lambda: F.linear(x, w))
-        _CHUNKED_FASTER[chunks] = faster
+        known[chunks] = faster
     return faster
 
 
@@ -79,18 +77,19 @@ class Linear(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.out_features, self.in_features = weight.shape
+        self.context: EngineContext | None = None  # its engine's (Transformer.bind); None: the default
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
         if rows > CPU_GEMV_MAX_ROWS and x.device.type == "cpu":  # batched rows: the packed copy
-            packed = cpu_packed_weight(self.weight)
+            packed = cpu_packed_weight(self.weight, self.context)
             if packed is not None:
                 x2 = x.reshape(rows, x.shape[-1])
                 if rows < CPU_PACKED_MIN_ROWS:
                     x2 = torch.cat([x2, x2.new_zeros(CPU_PACKED_MIN_ROWS - rows, x2.shape[1])])
                 y = torch.ops.mkldnn._linear_pointwise(x2, packed, None, "none", [], "")[:rows]
                 return y.view(*x.shape[:-1], self.out_features)
-        return linear(x, self.weight)
+        return linear(x, self.weight, self.context)
 
     @property
     def weight_bytes(self) -> int:
@@ -102,13 +101,13 @@ class Linear(nn.Module):
         return None if fmt is None else cpu_step.matrix(fmt, self.weight.detach())
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, context: EngineContext | None = None) -> torch.Tensor:
     rows = x.numel() // x.shape[-1]
     if x.device.type == "cpu" and weight.dtype == torch.float32 and rows <= CPU_GEMV_MAX_ROWS \
             and not torch.compiler.is_compiling():  # (a compiled step leaves the matmul to inductor)
         chunks = cpu_gemv_chunks()
         n, k = weight.shape
-        if chunks > 1 and n % chunks == 0 and chunked_gemv_is_faster(chunks):
+        if chunks > 1 and n % chunks == 0 and chunked_gemv_is_faster(chunks, context):
             w = weight.view(chunks, n // chunks, k)  # (C, N/C, K), a view: no copy
             xt = x.reshape(rows, k).t().unsqueeze(0).expand(chunks, k, rows)  # (C, K, M)
             y = torch.bmm(w, xt)  # (C, N/C, M)
@@ -117,31 +116,27 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x, weight)
 
 
-# weight -> (its version when packed, the packed copy); weak keys: a dropped model frees its copies,
-# and the modules themselves hold nothing extra (copies, state dicts and pickles see plain weights)
-_PACKED = WeakIdKeyDictionary()  # keyed by identity (tensors compare elementwise)
-_BYTES_READ = WeakIdKeyDictionary()  # model -> its matmul modules and their bytes by rows (not an attribute:
-# quantize_model's shallow copies of a model would share it)
-_PACK_LOCK = threading.Lock()
-
-
-def cpu_packed_weight(weight: torch.Tensor) -> torch.Tensor | None:
+def cpu_packed_weight(weight: torch.Tensor, context: EngineContext | None = None) -> torch.Tensor | None:
     """`weight` (N, K) reordered once into oneDNN's blocked layout for `_linear_pointwise`; None
     where that path is missing, the dtype has no fast oneDNN kernel here, we are being compiled,
-    or the machine lacks the memory for a second copy (the caller keeps the plain path)."""
-    if weight.dtype not in CPU_PACKED_DTYPES or weight.dim() != 2 or not _onednn_available() \
-            or torch.compiler.is_compiling():
+    or the machine lacks the memory for a second copy (the caller keeps the plain path). The copy
+    is kept in the engine's context, weakly keyed by the weight (by identity: tensors compare
+    elementwise): a dropped model frees its copies, and the modules hold nothing extra (copies,
+    state dicts and pickles see plain weights)."""
+    if torch.compiler.is_compiling() or weight.dtype not in CPU_PACKED_DTYPES or weight.dim() != 2 \
+            or not _onednn_available():
         return None
-    hit = _PACKED.get(weight)
+    context = context or default_context()
+    hit = context.packed_weights.get(weight)
     version = _version_of(weight)
     if hit is not None and hit[0] == version:
         return hit[1]
-    with _PACK_LOCK:
+    with context.packed_lock:
         nbytes = weight.numel() * weight.element_size()
         if hit is None and not _memory_allows(nbytes):
             return None
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 64)  # 64: the batch hint; 8 packs alike
-        _PACKED[weight] = (version, packed)
+        context.packed_weights[weight] = (version, packed)
         return packed
 
 
@@ -152,20 +147,15 @@ def _version_of(t: torch.Tensor) -> int:
         return -1
 
 
-def packed_weight_bytes() -> int:
+def packed_weight_bytes(context: EngineContext | None = None) -> int:
     """Bytes held in packed copies (the price of the fast batched path), for reports and tests."""
-    return sum(w.numel() * w.element_size() for w in list(_PACKED.keys()))
+    return sum(w.numel() * w.element_size() for w in list((context or default_context()).packed_weights.keys()))
 
 
-_ONEDNN: bool | None = None
-
-
+@functools.cache  # a fact of this torch build, the same for every engine
 def _onednn_available() -> bool:
-    global _ONEDNN
-    if _ONEDNN is None:
-        _ONEDNN = bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise") \
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-    return _ONEDNN
+    return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise") \
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
 def _memory_allows(nbytes: int) -> bool:
@@ -231,6 +221,7 @@ class Block(nn.Module):
         # this layer's attention: its window (sliding layers), the query scale, Gemma 2's soft cap
         self.attend_options = dict(scale=cfg.attn_scale or None, softcap=cfg.attn_softcap,
                                    window=cfg.layer_window(layer))
+        self.context: EngineContext | None = None  # its engine's (Transformer.bind); None: the default
         self.attn_norm = nn.Parameter(weights["attn_norm"], requires_grad=False)
         self.ffn_norm = nn.Parameter(weights["ffn_norm"], requires_grad=False)
         self.post_attn_norm = nn.Parameter(weights["post_attn_norm"], requires_grad=False) if cfg.post_norms else None
@@ -252,21 +243,21 @@ class Block(nn.Module):
         q, k, v = self._qkv(x, cos, sin)
         if cache is not None:  # (B, n_kv, start_pos + T, hd) views, or PagedKV handles (paged cache)
             k, v = cache.update(layer, start_pos, k, v)
-        y = attend(q, k, v, attention, **self.attend_options)  # engine/model/attention.py: "naive" or "flash"
+        # engine/model/attention.py: "naive" or "flash"; the context: a kernel its engine switched off
+        y = attend(q, k, v, attention, context=self.context, **self.attend_options)
         return self._out_and_ffn(x, y)
 
-    def forward_static(self, x, cos, sin, layer: int, cache, pos: torch.Tensor, kv_len: int,
-                       attention: str = "flash"):
+    def forward_static(self, x, cos, sin, layer: int, cache, pos: torch.Tensor, attention: str = "flash"):
         """One decode token per sequence at tensor position `pos` (B == 1): no Python value
-        depends on the data, so the step can be captured in a CUDA graph. Attention reads
-        the first kv_len cache positions (a fixed bucket) with the unwritten tail masked."""
+        depends on the data or the context length, so one compiled step (one CUDA graph) serves
+        every position. Attention gets the whole cache buffer and reads its live keys
+        (engine/model/attention.py: decode_attention)."""
         q, k, v = self._qkv(x, cos, sin)
         k_all = cache.k[layer]  # (B, n_kv, S, hd)
         v_all = cache.v[layer]
-        k_all.index_copy_(2, pos, k)
-        v_all.index_copy_(2, pos, v)
-        # keys past pos are masked (kv_lens = pos + 1, a tensor: nothing here depends on the data)
-        y = attend(q, k_all[:, :, :kv_len], v_all[:, :, :kv_len], attention, kv_lens=pos + 1, **self.attend_options)
+        cache_write(k_all, v_all, pos, k, v)  # in place (an op: see engine/model/attention.py)
+        y = decode_attention(q, k_all, v_all, pos, attention, **self.attend_options,
+                             flash_on=(self.context or default_context()).kernels.enabled("flash"))
         return self._out_and_ffn(x, y)
 
     def _qkv(self, x, cos, sin):
@@ -327,9 +318,9 @@ def _share_fused(weights: dict[str, torch.Tensor], prefix: str, block: Block) ->
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]):
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], context: EngineContext | None = None):
         """`weights` is shared, not copied: its q/k/v and gate/up entries become views of the fused
-        matmul weights (same values, one copy in memory)."""
+        matmul weights (same values, one copy in memory). `context`: its engine's (None: the default)."""
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Parameter(weights["embed"], requires_grad=False)  # (vocab, dim)
@@ -351,6 +342,16 @@ class Transformer(nn.Module):
             self.register_buffer("rope_cos_local", cos, persistent=False)
             self.register_buffer("rope_sin_local", sin, persistent=False)
         self.layer_local_rope = [cfg.layer_rope_local(i) for i in range(cfg.n_layers)]
+        self.bind(context)
+
+    def bind(self, context: EngineContext | None) -> "Transformer":
+        """This model, and every module in it that reads an engine's state (a kernel switched off,
+        a packed weight), belong to `context` from now on (engine/context.py)."""
+        for module in self.modules():
+            if "context" in module.__dict__:
+                module.context = context
+        self.context = context
+        return self
 
     def rope_rows(self, index) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(cos, sin) rows at `index` (a slice or a tensor of positions) for each layer in turn."""
@@ -388,7 +389,7 @@ class Transformer(nn.Module):
         if start_pos + T > self.cfg.max_seq_len:
             raise ValueError(f"context of {start_pos + T} tokens exceeds the model's {self.cfg.max_seq_len}")
         if tokens.device.type == "cpu":
-            cpu_step.mark_pytorch_step()  # (until the C++ step takes it: cpu_step.ran_in_cpp)
+            cpu_step.mark_pytorch_step(self)  # (until the C++ step takes it: cpu_step.ran_in_cpp)
             if cache is not None:  # one sequence's step (T <= 64 rows): one C++ call
                 logits = cpu_step.sequence_step(self, tokens, start_pos, cache, attention, last_only, logits_rows)
                 if logits is not None:
@@ -402,13 +403,13 @@ class Transformer(nn.Module):
             x = x[:, -1:]
         return self.logits(x)
 
-    def forward_decode_static(self, tokens: torch.Tensor, pos: torch.Tensor, cache, kv_len: int,
+    def forward_decode_static(self, tokens: torch.Tensor, pos: torch.Tensor, cache,
                               attention: str = "flash") -> torch.Tensor:
-        """Decode one token at tensor position pos (shape (1,)) over a cache bucket of kv_len
-        positions; the graph-capturable twin of forward(tokens, start_pos, cache)."""
+        """Decode one token at tensor position pos (shape (1,)); the graph-capturable twin of
+        forward(tokens, start_pos, cache), the same step at every position."""
         x = self.embed_tokens(tokens)
         for i, (layer, (cos, sin)) in enumerate(zip(self.layers, self.rope_rows(pos))):
-            x = layer.forward_static(x, cos[None], sin[None], i, cache, pos, kv_len, attention)  # cos (1, 1, rd)
+            x = layer.forward_static(x, cos[None], sin[None], i, cache, pos, attention)  # cos (1, 1, rd)
         return self.logits(x)
 
     def linear_weight_bytes(self, rows: int = 1, head_rows: int = 1) -> int:
@@ -416,15 +417,16 @@ class Transformer(nn.Module):
         sequences' new tokens) and the head over `head_rows`: as stored (each module's `weight_bytes`),
         plus any dequantised copy a module's path for that many rows writes and reads back
         (`bytes_read(rows)`, where it has one)."""
-        counted = _BYTES_READ.get(self)
+        context = self.context or default_context()
+        counted = context.bytes_read.get(self)  # (not an attribute: quantize_model's shallow copies would share it)
         if counted is None:  # asked every step: the walk over the modules (~0.5 ms) is made once
             seen, counted = set(), {"modules": [], "by_rows": {}}
             for m in self.modules():
                 if hasattr(type(m), "weight_bytes") and id(m) not in seen:
                     seen.add(id(m))
                     counted["modules"].append(m)
-            _BYTES_READ[self] = counted
-        key = (rows, head_rows, tuple(sorted(kernel_registry.disabled())))  # a switched-off kernel: another path
+            context.bytes_read[self] = counted
+        key = (rows, head_rows, tuple(sorted(context.kernels.disabled())))  # a switched-off kernel: another path
         total = counted["by_rows"].get(key)
         if total is None:
             total = int(sum(0 if m is self.head and head_rows == 0 else  # no row samples: the head does not run

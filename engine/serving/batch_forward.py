@@ -14,7 +14,9 @@ import time
 import torch
 
 from engine.kv.cache import PagedKV, PagedKVCache, PageLayout
-from engine.metrics import StepCost, StepMetrics, step_cost
+from engine.hardware.roof import Roof
+from engine.hardware.spec import dtype_name
+from engine.metrics import KVCopy, measured, plan_cost, weight_rows
 from engine.model import cpu_step
 from engine.model.attention import attend
 from engine.model.transformer import Transformer
@@ -26,14 +28,18 @@ CPU_GATHER_DECODE_KEYS = True
 
 
 def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledSeq, ...] | list[ScheduledSeq],
-                 attention: str = "flash") -> tuple[list[int], torch.Tensor]:
+                 attention: str = "flash", moved: dict | None = None) -> tuple[list[int], torch.Tensor]:
     """Run every planned token; return (request ids that sample, their next-token logits
     (n, vocab) fp32), in plan order. The plan's block tables index `cache`'s pool: the scheduler
-    that made it must run on `cache.manager`."""
+    that made it must run on `cache.manager`. `moved`, if given, is told what the step copied for the
+    cost model (engine/metrics.py plan_cost): "kv_copy" (a KVCopy), "decode_width" (the padded width
+    the decode rows' attention ran over, or None: each row over its own keys)."""
     if not seqs:
         return [], torch.empty(0, model.cfg.vocab_size)
     routed = cpu_step.plan_step(model, cache, seqs, attention)  # on a CPU: the whole plan in one C++ step
     if routed is not None:
+        if moved is not None:  # it reads the pool in place and each weight once (engine/metrics.py weight_rows)
+            moved["cpp_step"] = True
         return routed
     bs = cache.block_size
     # one-token rows first (decodes: attended together), then prefill chunks, each on its own
@@ -55,6 +61,8 @@ def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledS
         if decodes and device.type == "cpu" and CPU_GATHER_DECODE_KEYS else None
     decode_layout = _layout(decodes, bs) if decodes and gather is None else None
     prefill_layouts = [_layout([s], bs) for s in prefills]
+    if moved is not None:
+        moved.update(_kv_moved(decodes, prefill_layouts, gather, decode_layout, attention, device, bs))
 
     x = model.embed_tokens(tokens)  # (1, N, dim)
     n_dec = len(decodes)
@@ -71,16 +79,17 @@ def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledS
                 blocks, kv_lens, width = gather
                 kd = _gather_blocks(cache.k[i], blocks, n_dec, width, bs)  # (B_dec, n_kv, S, hd)
                 vd = _gather_blocks(cache.v[i], blocks, n_dec, width, bs)
-                yd = attend(qd, kd, vd, attention, kv_lens, **options)  # padded keys past each row's length masked
+                # padded keys past each row's length masked; the model's context: its engine's kernel switches
+                yd = attend(qd, kd, vd, attention, kv_lens, context=model.context, **options)
             else:
                 yd = attend(qd.contiguous(), PagedKV(cache.k[i], decode_layout), PagedKV(cache.v[i], decode_layout),
-                            attention, **options)
+                            attention, context=model.context, **options)
             parts.append(yd[:, :, 0].transpose(0, 1)[None])  # (1, H, B_dec, hd)
         offset = n_dec
         for s, lay in zip(prefills, prefill_layouts):
             T = len(s.token_ids)
             parts.append(attend(q[:, :, offset:offset + T], PagedKV(cache.k[i], lay), PagedKV(cache.v[i], lay),
-                                attention, **options))  # (1, H, T, hd)
+                                attention, context=model.context, **options))  # (1, H, T, hd)
             offset += T
         y = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
         x = layer._out_and_ffn(x, y)
@@ -95,6 +104,33 @@ def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledS
         return [], torch.empty(0, model.cfg.vocab_size, device=device)
     last = x[0, [ends[r] for r in ids]]  # (n, dim)
     return ids, model.logits(last[None])[0]
+
+
+def _kv_moved(decodes, prefill_layouts, gather, decode_layout, attention: str, device, block_size: int) -> dict:
+    """What forward_plan's attention copies out of the pool, per layer, as positions (the cost model
+    charges them: engine/metrics.py KVCopy), and the width the decode rows' attention runs over."""
+    copy, width = KVCopy(), None
+    live = sum(s.start_pos for s in decodes)  # what the KV charge counts as read for the decode rows
+    if gather is not None:  # whole blocks by index_select into a new buffer; attention reads `width` of it
+        _, _, width = gather
+        blocks = len(decodes) * -(-width // block_size)
+        copy += KVCopy(read=blocks * block_size - live, written=blocks * block_size, read_back=len(decodes) * width)
+    elif decode_layout is not None and len(decodes) > 1 and not (
+            attention == "flash" and device.type == "cuda" and paged_kernel_enabled()):  # PagedKV.dense()
+        width = max(decode_layout.context_lens)
+        copy += KVCopy(written=len(decodes) * width + sum(decode_layout.context_lens), read_back=len(decodes) * width)
+    for layout in prefill_layouts:  # a chunk whose blocks are not consecutive: PagedKV.dense() too
+        if len(layout.runs[0]) > 1:
+            n = layout.context_lens[0]
+            copy += KVCopy(written=2 * n, read_back=n)
+    return {"kv_copy": copy, "decode_width": width}
+
+
+def paged_kernel_enabled() -> bool:
+    """The GPU's paged flash-decoding kernel reads the pool in place (engine/model/attention.py)."""
+    from engine.model.attention import _kernels_available
+    from kernels import registry as kernel_registry
+    return _kernels_available() and kernel_registry.enabled("paged")
 
 
 def _slot(table, pos: int, block_size: int) -> int:
@@ -142,19 +178,6 @@ def _layout(seqs: list[ScheduledSeq], block_size: int) -> PageLayout:
     return PageLayout(block_size=block_size, block_tables=tables, context_lens=lens, runs=runs, write_runs=[])
 
 
-def plan_cost(cfg, seqs, *, weight_bytes: int, elem_bytes: int, attention: str = "flash",
-              block_size: int = 16) -> StepCost:
-    """The cost model for a ragged plan: the weights once for the whole step; KV traffic,
-    attention and matmul FLOPs per sequence (each its own context and chunk length)."""
-    parts = [step_cost(cfg, batch_size=1, new_tokens=len(s.token_ids), context_len=s.start_pos, weight_bytes=0,
-                       kv_elem_bytes=elem_bytes, act_elem_bytes=elem_bytes, logits_rows=int(s.samples),
-                       attention=attention, kv_layout="paged", block_size=block_size) for s in seqs]
-    norm_bytes = parts[0].weight_bytes if parts else 0  # the norms: read once per step too
-    fields = ("kv_read_bytes", "kv_write_bytes", "other_bytes", "flops", "matmul_flops", "attention_flops",
-              "attention_bytes")
-    return StepCost(weight_bytes=weight_bytes + norm_bytes, **{f: sum(getattr(p, f) for p in parts) for f in fields})
-
-
 def plan_phase(seqs) -> str:
     """"decode" (every row one token, sampled), "prefill" (prompt chunks only) or "mixed" (both in
     one step: continuous batching's arrivals ride along with the running decodes)."""
@@ -169,7 +192,7 @@ class BatchRunner:
 
     def __init__(self, model: Transformer, num_blocks: int, block_size: int = 16, *, max_batch_size: int = 8,
                  token_budget: int = 512, policy: str = "continuous", chunk_size: int | None = None,
-                 attention: str = "flash", peak_bandwidth_bps: float = float("nan"),
+                 attention: str = "flash", roof: Roof | None = None, peak_bandwidth_bps: float = float("nan"),
                  peak_flops: float = float("nan"), sample=None, settings_label: str = ""):
         self.model = model
         self.cache = PagedKVCache(model.cfg, num_blocks=num_blocks, block_size=block_size, dtype=model.dtype,
@@ -177,7 +200,8 @@ class BatchRunner:
         self.scheduler = Scheduler(self.cache.manager, max_batch_size=max_batch_size, token_budget=token_budget,
                                    policy=policy, chunk_size=chunk_size)
         self.attention = attention
-        self.peak_bandwidth_bps, self.peak_flops = peak_bandwidth_bps, peak_flops
+        # the roof its steps are measured against (engine/hardware/roof.py); bare peaks for the bench's runners
+        self.roof = roof if roof is not None else Roof(peak_bandwidth_bps, {"fp32": peak_flops})
         self.sample = sample or (lambda logits: logits.argmax(dim=-1))
         self.settings_label = settings_label
         self.step_count = 0
@@ -191,25 +215,23 @@ class BatchRunner:
         sync()
         t0 = time.perf_counter()
         with torch.inference_mode():
-            ids, logits = forward_plan(self.model, self.cache, plan.seqs, self.attention)
+            moved: dict = {}
+            ids, logits = forward_plan(self.model, self.cache, plan.seqs, self.attention, moved)
             tokens = self.sample(logits).tolist() if ids else []
         sync()
         step_s = time.perf_counter() - t0
         sampled = dict(zip(ids, tokens))
         self.scheduler.update_from_output(plan, sampled)
-        # in C++ each weight is read once as stored, whatever the rows; PyTorch's many-row path may
-        # write and read a dequantised copy too (Transformer.linear_weight_bytes counts it)
-        weight_bytes = self.model.linear_weight_bytes(
-            rows=1 if cpu_step.ran_in_cpp() else plan.total_num_scheduled_tokens,
-            head_rows=sum(s.samples for s in plan.seqs))
+        cpp = moved.pop("cpp_step", False)  # the C++ step: no dequantised copy (engine/metrics.py weight_rows)
+        weight_bytes = self.model.linear_weight_bytes(rows=weight_rows(plan.total_num_scheduled_tokens, cpp),
+                                                      head_rows=weight_rows(sum(s.samples for s in plan.seqs), cpp))
         cost = plan_cost(self.model.cfg, plan.seqs, weight_bytes=weight_bytes, elem_bytes=self._elem_bytes,
-                         attention=self.attention, block_size=self.cache.block_size)
+                         attention=self.attention, block_size=self.cache.block_size, **moved)
         n = len(plan.seqs)
-        metrics = StepMetrics.from_cost(
-            cost, step=self.step_count, phase=plan_phase(plan.seqs), batch_size=n,
-            new_tokens=max(1, round(plan.total_num_scheduled_tokens / n)), tokens_out=len(ids),
-            context_len=round(sum(s.start_pos for s in plan.seqs) / n), step_s=step_s,
-            peak_bandwidth_bps=self.peak_bandwidth_bps, peak_flops=self.peak_flops, t_s=time.monotonic(),
+        metrics = measured(
+            cost, self.roof, dtype_name(self.model.dtype), step=self.step_count, phase=plan_phase(plan.seqs),
+            batch_size=n, new_tokens=max(1, round(plan.total_num_scheduled_tokens / n)), tokens_out=len(ids),
+            context_len=round(sum(s.start_pos for s in plan.seqs) / n), step_s=step_s, t_s=time.monotonic(),
             settings_label=self.settings_label, tokens_in=plan.total_num_scheduled_tokens)
         self.step_count += 1
         return plan, sampled, metrics

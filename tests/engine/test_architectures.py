@@ -20,13 +20,7 @@ from engine.io.loader import load_model
 from engine.model.config import ConfigError, ModelConfig
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models: one thread is faster than two waiting on each other on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models (tests/conftest.py)
 
 GEMMA3_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},  # transformers 5's per-layer form
                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}

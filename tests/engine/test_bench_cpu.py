@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from engine.bench.llamacpp import find_server, gguf_matmul_bytes
-from engine.bench.profile import PROFILE_STEPS, format_profile, phase_bytes, profile_step
+from engine.bench.profile import PROFILE_STEPS, format_profile, profile_step
 from engine.bench.run import format_sweep, precision_variants, run_weight_sweep
 from engine.bench.single import BenchResult
 from engine.io.default_model import find_default_model
 from engine.io.file_headers import read_gguf_header, tensor_nbytes
-from engine.metrics import step_cost
+from engine.metrics import phase_bytes, step_cost
 from kernels.cpu_decode import PHASES
 from tests.engine.test_cli import assert_one_line_error, run_cli
 from tests.engine.test_quant import tiny_engine

@@ -235,7 +235,7 @@ def test_a_base_model_chats_as_plain_text_and_raw_completes_a_prompt_as_written(
     from engine.hardware import detect
     from engine.settings import SamplingParams, Settings
 
-    monkeypatch.setitem(detect._SPEC_CACHE, ("cpu", 0, True), fake_cpu())  # no bandwidth probe here
+    monkeypatch.setattr(detect, "_detect_cpu", lambda measure, report, remeasure=False: fake_cpu())  # no probe here
     torch.manual_seed(0)
     hf = tiny_hf("llama", seed=5, vocab_size=400)
     path = write_gguf(hf, tmp_path / "base.gguf", sentencepiece=True)

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import gguf
 import pytest
-import torch
 from model_files import save_hf_folder, tiny_hf, write_gguf
 
 from engine.hardware.ceilings import Chip, fit_on
@@ -18,13 +17,7 @@ from engine.io.discovery import add_user_folder, discover, row_cells, scan_hf_ca
 from engine.io.loader import load_model
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models: one thread is faster than two waiting on each other on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models (tests/conftest.py)
 
 COMMIT = "a" * 40
 

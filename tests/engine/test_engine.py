@@ -26,11 +26,11 @@ def fake_cpu() -> DeviceSpec:
                       memory_total_bytes=None, source="CPU — measured bandwidth", nvml=False)
 
 
-def make_engine(settings=GREEDY, seed=0) -> Engine:
+def make_engine(settings=GREEDY, seed=0, context=None) -> Engine:
     w = synthetic_weights(CFG, torch.float32, "cpu", seed=seed)
     w = {k: (v * 20 if "norm" not in k else v) for k, v in w.items()}  # sharper logits: fewer near-ties
     loaded = LoadedWeights(CFG, w, ByteTokenizer(CFG.vocab_size), "synthetic", "tiny", "fp32")
-    return Engine(loaded, device="cpu", hardware=fake_cpu(), settings=settings)
+    return Engine(loaded, device="cpu", hardware=fake_cpu(), settings=settings, context=context)
 
 
 def run(events):

@@ -26,15 +26,6 @@ GREEDY = Settings(dtype="fp32", max_new_tokens=16, sampling=SamplingParams(greed
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 40, 41, 42, 43] * 3 + list(range(60, 256)) + [5, 6, 7]
 
 
-@pytest.fixture(autouse=True)
-def cpp_steps(monkeypatch):
-    """Plain decode and verify steps both in the C++ CPU step, whatever its timing against PyTorch's
-    says on a busy machine (engine/model/cpu_step.py): its token rows give the bits of one-token
-    steps, so speculation is token-identical to plain decoding at every weights setting."""
-    from engine.model import cpu_step
-    monkeypatch.setattr(cpu_step, "time_steps", lambda model: (0.0, 1.0))
-
-
 def make_engine(settings=GREEDY, seed=0) -> Engine:
     """test_engine's tiny model (sharpened logits: few near-ties) with room for a long prompt."""
     w = synthetic_weights(CFG, torch.float32, "cpu", seed=seed)
@@ -172,7 +163,7 @@ def test_a_draft_with_another_vocabulary_is_refused(tmp_path):
     eng.apply(replace(GREEDY, speculate="draft", draft_model="synthetic:smollm2-135m", draft_weights="fp"))
     # (a 30-layer random model is too slow for a unit test: its loading alone is checked)
     assert isinstance(eng.take_settings(wait=True)[0], SettingsApplied)
-    assert eng._draft.model.cfg.vocab_size == CFG.vocab_size and eng._draft.model.cfg.n_layers == 30
+    assert eng.speculative.draft.model.cfg.vocab_size == CFG.vocab_size and eng.speculative.draft.model.cfg.n_layers == 30
 
 
 # ---- KV rollback under random accept/reject patterns -------------------------------------------
@@ -208,7 +199,7 @@ def test_random_accept_reject_patterns_leave_no_position_or_block_behind(layout,
     plain.reset()
     eng.reset()
     truth = prompt + tokens_of(plain, prompt)[0]
-    eng._lookup = Scripted(truth, patterns)
+    eng.speculative.lookup = Scripted(truth, patterns)
     out = []
     for event in eng.generate(prompt):
         if isinstance(event, TokenEvent):

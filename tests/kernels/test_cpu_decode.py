@@ -5,18 +5,20 @@ vector level this machine runs (AVX-512, AVX2: the laptop case, scalar); each pr
 fp64 reference; and the cases it leaves to PyTorch. The build plans of other platforms, the per-format
 timing and the aarch64 builds under qemu: tests/kernels/test_cpu_decode_builds.py."""
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
 
+from engine.context import EngineContext, reset_default_context
 from engine.io.loader import synthetic_weights
 from engine.kv.cache import ContiguousKVCache, PagedKVCache
 from engine.model import cpu_step
 from engine.model.config import ModelConfig
 from engine.model.quant import Int4Linear, Int8Linear, quantize_model
 from engine.model.transformer import Linear, Transformer
+from engine.options import EngineOptions
 from kernels import cpu_decode
-from kernels import registry as kernel_registry
 from kernels.int4_pack import unpack_int4
 
 GQA = ModelConfig(name="gqa", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=250,
@@ -43,15 +45,6 @@ def machine_levels() -> list[str]:
 LEVELS = machine_levels()
 
 PROMPT = 7
-
-
-@pytest.fixture(autouse=True)
-def cpp_step_chosen(monkeypatch):
-    """These tests hold the C++ step to its reference: it runs whatever its timing against PyTorch's
-    would say on a busy machine (the timing has its own tests)."""
-    monkeypatch.setattr(cpu_step, "time_steps", lambda model: (0.0, 1.0))
-    monkeypatch.setattr(cpu_step, "_CHOICES", {})
-    monkeypatch.setattr(cpu_step, "_MODEL_CHOICE", type(cpu_step._MODEL_CHOICE)())
 
 
 def model_of(cfg: ModelConfig, dtype: str, weights: str, seed: int = 0) -> Transformer:
@@ -83,10 +76,8 @@ def decode(model: Transformer, tokens: list[int], use_cpp: bool) -> tuple[list[t
     or PyTorch); the logits of each step."""
     cache = ContiguousKVCache(model.cfg, 1, model.cfg.max_seq_len, model.dtype, "cpu")
     reference_of(model)(torch.tensor([tokens[:PROMPT]]), 0, cache)  # the same cached prompt for both
-    if use_cpp:
-        kernel_registry.reset()
-    else:
-        kernel_registry.disable("cpu_step", "the reference run")
+    # the reference run: PyTorch's step; the level: the environment's (MEMBOUND_CPU_ISA)
+    model.bind(EngineContext(replace(EngineOptions.from_environ(), cpu_step=use_cpp)))
     out = [model(torch.tensor([[t]]), pos, cache)[0, 0].float() for pos, t in enumerate(tokens[PROMPT:], PROMPT)]
     return out, cache
 
@@ -100,6 +91,7 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 @pytest.mark.parametrize("dtype,weights", list(TOLERANCE))
 def test_cpp_step_matches_the_pytorch_step(isa, cfg, dtype, weights, monkeypatch):
     monkeypatch.setenv(cpu_decode.ISA_VARIABLE, isa)
+    reset_default_context()  # (its options read the level now)
     assert cpu_step.unavailable_reason() == ""  # CI builds it: a C++ compiler is part of `make test`'s set-up
     model = model_of(cfg, dtype, weights)
     exact = cpu_decode.load(isa).membound_input_rounding(cpu_decode.INT4) == cpu_decode.X_INT16
@@ -108,7 +100,7 @@ def test_cpp_step_matches_the_pytorch_step(isa, cfg, dtype, weights, monkeypatch
     before = dispatch.counts()
     got, got_cache = decode(model, tokens, use_cpp=True)
     assert dispatch.since(before)["decode step"] == {cpu_step.STEP_LABEL: len(tokens) - PROMPT}
-    assert cpu_step._PLANS[model].lib is cpu_decode.load(isa)
+    assert model.context.cpu_step.plans[model].lib is cpu_decode.load(isa)
     # (the reference of a reference: itself)
     want, want_cache = decode(reference_of(model, exact), tokens, use_cpp=False)
     tol = TOLERANCE[(dtype, weights)]
@@ -238,7 +230,7 @@ def test_without_a_compiler_the_pytorch_step_runs_and_says_why(monkeypatch, tmp_
     monkeypatch.setenv("CXX", "")
     monkeypatch.setenv("PATH", str(tmp_path))  # no g++, c++ or clang++
     monkeypatch.setattr(cpu_decode, "EXTRA_FLAGS", ("-DNEVER_BUILT",))  # not in the cache
-    monkeypatch.setattr(cpu_step, "_unavailable", None)
+    reset_default_context()  # (its options read CXX now)
     assert cpu_step.unavailable_reason() == "no C++ compiler (g++ or clang++) on PATH"
     model = model_of(GQA, "fp32", "fp")
     cache = ContiguousKVCache(GQA, 1, GQA.max_seq_len, torch.float32, "cpu")
@@ -260,8 +252,8 @@ def test_a_failed_build_is_one_line_and_the_engine_decodes_in_pytorch(monkeypatc
     monkeypatch.setenv("CXX", str(broken))
     monkeypatch.setattr(cpu_decode, "EXTRA_FLAGS", ("-DNEVER_BUILT",))
     monkeypatch.setattr(cpu_decode, "_LOADED", {})
-    monkeypatch.setattr(cpu_step, "_unavailable", None)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    reset_default_context()  # (its options read CXX and the cache now)
     reason = cpu_step.unavailable_reason()
     assert reason == f"{broken} could not build kernels/cpu_decode.cpp: " \
                      "cpu_decode.cpp:9:10: fatal error: omp.h: No such file or directory"
@@ -285,9 +277,10 @@ def test_a_failed_build_is_one_line_and_the_engine_decodes_in_pytorch(monkeypatc
 
 def test_the_environment_can_switch_the_cpp_step_off(monkeypatch):
     monkeypatch.setenv("MEMBOUND_CPU_STEP", "0")
-    monkeypatch.setattr(cpu_step, "_unavailable", "")  # built and loaded: the switch still wins
-    assert cpu_step.unavailable_reason() == "switched off by MEMBOUND_CPU_STEP=0"
-    model = model_of(GQA, "fp32", "fp")
+    context = EngineContext()  # an engine's context reads the environment as it is made
+    assert cpu_step.unavailable_reason(context) == "switched off by MEMBOUND_CPU_STEP=0"
+    assert cpu_step.unavailable_reason(EngineContext(EngineOptions(cpu_step=True))) == ""
+    model = model_of(GQA, "fp32", "fp").bind(context)
     cache = ContiguousKVCache(GQA, 1, GQA.max_seq_len, torch.float32, "cpu")
     with torch.inference_mode():
         assert cpu_step.decode_step(model, torch.tensor([[5]]), 0, cache) is None

@@ -25,7 +25,7 @@ def which_of(*present: str):
 
 
 def plan(isa="native", system="Linux", machine="x86_64", present=("g++",), features=AVX512_FLAGS, **kw):
-    return build_plan(isa, system=system, machine=machine, which=which_of(*present), environ={},
+    return build_plan(isa, system=system, machine=machine, which=which_of(*present),
                       cpu_features=features, **kw)
 
 
@@ -47,8 +47,8 @@ def test_a_level_this_cpu_cannot_run_is_refused_in_one_line():
     with pytest.raises(BuildError, match="MEMBOUND_CPU_ISA=avx2 is an x86 level; this CPU is aarch64"):
         plan("avx2", machine="aarch64", features="Features : fp asimd")
     with pytest.raises(BuildError, match=r"MEMBOUND_CPU_ISA=sse9: expected one of avx512, avx2, neon, scalar"):
-        cpu_decode.requested_isa({"MEMBOUND_CPU_ISA": "sse9"})
-    assert cpu_decode.requested_isa({}) == "native" and cpu_decode.requested_isa({"MEMBOUND_CPU_ISA": "AVX2"}) == "avx2"
+        cpu_decode.requested_isa("sse9")
+    assert cpu_decode.requested_isa("") == "native" and cpu_decode.requested_isa("AVX2") == "avx2"
 
 
 def test_linux_aarch64_builds_for_its_own_cpu_or_without_simd():
@@ -211,8 +211,6 @@ def test_a_format_pytorch_steps_faster_decodes_in_pytorch_and_the_path_says_why(
     from tests.kernels.test_cpu_decode import GQA, model_of
     from engine import dispatch
     from engine.kv.cache import ContiguousKVCache
-    monkeypatch.setattr(cpu_step, "_CHOICES", {})
-    monkeypatch.setattr(cpu_step, "_MODEL_CHOICE", type(cpu_step._MODEL_CHOICE)())
     timed = []
 
     def fake_timing(model):  # int4 "slower" in C++ here, the others faster
@@ -237,6 +235,7 @@ def test_a_format_pytorch_steps_faster_decodes_in_pytorch_and_the_path_says_why(
     assert ran.get(cpu_step.STEP_LABEL) == 1 and len(timed) == 3  # fp32 in C++, int4 in PyTorch; no new timing
 
 
+@pytest.mark.cpu_timing
 def test_the_timing_runs_both_steps_on_a_stand_in_of_the_first_layers(monkeypatch):
     from tests.kernels.test_cpu_decode import QWEN, model_of
     model = model_of(QWEN, "fp32", "int8")

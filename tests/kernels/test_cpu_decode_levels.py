@@ -2,11 +2,13 @@
 scalar): greedy fp32 tokens unchanged (PyTorch's step's, which tests/engine/test_default_model.py
 holds to transformers'), and perplexity measured token by token through the C++ step within the
 bounds the weights sweep holds (int8 within 1% of fp32, int4 within 10%)."""
+import contextlib
 import math
 
 import pytest
 import torch
 
+from engine.context import EngineContext
 from engine.engine import Engine
 from engine.kv.cache import ContiguousKVCache
 from engine.model import cpu_step
@@ -26,12 +28,20 @@ def engine():
     return Engine("default", device="cpu", settings=settings, max_context=512)
 
 
-@pytest.fixture(autouse=True)
-def cpp_step_chosen(monkeypatch):
-    """The C++ step runs at each level whatever its timing against PyTorch's says (scalar is slower)."""
-    monkeypatch.setattr(cpu_step, "time_steps", lambda model: (0.0, 1.0))
-    monkeypatch.setattr(cpu_step, "_CHOICES", {})
-    monkeypatch.setattr(cpu_step, "_MODEL_CHOICE", type(cpu_step._MODEL_CHOICE)())
+@contextlib.contextmanager
+def at_level(isa: str, monkeypatch, *models):
+    """The models run the C++ step built at `isa` meanwhile: bound to a context whose options read it
+    (the engine's own context keeps its level), then given back to their engine's."""
+    monkeypatch.setenv(cpu_decode.ISA_VARIABLE, isa)
+    context = EngineContext()
+    before = [m.context for m in models]
+    for m in models:
+        m.bind(context)
+    try:
+        yield context
+    finally:
+        for m, c in zip(models, before):
+            m.bind(c)
 
 
 @torch.inference_mode()
@@ -62,13 +72,12 @@ def test_greedy_fp32_tokens_are_unchanged_at_every_level(engine, isa, monkeypatc
     prompt_ids = engine.tokenizer.encode(engine.tokenizer.render_chat([{"role": "user", "content": PROMPT}]))
     with cpu_step.pytorch_only():
         want = greedy(engine.model, prompt_ids, GREEDY_TOKENS)
-    monkeypatch.setenv(cpu_decode.ISA_VARIABLE, isa)
-    monkeypatch.setattr(cpu_step, "_PLANS", type(cpu_step._PLANS)())
     from engine import dispatch
     before = dispatch.counts()
-    got = greedy(engine.model, prompt_ids, GREEDY_TOKENS)
+    with at_level(isa, monkeypatch, engine.model) as context:
+        got = greedy(engine.model, prompt_ids, GREEDY_TOKENS)
+        assert context.cpu_step.plans[engine.model].lib.isa == cpu_decode.load(isa).isa
     assert dispatch.since(before)["decode step"] == {cpu_step.STEP_LABEL: GREEDY_TOKENS}
-    assert cpu_step._PLANS[engine.model].lib.isa == cpu_decode.load(isa).isa
     assert got == want
 
 
@@ -77,9 +86,8 @@ def test_perplexity_through_the_cpp_step_holds_its_bounds_at_every_level(engine,
     ids = evaluation_ids(engine.tokenizer, EVAL_TOKENS)
     with cpu_step.pytorch_only():
         pytorch_fp = stepwise_perplexity(engine.model, ids)
-    monkeypatch.setenv(cpu_decode.ISA_VARIABLE, isa)
-    monkeypatch.setattr(cpu_step, "_PLANS", type(cpu_step._PLANS)())
-    ppl = {w: stepwise_perplexity(engine.model_for(Settings(dtype="fp32", weights=w)), ids)
-           for w in ("fp", "int8", "int4")}
+    models = {w: engine.model_for(Settings(dtype="fp32", weights=w)) for w in ("fp", "int8", "int4")}
+    with at_level(isa, monkeypatch, *models.values()):
+        ppl = {w: stepwise_perplexity(model, ids) for w, model in models.items()}
     assert abs(ppl["fp"] / pytorch_fp - 1) < 1e-3, (ppl, pytorch_fp)
     assert ppl["int8"] <= 1.01 * ppl["fp"] and ppl["int4"] <= 1.10 * ppl["fp"], ppl

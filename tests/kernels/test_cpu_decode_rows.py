@@ -7,23 +7,15 @@ import pytest
 import torch
 
 from engine import dispatch
+from engine.context import default_context, reset_default_context
 from engine.kv.cache import ContiguousKVCache, PagedKVCache
 from engine.model import cpu_step
 from engine.serving.batch_forward import forward_plan
 from engine.serving.scheduler import Request, Scheduler
 from kernels import cpu_decode
-from kernels import registry as kernel_registry
 from tests.kernels.test_cpu_decode import GQA, LEVELS, QWEN, TOLERANCE, model_of, reference_of, relative_error
 
 FORMATS = [("fp32", "fp"), ("fp32", "int8"), ("fp32", "int4"), ("bf16", "fp"), ("bf16", "int4")]
-
-
-@pytest.fixture(autouse=True)
-def cpp_step_chosen(monkeypatch):
-    """The C++ step runs whatever its timing against PyTorch's would say on a busy machine."""
-    monkeypatch.setattr(cpu_step, "time_steps", lambda model: (0.0, 1.0))
-    monkeypatch.setattr(cpu_step, "_CHOICES", {})
-    monkeypatch.setattr(cpu_step, "_MODEL_CHOICE", type(cpu_step._MODEL_CHOICE)())
 
 
 def exact_int4(isa: str) -> bool:
@@ -45,6 +37,7 @@ def test_a_verify_steps_rows_are_the_one_token_steps_bits(isa, layout, dtype, we
     """Five new rows of one sequence (a draft of four and the token before it), causal among
     themselves, against five one-token steps: the same logits bit for bit, and the same K/V."""
     monkeypatch.setenv(cpu_decode.ISA_VARIABLE, isa)
+    reset_default_context()  # (its options read the level now)
     model = model_of(QWEN, dtype, weights)
     prompt, new = [3, 17, 40, 2, 99, 150, 7], [11, 23, 5, 180, 64]
     one, many = new_cache(QWEN, model.dtype, layout), new_cache(QWEN, model.dtype, layout)
@@ -57,7 +50,7 @@ def test_a_verify_steps_rows_are_the_one_token_steps_bits(isa, layout, dtype, we
     assert torch.equal(rows, singles), f"{cpu_decode.load(isa).isa}: {(rows - singles).abs().max():.2e}"
     assert torch.equal(one.k, many.k) and torch.equal(one.v, many.v)
     # and PyTorch's multi-row step of the same weights (dequantise, then matmul), the reference, agrees
-    kernel_registry.disable("cpu_step", "the reference")
+    default_context().kernels.disable("cpu_step", "the reference")
     ref_model = reference_of(model, exact_int4(isa))
     ref = new_cache(QWEN, model.dtype, layout)
     ref_model(torch.tensor([prompt]), 0, ref)
@@ -81,6 +74,7 @@ def test_a_batch_of_sequences_in_one_step_gives_each_its_own_steps_bits(isa, dty
     (one C++ step each, blocks scattered in the pool): each request's logits are the bits of its
     own one-sequence steps, and PyTorch's batched forward agrees to rounding."""
     monkeypatch.setenv(cpu_decode.ISA_VARIABLE, isa)
+    reset_default_context()  # (its options read the level now)
     model = model_of(GQA, dtype, weights)
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(1, GQA.vocab_size, (n,), generator=gen).tolist() for n in (5, 11, 2, 8)]
@@ -88,7 +82,7 @@ def test_a_batch_of_sequences_in_one_step_gives_each_its_own_steps_bits(isa, dty
     def run_batched(use_cpp: bool):
         run_model = model
         if not use_cpp:
-            kernel_registry.disable("cpu_step", "the reference")
+            default_context().kernels.disable("cpu_step", "the reference")
             run_model = reference_of(model, exact_int4(isa))
         cache, sched = schedule_all(run_model, prompts)
         got = {i: [] for i in range(len(prompts))}
@@ -101,7 +95,7 @@ def test_a_batch_of_sequences_in_one_step_gives_each_its_own_steps_bits(isa, dty
             for rid, row in zip(ids, out):
                 got[rid].append(row)
             sched.update_from_output(plan, {rid: int(row.argmax()) for rid, row in zip(ids, out)})
-        kernel_registry.reset()
+        default_context().kernels.reset()
         return got, routed
 
     got, routed = run_batched(True)
@@ -127,13 +121,13 @@ def test_steps_past_the_rows_the_cpp_step_takes_run_in_pytorch():
     cfg = GQA.with_max_seq_len(160)
     model = model_of(cfg, "fp32", "fp")
     cache = ContiguousKVCache(cfg, 1, cfg.max_seq_len, torch.float32, "cpu")
-    rows = cpu_step.library().max_rows
+    rows = cpu_step.library(model.context).max_rows
     before = dispatch.counts()
     model(torch.randint(1, 200, (1, rows + 1)), 0, cache)  # a long prompt: PyTorch's prefill
     assert "multi-row step" not in dispatch.since(before) and cache.length == rows + 1
-    assert not cpu_step.ran_in_cpp()
+    assert not cpu_step.ran_in_cpp(model)
     model(torch.randint(1, 200, (1, 3)), rows + 1, cache)
-    assert cpu_step.ran_in_cpp() and cache.length == rows + 4
+    assert cpu_step.ran_in_cpp(model) and cache.length == rows + 4
 
 
 def test_a_batched_step_in_cpp_counts_each_weight_once():
@@ -143,6 +137,8 @@ def test_a_batched_step_in_cpp_counts_each_weight_once():
     model = model_of(GQA, "fp32", "int8")
     runner = BatchRunner(model, num_blocks=64, block_size=4, max_batch_size=8, token_budget=64)
     runner.scheduler.add_request(Request(0, list(range(1, 41)), 2))
+    before = dispatch.counts()
     _, _, metrics = runner.step()
-    assert cpu_step.ran_in_cpp() and metrics.weight_bytes == model.linear_weight_bytes(rows=1, head_rows=1) + \
+    assert dispatch.since(before)["batched step"] == {cpu_step.ROWS_LABEL: 1}
+    assert metrics.copy_bytes == 0 and metrics.weight_bytes == model.linear_weight_bytes(rows=1, head_rows=1) + \
         2 * GQA.n_layers * GQA.dim * 4 + GQA.dim * 4  # (and the norms, once)
