@@ -24,6 +24,8 @@ BLOCK_SIZE = 16
 # where a static one pays it in every batch; at 4 requests a user it was a quarter of a continuous
 # run (docs/benchmarks.md, "Batching"), measuring the run's end more than the policy.
 REQUESTS_PER_USER = 16
+# a CPU's warm-up of a batch size stops after this many decode steps of the whole batch
+CPU_WARMUP_FULL_BATCH_STEPS = 3
 
 
 def add_batch_args(bench) -> None:
@@ -60,20 +62,29 @@ def _runner(model, hardware, dtype: str, num_blocks: int, **kw):
 
 
 def run_batch_point(model, hardware, dtype: str, batch_size: int, prompt_ids: list[int], decode_tokens: int,
-                    attention: str = "flash") -> BatchPoint:
-    """B copies of one request, started together; the decode steps that run all B are measured."""
+                    attention: str = "flash", full_batch_steps: int | None = None) -> BatchPoint:
+    """B copies of one request, started together; the decode steps that run all B are measured.
+    The prompts are prefilled `token_budget` tokens a step, so the first requests decode while the
+    last ones' prompts go in: all B decode together only once every prompt is in. `full_batch_steps`
+    (a warm-up) stops the run after that many steps of the whole batch: the same prefill chunks and
+    decode shape as the full run, without its length."""
     per_seq = -(-(len(prompt_ids) + decode_tokens) // BLOCK_SIZE)
+    token_budget = max(512, batch_size)
     runner = _runner(model, hardware, dtype, batch_size * per_seq, max_batch_size=batch_size,
-                     token_budget=max(512, batch_size), attention=attention)
+                     token_budget=token_budget, attention=attention)
     for i in range(batch_size):
         runner.scheduler.add_request(_request(i, prompt_ids, decode_tokens))
-    steps = []
-    while runner.scheduler.has_unfinished:
+    steps, prefill_steps = [], 0
+    while runner.scheduler.has_unfinished and (full_batch_steps is None or len(steps) < full_batch_steps):
         _, _, m = runner.step()
         if m is not None and m.phase == "decode" and m.batch_size == batch_size:
             steps.append(m)
+        elif m is not None and m.phase != "decode":
+            prefill_steps += 1
     if not steps:
-        raise ValueError("no decode step ran the whole batch: use --decode-tokens >= 2")
+        raise ValueError(f"no decode step ran the whole batch of {batch_size}: its prompts took {prefill_steps} "
+                         f"steps to go in ({token_budget} tokens a step), and the first replies ended before "
+                         f"the last prompt was in: use --decode-tokens > {prefill_steps}")
     step_s = sum(m.step_s for m in steps)
     moved = sum(m.total_bytes for m in steps)
     flops = sum(m.flops for m in steps)
@@ -253,13 +264,17 @@ def run_batch_bench(args, progress) -> int:
         print(format_mixed_table(results))
         report.finish(results=[asdict(r) for r in results], paths=paths, clocks=clocks, seconds=seconds)
         return 0
-    from engine.bench.single import path_line, timed_run, warm_up, warm_up_decode_tokens
+    from engine.bench.single import path_line, timed_run, warm_up
 
     prompt_ids = bench_prompt_ids(engine.tokenizer, args.prompt_tokens)
+    # a GPU warms up on the whole run (flash-decoding compiles a variant as the context grows);
+    # a CPU, where nothing compiles, on the prefill chunks and a few steps of the whole batch
+    warm_up_steps = None if args.device == "cuda" else CPU_WARMUP_FULL_BATCH_STEPS
     t0 = time.perf_counter()
     for i, b in enumerate(sizes):  # every batch size once, untimed: its prefill chunks, M buckets and kernels
         progress(i / len(sizes), f"warming up batch {b}")
-        run_batch_point(model, hw, dtype, b, prompt_ids, warm_up_decode_tokens(args), args.attention)
+        run_batch_point(model, hw, dtype, b, prompt_ids, args.decode_tokens, args.attention,
+                        full_batch_steps=warm_up_steps)
     seconds["warmup"] = time.perf_counter() - t0
     report.update(seconds=seconds)
     clocks_before, watch = device_clocks(hw), PathWatch()
