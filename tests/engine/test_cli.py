@@ -173,3 +173,18 @@ def test_models_lists_what_is_on_disk_with_fit_and_ceiling(capsys, tmp_path, mon
     assert "smol.gguf" in out and "broken.gguf" not in out
     code, _, err = run_cli(capsys, "models", "--add-folder", str(tmp_path / "nowhere"))
     assert_one_line_error(code, err, "is not a folder")
+
+
+def test_chat_quantises_the_weights_it_is_asked_to(capsys):
+    code, out, err = run_cli(capsys, "chat", "--prompt", "Say hello.", "--greedy", "--max-tokens", "6",
+                             "--max-context", "256", "--dtype", "bf16", "--weights", "int4", "--group-size", "64")
+    assert code == 0 and out.strip()
+    header = next(line for line in err.splitlines() if line.startswith("membound ·"))
+    summary = next(line for line in err.splitlines() if line.startswith("["))
+    assert "bf16 · int4 g64" in header and "bf16 · int4 g64" in summary  # asked for, and what the steps ran
+
+
+def test_chat_refuses_a_group_size_the_model_cannot_take(capsys):
+    code, _, err = run_cli(capsys, "chat", "--prompt", "hi", "--max-context", "256", "--weights", "int4",
+                           "--group-size", "128")
+    assert_one_line_error(code, err, "group")
