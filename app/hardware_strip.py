@@ -1,6 +1,6 @@
 """The hardware strip along the bottom: what the device is, its peak bandwidth and FLOP/s (spec
 and measured), memory used, live NVML counters where they answer, and where each number comes
-from. On a CPU it says "CPU — measured bandwidth" and never pretends to be a GPU."""
+from. On a CPU it says "CPU — measured roof (how, when)" and never pretends to be a GPU."""
 from __future__ import annotations
 
 import os

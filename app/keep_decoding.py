@@ -1,6 +1,7 @@
 """Keep decoding: the model goes on talking until stopped, so the plots keep moving while a speaker talks
-and switches. Each reply ignores end-of-sequence and runs to its token budget; the next prompt of a queue
-follows in the same conversation; when the context window fills, a new chat starts and the chat says so."""
+and switches. Each reply runs to its token budget in prose (the engine never samples the end of turn or
+any other special token: engine/engine.py `chat`); the next prompt of a queue, or a follow-up, is the
+next user turn of the same conversation; when the context window fills, a new chat starts and the chat says so."""
 from __future__ import annotations
 
 from PySide6.QtCore import QObject, QTimer, Signal

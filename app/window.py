@@ -14,7 +14,6 @@ import os
 import re
 import sys
 import time
-from dataclasses import replace
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
@@ -98,6 +97,7 @@ class MainWindow(QMainWindow):
         self._loaded_source = None  # what the model now in the engine was loaded from
         self.device = device
         self.hardware = hardware
+        self._above_roof_note = ""  # said once per load: a step went above the measured roof
         self.max_context = max_context
         self.settings: Settings | None = settings  # what the engine runs (as it last confirmed)
         self.model_info: ModelInfo | None = None
@@ -456,7 +456,8 @@ class MainWindow(QMainWindow):
             self.chat.add_notice(note, error=True)
         self.hardware_strip.engine_pid = self.worker.pid
         self.hardware_strip.set_device(info.hardware, info.weight_bytes)
-        self.hardware_strip.set_notes(list(dict.fromkeys(info.capabilities.notes.values())))
+        self._above_roof_note = ""
+        self._show_notes()
         self.seed_table.set_model(info.cfg, info.label, info.hardware, info.settings.dtype)
         self._start_sampler(info.hardware)
         after, self._after_load = self._after_load, []
@@ -496,34 +497,29 @@ class MainWindow(QMainWindow):
         self.quality = table
         self.controls.set_quality(table)
 
-    def _follow_peaks(self, step: StepMetrics) -> None:
-        """A CPU engine raises its measured peaks when a step beats them (engine/engine.py
-        `_held_to_peak`). The strip then says the peaks the plots draw."""
-        spec, settings = self.hardware, self.settings
-        if spec is None or settings is None or spec.kind != "cpu":
+    def _check_roof(self, step: StepMetrics) -> None:
+        """A step above its measured roof is shown as such, never absorbed into the peak: one line in
+        the chat and the strip (once per load), and in the recording; the plots draw it past the line."""
+        if not step.above_roof or self._above_roof_note:
             return
-        dtype, grow = settings.dtype, 1.02  # a 2% rise redraws what shows the peaks (the strip, the plots' lines, the table)
-        flops = step.peak_flops if step.peak_flops > spec.peak_flops.get(dtype, 0.0) * grow else None
-        gbs = step.peak_bandwidth_bps / 1e9 if step.peak_bandwidth_bps > spec.peak_bandwidth_gbs * 1e9 * grow else None
-        if flops is None and gbs is None:
-            return
-        if flops is not None:
-            spec = replace(spec, peak_flops={**spec.peak_flops, dtype: flops},
-                           measured_flops={**spec.measured_flops, dtype: flops})
-        if gbs is not None:
-            spec = replace(spec, peak_bandwidth_gbs=gbs, measured_bandwidth_gbs=gbs)
-        self.hardware = spec
-        self.hardware_strip.set_device(spec, self.hardware_strip.weight_bytes)
-        self.plots.set_hardware(spec)
-        if self.model_info is not None:
-            self.seed_table.set_model(self.model_info.cfg, self.model_info.label, spec, dtype)
+        self._above_roof_note = translate("Window", "above the measured roof: the cost model or the probe is "
+                                                    "wrong (step {step}, {phase}: MBU {mbu}%, MFU {mfu}%)").format(
+            step=step.step, phase=step.phase, mbu=f"{100 * step.mbu:.0f}",
+            mfu=f"{100 * step.mfu:.0f}" if step.peak_flops > 0 else "?")
+        self.chat.add_notice(self._above_roof_note, error=True)
+        self._show_notes()
+        self.action.emit("above_roof", (step.step, self._above_roof_note))
+
+    def _show_notes(self) -> None:
+        notes = list(dict.fromkeys(self.model_info.capabilities.notes.values())) if self.model_info else []
+        self.hardware_strip.set_notes(notes + ([self._above_roof_note] if self._above_roof_note else []))
 
     def _on_events(self, batch: list) -> None:
         text = []
         for event in batch:
             if isinstance(event, StepMetrics):
                 self.data.add_step(event)
-                self._follow_peaks(event)
+                self._check_roof(event)
                 if self.replying:  # (with simulated users, steps also run between replies)
                     self._reply_steps.append(event)
             elif isinstance(event, TokenEvent):

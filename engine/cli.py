@@ -151,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     attach.add_argument("--headless", action="store_true", help="no window: print each scrape")
     attach.add_argument("--seconds", type=float, default=10.0, help="(headless) how long to scrape (default 10)")
     attach.add_argument("--json", metavar="FILE", help="(headless) write the series, one record per scrape")
+    roof = sub.add_parser("roof", help="this machine's measured roofs (read bandwidth, FLOP/s): when and how measured")
+    roof.add_argument("--measure", action="store_true", help="measure them again now (run on a quiet machine)")
     models = sub.add_parser("models", help="list the models already on this machine (nothing is downloaded)")
     models.add_argument("--folder", action="append", default=[], metavar="DIR",
                         help="also look in DIR (repeatable; --add-folder remembers one)")
@@ -176,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_headless(args)
         if args.command == "models":
             return run_models(args)
+        if args.command == "roof":
+            return run_roof(args)
         if args.command == "replay":
             raise ValueError("a replay plays in the desktop app: run `membound replay FILE`")
         if args.command == "bench":
@@ -273,6 +277,18 @@ def run_chat(args) -> int:
             print(f"membound: error: {_one_line(e)}", file=sys.stderr)
 
 
+def run_roof(args) -> int:
+    """The CPU roof every front end measures against (engine/hardware/roof.py), from the cache or now."""
+    from engine.hardware.probe import cache_file, cpu_roof
+    roof = cpu_roof(remeasure=args.measure, progress=lambda message: print(f"… {message}", file=sys.stderr))
+    print(roof.describe())
+    print(f"machine: {roof.machine}")
+    if roof.load_average is not None:
+        print(f"load average when measured: {roof.load_average:.2f}")
+    print(f"cached in {cache_file()} (membound roof --measure measures again)")
+    return 0
+
+
 def parse_speculate(value: str) -> tuple[str, str]:
     """--speculate: (Settings.speculate, Settings.draft_model). 'draft' alone drafts with the model itself."""
     source, _, model = value.partition(":")
@@ -333,6 +349,9 @@ def _turn_summary(done, metrics, engine) -> str:
                   f"ceiling {sum(m.tokens_out for m in target) / sum(m.floor_s for m in target):.0f} tok/s"]
         parts += speculation_summary(decode)
         parts += sorted({m.settings_label for m in decode if m.settings_label})  # what the steps ran
+    if any(m.above_roof for m in metrics):  # shown, never absorbed into the peak (engine/hardware/roof.py)
+        from engine.hardware.roof import ABOVE_ROOF
+        parts.append(ABOVE_ROOF)
     return "[" + " · ".join(parts) + "]"
 
 

@@ -19,6 +19,17 @@ class Conversation:
         return self.tokenizer.encode_chat(self.messages + [{"role": "user", "content": user_text}],
                                           add_generation_prompt=True)
 
+    def special_ids(self) -> frozenset[int]:
+        """The tokenizer's special tokens (end of turn, turn start, BOS, control tokens): markup of the
+        template, never prose. Keep-decoding masks them so a reply cannot write the next turns."""
+        ids = set(getattr(self.tokenizer, "eos_ids", ()))
+        if getattr(self.tokenizer, "bos_id", None) is not None:
+            ids.add(self.tokenizer.bos_id)
+        backend = getattr(self.tokenizer, "backend", None)  # a `tokenizers.Tokenizer` (the byte tokenizer has none)
+        if backend is not None:
+            ids.update(i for i, added in backend.get_added_tokens_decoder().items() if added.special)
+        return frozenset(ids)
+
     def add_turn(self, user_text: str, reply_text: str) -> None:
         self.messages = self.messages + [{"role": "user", "content": user_text},
                                          {"role": "assistant", "content": reply_text}]

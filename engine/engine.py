@@ -25,13 +25,12 @@ from engine.events import (
     TokenEvent,
 )
 from engine.graphs import GraphDecoder
-from engine.hardware.spec import dtype_name
 from engine.io.loader import LoadedWeights, load_model
 from engine.kv.cache import DEFAULT_BLOCK_SIZE, ContiguousKVCache, PagedKVCache
 from engine.metrics import StepMetrics, step_cost
 from engine.model.config import ModelConfig
 from engine.model.quant import QuantisedModels
-from engine.model.sampling import sample
+from engine.model.sampling import mask_tokens, sample
 from engine.model.transformer import Transformer
 from engine.protocol import Capabilities
 from engine.serving.scheduler import Request, RequestState, common_prefix
@@ -72,7 +71,6 @@ class Engine:
             torch.set_flush_denormal(True)
         self.graphs = GraphDecoder(device)
         self.settings = self._normalised((settings or Settings(dtype=dtype)).validate(device))
-        self.hold_cpu_peaks = False  # the app's engine: a step that beats a measured CPU peak raises it
         self.hardware = hardware or detect_device(device, progress=(lambda m: progress(0.0, m)) if progress else None)
         if isinstance(model, LoadedWeights):  # already in memory (tests, the app's model cache)
             self.loaded = model
@@ -299,7 +297,7 @@ class Engine:
         metrics, stats = self._server_step()
         if metrics is not None:
             self.step_count += 1
-            events.extend(self._held_to_peak([metrics]))
+            events.append(metrics)
         if stats is not None:
             events.append(stats)
         if not self.settings.users and not server.has_unfinished:  # the last user has left
@@ -417,11 +415,14 @@ class Engine:
 
     def chat(self, user_text: str, ignore_eos: bool = False) -> Iterator:
         """One turn of the conversation; it is kept once the reply has run (finished or stopped).
-        ignore_eos: the reply runs to its token budget or the context's end."""
+        ignore_eos: the reply runs to its token budget or the context's end, in prose: the end of
+        turn and every other special token are never sampled (else the model writes the template's
+        next turns, role names and all, into its reply)."""
         ids = self.conversation.prompt_ids(user_text)
         self._check_prompt_length(len(ids))
         done = None
-        for event in self.generate(ids, ignore_eos=ignore_eos):
+        masked = self.conversation.special_ids() if ignore_eos else frozenset()
+        for event in self.generate(ids, ignore_eos=ignore_eos, masked_ids=masked):
             if isinstance(event, DoneEvent):
                 done = event
             yield event
@@ -434,8 +435,9 @@ class Engine:
 
     # ---- generation: one reply loop, each step plain (batch 1) or in the batch -----------------
     def generate(self, prompt_ids: list[int], max_new_tokens: int | None = None,
-                 ignore_eos: bool = False) -> Iterator:
-        """Stream a reply to `prompt_ids`, reusing whatever prefix of them is already cached."""
+                 ignore_eos: bool = False, masked_ids: frozenset[int] = frozenset()) -> Iterator:
+        """Stream a reply to `prompt_ids`, reusing whatever prefix of them is already cached;
+        `masked_ids` are never sampled (their logits are -inf on every path: plain, verify, batched)."""
         if not prompt_ids:
             raise PromptError("empty prompt: nothing to generate from")
         self._check_prompt_length(len(prompt_ids))
@@ -444,6 +446,7 @@ class Engine:
         eos = frozenset() if ignore_eos else frozenset(self.tokenizer.eos_ids)
         reply = _Reply(list(prompt_ids), max_new_tokens or self.settings.max_new_tokens,
                        self.tokenizer.stream(skip_special_tokens=True), eos)
+        reply.masked = tuple(sorted(masked_ids))
         gen = self._make_generator()
         if self.settings.speculate == "oracle":  # its guesses are computed before the reply's first step
             reply.oracle = self._oracle(reply)
@@ -465,16 +468,16 @@ class Engine:
                     if self.settings.users > 0:  # users are on (or joined mid-reply): the rest runs batched
                         person = self._submit_person(reply, gen)
                 if person is None and self.settings.speculate != "off" and reply.n_new > 0:
-                    yield from self._held_to_peak(self._speculative_step(reply, gen))
+                    yield from self._speculative_step(reply, gen)
                 elif person is None:
-                    yield from self._held_to_peak(self._plain_step(reply, gen))
+                    yield from self._plain_step(reply, gen)
                 elif self._stop.is_set():
                     self._server.cancel(person.request_id)
                     break
                 elif person.is_finished:
                     break
                 else:
-                    yield from self._held_to_peak(self._batched_step(reply, person))
+                    yield from self._batched_step(reply, person)
         finally:
             self._reply_active = False
             if person is not None and self._server is not None:
@@ -495,37 +498,8 @@ class Engine:
         yield DoneEvent(reply.reason, "".join(reply.parts), reply.n_prompt, reply.n_new, reply.ttft_s,
                         reply.decode_s, reply.n_cached)
 
-    def _held_to_peak(self, events: Iterator) -> Iterator:
-        """A CPU's peaks are measured at load: its FLOP/s by a matmul, its bandwidth by PyTorch's `sum`
-        over 256 MiB. A busy machine measures both low, and the C++ step streams faster than that sum.
-        A step that beats a peak shows the machine can do at least that much, so the peak rises to
-        what the step reached, for this step and every later one. Otherwise the window would show
-        MFU or MBU over 100%, and tokens/s above its own ceiling. A GPU's peaks come from its
-        datasheet and are never raised: there, going past one would be a cost-model error to see.
-        The app's engine does this (engine/host.py). The bench keeps its probes: it reports MBU
-        against them, and probes again after its runs (bench/single.py reprobe_peak)."""
-        for event in events:
-            if isinstance(event, StepMetrics) and self.hold_cpu_peaks and self.hardware.kind == "cpu" \
-                    and event.step_s > 0:
-                event = self._raise_peaks(event)
-            yield event
-
-    def _raise_peaks(self, metrics: StepMetrics) -> StepMetrics:
-        spec, dtype = self.hardware, dtype_name(self.settings.dtype)
-        known_flops = spec.peak_flops.get(dtype, 0.0)
-        flops = max(known_flops, _finite(metrics.peak_flops), metrics.achieved_flops)
-        known_bps = spec.peak_bandwidth_gbs * 1e9
-        bps = max(known_bps, _finite(metrics.peak_bandwidth_bps), metrics.achieved_bandwidth_bps)
-        if flops > known_flops or bps > known_bps:
-            self.hardware = replace(spec, peak_flops={**spec.peak_flops, dtype: flops},
-                                    measured_flops={**spec.measured_flops, dtype: flops},
-                                    peak_bandwidth_gbs=bps / 1e9, measured_bandwidth_gbs=bps / 1e9)
-        if flops == metrics.peak_flops and bps == metrics.peak_bandwidth_bps:
-            return metrics
-        return replace(metrics, peak_flops=flops, peak_bandwidth_bps=bps)
-
     def _plain_step(self, reply: "_Reply", gen) -> Iterator:
-        (token,), metrics = self._step(reply.ids, produced=reply.n_new, gen=gen)
+        (token,), metrics = self._step(reply.ids, produced=reply.n_new, gen=gen, masked=reply.masked)
         t_end = time.perf_counter()
         self.step_count += 1
         if reply.n_new == 0:
@@ -552,7 +526,7 @@ class Engine:
             self.step_count += 1
             reply.decode_s += draft.metrics.step_s
             yield draft.metrics
-        tokens, metrics = self._step(reply.ids, produced=reply.n_new, gen=gen, draft=draft)
+        tokens, metrics = self._step(reply.ids, produced=reply.n_new, gen=gen, draft=draft, masked=reply.masked)
         t_end = time.perf_counter()
         self.step_count += 1
         reply.decode_s += metrics.step_s
@@ -580,9 +554,10 @@ class Engine:
         the last one is kept: a benchmark asks for the same reply at every k)."""
         s = self.settings
         budget = reply.budget - reply.n_new
-        key = (tuple(reply.ids), budget, reply.eos, self.model, s.attention, s.kv_cache)
+        key = (tuple(reply.ids), budget, reply.eos, reply.masked, self.model, s.attention, s.kv_cache)
         if self._last_oracle is None or self._last_oracle[0] != key:
-            reference = greedy_reference(self.model, reply.ids, budget, reply.eos, s.attention, s.kv_cache)
+            reference = greedy_reference(self.model, reply.ids, budget, reply.eos, s.attention, s.kv_cache,
+                                         reply.masked)
             self._last_oracle = (key, reference)
         return Oracle(self._last_oracle[1], len(reply.ids))
 
@@ -595,7 +570,7 @@ class Engine:
         # retain_kv: the conversation's K/V stay in the pool after the reply, and the next turn
         # prefills only what is new (engine/serving/scheduler.py), as the plain path's cache does
         request = Request(next(self._person_ids), list(reply.ids), min(want, room), reply.eos, retain_kv=True)
-        server.submit_person(request, self.settings.sampling, gen)
+        server.submit_person(request, self.settings.sampling, gen, masked=reply.masked)
         reply.batched_from_start = reply.n_new == 0
         reply.seen = len(request.output_ids)
         return request
@@ -627,7 +602,8 @@ class Engine:
 
     # ---- one step: plain, or a speculative step's verification ----------------------------------
     @torch.inference_mode()
-    def _step(self, ids: list[int], produced: int, gen, draft: Draft | None = None) -> tuple[list[int], StepMetrics]:
+    def _step(self, ids: list[int], produced: int, gen, draft: Draft | None = None,
+              masked: tuple[int, ...] = ()) -> tuple[list[int], StepMetrics]:
         """Run the context's uncached tail (and the draft's guesses, if any) through the model;
         returns the tokens it produced (one; or the accepted guesses and the target's own) and the
         step's figures. Rejected guesses leave the KV cache (contiguous: its length; paged: their blocks)."""
@@ -664,6 +640,7 @@ class Engine:
             logits = model(tokens, start_pos=start, cache=self.cache if use_cache else None,
                            attention=attention, logits_rows=len(guesses) + 1)
         accepted = 0
+        mask_tokens(logits, masked)
         if draft is None:
             out = [int(sample(logits[:, -1], self.settings.sampling, gen).item())]
         else:
@@ -706,6 +683,7 @@ class _Reply:
         self.batched_from_start = False
         self.seen = 0  # the batch request's output ids already streamed
         self.oracle: Oracle | None = None  # speculate="oracle": the reply's guesses, computed beforehand
+        self.masked: tuple[int, ...] = ()  # token ids never sampled (keep-decoding's special tokens)
 
     def end_reason(self, stopped: bool, max_context: int) -> str:
         if self.n_new >= self.budget:
@@ -756,6 +734,3 @@ class _Timer:
             return self.begin.elapsed_time(self.end) / 1e3
         return time.perf_counter() - self.t0
 
-
-def _finite(value: float) -> float:
-    return value if value == value and value != float("inf") else 0.0

@@ -236,7 +236,6 @@ class EngineHost:
             engine = Engine(command.model, device=device, dtype=settings.dtype, max_context=command.max_context,
                             progress=self._progress, hardware=hardware, settings=settings, messages=command.messages)
             engine.kernel_notes = check_kernels(engine)  # a kernel that fails its check is switched off
-            engine.hold_cpu_peaks = True  # never MFU/MBU over 100% on a CPU measured low (Engine._held_to_peak)
             old, self.engine = self.engine, engine
             if old is not None:
                 old.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from engine.hardware.roof import above_roof
 from engine.model.config import ModelConfig
 
 # Phases whose rate counts the tokens they produce (tokens_out): plain decode, a speculative step's
@@ -120,6 +121,15 @@ class StepMetrics:
     draft_tokens: int = 0  # speculative steps: guesses made (draft) or checked (verify)
     accepted_tokens: int = 0  # verify: guesses the target kept (it also adds one token of its own)
     captured: bool = False  # the step ran from a captured graph or a compiled step, not eagerly
+    roof: str = "memory"  # the bandwidth roof it sits under: "memory", or "cache" (its bytes fit the last-level cache)
+
+    @property
+    def above_roof(self) -> bool:
+        """Its bytes or FLOPs in its measured time beat the roof: the cost model or the probe is wrong
+        (engine/hardware/roof.py ABOVE_ROOF). Shown as such, never absorbed into the peak."""
+        if self.step_s <= 0 or not self.peak_bandwidth_bps > 0:
+            return False
+        return above_roof(self.mbu, self.mfu if self.peak_flops > 0 else float("nan"))
 
     @property
     def tokens_fed(self) -> int:
@@ -234,7 +244,7 @@ class StepMetrics:
         d = asdict(self)
         for name in ("total_bytes", "achieved_gbs", "achieved_tflops", "mbu", "mfu", "arithmetic_intensity",
                      "tokens_per_s", "bytes_per_token", "memory_ceiling_tokens_per_s",
-                     "predicted_ceiling_tokens_per_s", "bound", "acceptance_rate", "overhead_s"):
+                     "predicted_ceiling_tokens_per_s", "bound", "acceptance_rate", "overhead_s", "above_roof"):
             d[name] = getattr(self, name)
         return d
 

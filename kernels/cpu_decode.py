@@ -83,31 +83,32 @@ def _compiler() -> str:
     raise BuildError("no C++ compiler (g++ or clang++) on PATH")
 
 
-def _build(flags: tuple[str, ...]) -> Path:
+def _build(flags: tuple[str, ...], source_path: Path = SOURCE) -> Path:
+    """The library of `source_path` (the decode step; kernels/cpu_roof.cpp's probes too)."""
     if platform.system() != "Linux":
         raise BuildError(f"the C++ decode step is built on Linux only (this is {platform.system()})")
     cxx = _compiler()
-    source = SOURCE.read_bytes()
+    source = source_path.read_bytes()
     try:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
     except (OSError, subprocess.SubprocessError) as e:
         raise BuildError(f"{cxx} --version failed: {e}") from None
     key = hashlib.sha256(source + repr((flags, version, _cpu_flags())).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "membound" / "cpu_decode"
-    target = cache / f"cpu_decode-{key}.so"
+    target = cache / f"{source_path.stem}-{key}.so"
     if target.exists():
         return target
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:  # built aside, then renamed: never half a file
         out = Path(tmp) / target.name
         try:
-            done = subprocess.run([cxx, *flags, str(SOURCE), "-o", str(out)], capture_output=True, text=True, check=False,
+            done = subprocess.run([cxx, *flags, str(source_path), "-o", str(out)], capture_output=True, text=True, check=False,
                                   timeout=BUILD_TIMEOUT_S)
         except (OSError, subprocess.SubprocessError) as e:
             raise BuildError(f"{cxx} failed: {e}") from None
         if done.returncode != 0:
             first = next((line for line in done.stderr.splitlines() if "error" in line), done.stderr.strip()[:200])
-            raise BuildError(f"{cxx} could not build kernels/cpu_decode.cpp: {first}")
+            raise BuildError(f"{cxx} could not build kernels/{source_path.name}: {first}")
         os.replace(out, target)
     return target
 

@@ -1187,6 +1187,10 @@
         <translation>inicio: {settings}</translation>
     </message>
     <message>
+        <source>above the measured roof: the cost model or the probe is wrong (step {step}, {phase}: MBU {mbu}%, MFU {mfu}%)</source>
+        <translation>por encima del techo medido: el modelo de costes o la sonda se equivocan (paso {step}, {phase}: MBU {mbu}%, MFU {mfu}%)</translation>
+    </message>
+    <message>
         <source>{n} tokens, {how}</source>
         <translation>{n} tokens, {how}</translation>
     </message>

@@ -14,7 +14,7 @@ import torch
 from engine.bench.prompts import bench_prompt_ids
 from engine.bench.record import JsonReport, device_clocks
 # run_ours: for app/gui_bench.py
-from engine.bench.single import BenchResult, path_line, reprobe_peak, run_ours, timed_run, warm_up
+from engine.bench.single import BenchResult, path_line, roof_peak, run_ours, timed_run, warm_up
 from engine.bench.tables import rows_of, side_by_side
 
 __all__ = ["BenchResult", "format_sweep", "format_table", "run_bench", "run_hf", "run_ours", "run_weight_sweep"]
@@ -266,7 +266,7 @@ def run_bench(args, progress) -> int:
     results = [best]
     if args.compare == "hf":
         results.append(run_hf(engine, prompt_ids, args.decode_tokens, steps, progress))
-    results, peak_line = reprobe_peak(engine, results)
+    results, peak_line = roof_peak(engine, results)
     print(f"\nworkload: batch 1, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens} tokens, "
           f"greedy, {settings.label.replace(' · kv', ', KV cache')}")
     print(format_table(results))
@@ -304,7 +304,7 @@ def _print_weight_sweep(engine, settings, prompt_ids: list[int], args, progress,
                                                           args.repeats, args.eval_tokens, progress, report, peer)
     clocks = {"before_timed": clocks_before, "after_timed": device_clocks(engine.hardware)}
     ordered = [results[label] for label in variants] + [r for label, r in results.items() if label not in variants]
-    ordered, peak_line = reprobe_peak(engine, ordered)
+    ordered, peak_line = roof_peak(engine, ordered)
     activations = "fp32 and bf16 weights, then bf16" if precision else settings.dtype
     print(f"\nworkload: batch 1, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens} tokens, greedy, "
           f"{torch.get_num_threads()} threads, {activations} activations, KV cache "
@@ -410,7 +410,7 @@ def _run_against_llamacpp(engine, gguf, settings, prompt_ids: list[int], args, p
             report.update(runs=runs)
     progress(1.0, "done")
     ours = replace(ours, name=f"membound {settings.weights if settings.weights != 'fp' else settings.dtype}")
-    results, peak_line = reprobe_peak(engine, [ours, *theirs.values()])
+    results, peak_line = roof_peak(engine, [ours, *theirs.values()])
     print(f"\nworkload: batch 1, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens} tokens, greedy, "
           f"{threads} threads; membound {settings.label.replace(' · kv', ', KV cache')}; llama.cpp "
           f"({find_server().parent}) on {gguf.name}, fp16 KV cache")

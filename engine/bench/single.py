@@ -99,23 +99,11 @@ def path_line(paths: dict) -> str:
             + "; matmul " + ", ".join(f"{k} {v}" for k, v in paths.get("matmul", {}).items()))
 
 
-def reprobe_peak(engine, results: list[BenchResult]) -> tuple[list[BenchResult], str]:
-    """On a CPU, the read bandwidth probed again after the timed runs: a neighbour busy during the
-    start-up probe makes it read low (MBU over 100%). The best probe is the peak: `engine.hardware`
-    and the results are rescaled to it. Returns them and one line saying which probes were taken."""
-    from dataclasses import replace
-
-    from engine.hardware.detect import measure_bandwidth_gbs
-
-    before = engine.hardware.peak_bandwidth_gbs
-    if engine.device != "cpu" or not before:
-        return results, ""
-    after = measure_bandwidth_gbs("cpu", seconds=0.3)
-    peak = max(before, after)
-    line = f"peak: best read-bandwidth probe, {before:.1f} GB/s at start, {after:.1f} GB/s after the runs"
-    if peak == before:
-        return results, line
-    engine.hardware = replace(engine.hardware, peak_bandwidth_gbs=peak, measured_bandwidth_gbs=peak)
-    scale = before / peak
-    return [replace(r, peak_gbs=peak, mbu=r.mbu * scale,
-                    predicted_ceiling_tokens_per_s=r.predicted_ceiling_tokens_per_s / scale) for r in results], line
+def roof_peak(engine, results: list[BenchResult]) -> tuple[list[BenchResult], str]:
+    """The results as measured against the device's one roof (engine/hardware/roof.py: the app and
+    the terminal chat use the same), and one line saying which roof that is."""
+    from engine.hardware.roof import ABOVE_ROOF, above_roof, roof_line
+    line = roof_line(engine.hardware)
+    if any(above_roof(r.mbu, r.mfu) for r in results):  # shown, never absorbed into the peak
+        line += f"\n{ABOVE_ROOF}"
+    return results, line

@@ -2,115 +2,22 @@
 from the datasheet table, NVML and a short benchmark, engine/hardware/spec.py)."""
 from __future__ import annotations
 
-import math
-import os
-import platform
 import threading
-import time
 from typing import Any, Callable
 
 import torch
 
 from engine.hardware.nvml import _as_str, _import_pynvml, _nvml_call
-from engine.hardware.spec import GB, DeviceSpec, HardwareError, dtype_name, lookup_gpu
-
-# ---------------------------------------------------------------------------------------------
-# Benchmarks
-
-_CPU_BANDWIDTH_BYTES = 256 * 2**20  # well past any L3, so the sum streams from DRAM
-_GPU_BANDWIDTH_BYTES = 1 * 2**30  # past the 50-60 MB L2 of current parts
-_CPU_MATMUL_MAX_N = 2048
-_GPU_MATMUL_N = 8192
-_MIN_REPEATS = 3
-
-
-def _best_seconds_per_call(run: Callable[[], Any], device: torch.device, seconds: float,
-                           calls_per_timing: int = 1) -> float:
-    """Best (least) seconds per call of `run` over repeated timings, within about `seconds`.
-
-    Best-of rather than mean: interference only ever slows a run down."""
-    run()  # warm-up: allocator, kernel selection, page faults
-    best_s = math.inf
-    deadline = time.perf_counter() + seconds
-    repeats = 0
-    while repeats < _MIN_REPEATS or time.perf_counter() < deadline:
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(calls_per_timing):
-                run()
-            end.record()
-            end.synchronize()
-            elapsed_s = start.elapsed_time(end) / 1e3
-        else:
-            t0 = time.perf_counter()
-            for _ in range(calls_per_timing):
-                run()
-            elapsed_s = time.perf_counter() - t0
-        best_s = min(best_s, elapsed_s / calls_per_timing)
-        repeats += 1
-    return best_s
-
-
-def measure_bandwidth_gbs(device: str | torch.device = "cpu", seconds: float = 0.5) -> float:
-    """Achieved memory bandwidth, GB/s. CPU: read bandwidth of a sum over 256 MiB of fp32.
-    CUDA: a 1 GiB device-to-device copy, counting bytes read + written."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        free_bytes, _ = torch.cuda.mem_get_info(device)
-        n_bytes = min(_GPU_BANDWIDTH_BYTES, free_bytes // 4)
-        src = torch.empty(n_bytes // 4, dtype=torch.float32, device=device)
-        dst = torch.empty_like(src)
-        # Several copies per event pair, so launch gaps don't count against the memory system.
-        best_s = _best_seconds_per_call(lambda: dst.copy_(src), device, seconds, calls_per_timing=10)
-        moved_bytes = 2 * src.nbytes
-        del src, dst
-        torch.cuda.empty_cache()
-    else:
-        data = torch.ones(_CPU_BANDWIDTH_BYTES // 4, dtype=torch.float32)
-        best_s = _best_seconds_per_call(data.sum, device, seconds)
-        moved_bytes = data.nbytes
-        del data
-    return moved_bytes / best_s / GB
-
-
-def measure_matmul_flops(device: str | torch.device = "cpu", dtype: str | torch.dtype = "fp32",
-                         seconds: float = 0.3) -> float:
-    """Achieved FLOP/s of a square matmul (2 n^3 per call): n = 8192 on a GPU; on a CPU n doubles
-    from 256 up to 2048 while a call stays short, so a slow dtype (fp16 on most CPUs) keeps to budget."""
-    device = torch.device(device)
-    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype_name(dtype))
-    if torch_dtype is None:
-        raise ValueError(f"matmul benchmark: {dtype} is not measured (int8 needs a separate kernel)")
-    if device.type == "cuda":
-        n = _GPU_MATMUL_N
-    else:
-        # fp32/bf16 start at 1024: a smaller product measures call overhead, not arithmetic (under
-        # load a 256 probe read 2.8 GFLOP/s, which put MFU over 100%); slow fp16 starts small
-        n = 1024 if dtype_name(dtype) in ("fp32", "bf16") else 256
-        while n < _CPU_MATMUL_MAX_N:
-            probe = torch.randn(n, n).to(torch_dtype)
-            call_s = _best_seconds_per_call(lambda: probe @ probe, device, seconds=0.0)
-            # Doubling n costs 8x a call; keep a warm-up and three repeats inside the budget.
-            if call_s * 8 * (1 + _MIN_REPEATS) > seconds:
-                break
-            n *= 2
-    a = torch.randn(n, n, device=device).to(torch_dtype)
-    b = torch.randn(n, n, device=device).to(torch_dtype)
-    if device.type == "cuda":
-        # The datasheet fp32 figure is the non-tensor-core rate, so keep TF32 off while measuring.
-        allow_tf32 = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = False
-        try:
-            best_s = _best_seconds_per_call(lambda: a @ b, device, seconds)
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = allow_tf32
-    else:
-        best_s = _best_seconds_per_call(lambda: a @ b, device, seconds)
-    del a, b
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return 2 * n**3 / best_s
+from engine.hardware.probe import (  # noqa: F401  (the benchmarks lived here; callers still find them here)
+    _best_seconds_per_call,
+    _cpu_core_count,
+    _cpu_model_name,
+    _ram_total_bytes,
+    cpu_roof,
+    measure_bandwidth_gbs,
+    measure_matmul_flops,
+)
+from engine.hardware.spec import GB, DeviceSpec, HardwareError, lookup_gpu
 
 
 def _nvml_index_for_cuda(nvml: Any, cuda_index: int) -> int:
@@ -133,51 +40,26 @@ _SPEC_CACHE: dict[tuple[str, int, bool], DeviceSpec] = {}
 _SPEC_CACHE_LOCK = threading.Lock()  # the GUI worker and the CLI may both ask; measure once
 
 
-def _cpu_model_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
-def _cpu_core_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))  # the cores this process may use, not the whole host
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def _ram_total_bytes() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def _detect_cpu(measure: bool, progress: Callable[[str], None]) -> DeviceSpec:
+def _detect_cpu(measure: bool, progress: Callable[[str], None], remeasure: bool = False) -> DeviceSpec:
+    """A CPU's roof comes from engine/hardware/roof.py: measured once per machine and cached."""
     name = f"{_cpu_model_name()} ({_cpu_core_count()} cores)"
-    measured_bandwidth_gbs = None
-    measured_flops: dict[str, float] = {}
-    if measure:
-        progress("measuring CPU memory bandwidth…")
-        measured_bandwidth_gbs = measure_bandwidth_gbs("cpu", seconds=0.3)
-        for dtype in ("fp32", "bf16"):
-            progress(f"measuring CPU {dtype} matmul…")
-            measured_flops[dtype] = measure_matmul_flops("cpu", dtype, seconds=0.2)
+    if not measure:
+        return DeviceSpec(name=name, kind="cpu", peak_bandwidth_gbs=0.0, memory_total_bytes=_ram_total_bytes(),
+                          source="CPU — not measured")
+    roof = cpu_roof(remeasure=remeasure, progress=progress)
     return DeviceSpec(
         name=name,
         kind="cpu",
-        # A CPU has no datasheet figure we can trust, so its "peak" is what it achieved.
-        peak_bandwidth_gbs=measured_bandwidth_gbs or 0.0,
-        peak_flops=dict(measured_flops),
-        measured_bandwidth_gbs=measured_bandwidth_gbs,
-        measured_flops=measured_flops,
+        # A CPU has no datasheet figure we can trust, so its "peak" is what its probe achieved.
+        peak_bandwidth_gbs=roof.read_gbs,
+        peak_flops=dict(roof.flops),
+        measured_bandwidth_gbs=roof.read_gbs,
+        measured_flops=dict(roof.flops),
         memory_total_bytes=_ram_total_bytes(),
-        source="CPU — measured bandwidth" if measure else "CPU — not measured",
+        source=f"CPU — measured roof ({roof.method})",
+        cache_bandwidth_gbs=roof.cache_read_gbs,
+        cache_bytes=roof.llc_bytes if roof.cache_read_gbs else None,
+        measured_at=roof.measured_at,
     )
 
 

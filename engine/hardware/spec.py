@@ -119,6 +119,9 @@ class DeviceSpec:
     source: str = ""
     nvml: bool = False
     nvml_index: int | None = None  # for NvmlSampler; differs from the CUDA index under CUDA_VISIBLE_DEVICES
+    cache_bandwidth_gbs: float | None = None  # CPU: a read that fits the last-level cache (engine/hardware/roof.py)
+    cache_bytes: int | None = None  # the last-level cache, where its roof was measured
+    measured_at: str = ""  # when the roof was measured ("" for a datasheet or nothing)
 
     def peak_flops_for(self, dtype) -> float | None:
         """Peak FLOP/s for a dtype, falling back fp16<->bf16, then fp32; None if nothing is known."""
@@ -159,9 +162,13 @@ def describe(spec: DeviceSpec) -> str:
     if spec.kind == "cpu":
         if spec.measured_bandwidth_gbs is None:
             return f"CPU {spec.name} — not measured"
-        line = f"CPU {spec.name} — measured bandwidth {spec.measured_bandwidth_gbs:.1f} GB/s"
+        line = f"CPU {spec.name} — measured read {spec.measured_bandwidth_gbs:.1f} GB/s"
+        if spec.cache_bandwidth_gbs:
+            line += f" (last-level cache {spec.cache_bandwidth_gbs:.1f} GB/s)"
         if "fp32" in spec.measured_flops:
-            line += f", fp32 matmul {spec.measured_flops['fp32'] / TERA:.2f} TFLOP/s"
+            line += f", fp32 {spec.measured_flops['fp32'] / TERA:.3f} TFLOP/s"
+        if spec.measured_at:
+            line += f" · roof measured {spec.measured_at}"
         return line
     parts = []
     if spec.spec_bandwidth_gbs is not None:

@@ -59,6 +59,14 @@ def top_p_filter(probs: torch.Tensor, top_p: float, prefix: int = TOP_P_PREFIX) 
     return (filtered / filtered.sum(dim=-1, keepdim=True)).reshape(probs.shape)
 
 
+def mask_tokens(logits: torch.Tensor, token_ids) -> torch.Tensor:
+    """logits (..., vocab) with `token_ids` set to -inf, in place (and returned): tokens that must never
+    be sampled, greedy or not (keep-decoding's end of turn and other special tokens)."""
+    if token_ids:
+        logits[..., list(token_ids)] = float("-inf")
+    return logits
+
+
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
     """logits (B, vocab) fp32 → token ids (B,)."""
     if params.is_greedy:

@@ -22,7 +22,7 @@ from engine.events import BatchStats
 from engine.kv.cache import DEFAULT_BLOCK_SIZE
 from engine.metrics import StepMetrics
 from engine.model.config import ModelConfig
-from engine.model.sampling import sample
+from engine.model.sampling import mask_tokens, sample
 from engine.model.transformer import Transformer
 from engine.serving.batch_forward import BatchRunner
 from engine.serving.scheduler import Request, RequestState
@@ -80,6 +80,7 @@ class _Person:
     request: Request
     sampling: SamplingParams
     generator: torch.Generator | None
+    masked: tuple[int, ...] = ()  # token ids the person's row never samples (keep-decoding)
 
 
 class _Sampler:
@@ -92,13 +93,15 @@ class _Sampler:
         self.scheduler = None
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        tokens = logits.argmax(dim=-1)
         person = self.person
-        if person is None or person.sampling.is_greedy:
-            return tokens
+        if person is None or (person.sampling.is_greedy and not person.masked):
+            return logits.argmax(dim=-1)
         rows = [s.request_id for s in self.scheduler.in_flight.seqs if s.samples]  # logits rows, plan order
-        if person.request.request_id in rows:
-            i = rows.index(person.request.request_id)
+        i = rows.index(person.request.request_id) if person.request.request_id in rows else None
+        if i is not None:
+            mask_tokens(logits[i], person.masked)
+        tokens = logits.argmax(dim=-1)
+        if i is not None and not person.sampling.is_greedy:
             tokens[i] = sample(logits[i:i + 1], person.sampling, person.generator)[0]
         return tokens
 
@@ -183,9 +186,10 @@ class BatchServer:
             self.runner.scheduler.add_request(req)
 
     # ---- requests ---------------------------------------------------------------------------
-    def submit_person(self, request: Request, sampling: SamplingParams, generator: torch.Generator | None) -> None:
+    def submit_person(self, request: Request, sampling: SamplingParams, generator: torch.Generator | None,
+                      masked: tuple[int, ...] = ()) -> None:
         self.runner.scheduler.add_request(request)
-        self._sampler.person = _Person(request, sampling, generator)
+        self._sampler.person = _Person(request, sampling, generator, masked)
         if self.on_request:
             self.on_request("submitted", request)
 
@@ -195,7 +199,8 @@ class BatchServer:
 
     def set_person_sampling(self, sampling: SamplingParams, generator: torch.Generator | None) -> None:
         if self._sampler.person is not None:
-            self._sampler.person = _Person(self._sampler.person.request, sampling, generator)
+            person = self._sampler.person
+            self._sampler.person = _Person(person.request, sampling, generator, person.masked)
 
     def release_person(self) -> None:
         """The person's reply is over (finished, stopped, or its generator closed)."""

@@ -16,7 +16,7 @@ import torch
 
 from engine.kv.cache import ContiguousKVCache
 from engine.metrics import StepCost, StepMetrics, step_cost, sum_costs
-from engine.model.sampling import probabilities
+from engine.model.sampling import mask_tokens, probabilities
 from engine.model.transformer import Transformer
 from engine.serving.scheduler import common_prefix
 from engine.settings import DRAFT_GROUP_SIZE, EngineError, SamplingParams
@@ -117,17 +117,17 @@ class Oracle:
 
 @torch.inference_mode()
 def greedy_reference(model: Transformer, prompt_ids: list[int], max_new_tokens: int, eos: frozenset,
-                     attention: str = "flash", kv_cache: bool = True) -> list[int]:
-    """The prompt and the target's greedy reply to it (up to EOS or max_new_tokens), decoded as the
-    reply's own steps will run (on a private cache the size of the reply, or recomputing the context
-    when the KV cache is off): the oracle's guesses."""
+                     attention: str = "flash", kv_cache: bool = True, masked: tuple[int, ...] = ()) -> list[int]:
+    """The prompt and the target's greedy reply to it (up to EOS or max_new_tokens; `masked` ids
+    never chosen, as in the reply), decoded as the reply's own steps will run (on a private cache the
+    size of the reply, or recomputing the context when the KV cache is off): the oracle's guesses."""
     ids = list(prompt_ids)
     length = min(len(ids) + max_new_tokens + 1, model.cfg.max_seq_len)
     cache = ContiguousKVCache(model.cfg, 1, length, model.dtype, model.device) if kv_cache else None
     feed, start = list(ids), 0
     while len(ids) - len(prompt_ids) < max_new_tokens and len(ids) < length:
         tokens = torch.tensor([feed], dtype=torch.long, device=model.device)
-        token = int(model(tokens, start_pos=start, cache=cache, attention=attention)[0, -1].argmax())
+        token = int(mask_tokens(model(tokens, start_pos=start, cache=cache, attention=attention)[0, -1], masked).argmax())
         ids.append(token)
         if token in eos:
             break

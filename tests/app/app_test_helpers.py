@@ -12,7 +12,7 @@ def fake_cpu() -> DeviceSpec:
     return DeviceSpec(name="test cpu (2 cores)", kind="cpu", peak_bandwidth_gbs=20.0,
                       peak_flops={"fp32": 1e11, "bf16": 2e11}, measured_bandwidth_gbs=20.0,
                       measured_flops={"fp32": 1e11, "bf16": 2e11}, memory_total_bytes=16 * 2**30,
-                      source="CPU — measured bandwidth")
+                      source="CPU — measured roof (a test)")
 
 
 def send_and_wait(window, qtbot, text: str, timeout_ms: int = 30_000):

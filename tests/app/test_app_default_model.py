@@ -29,7 +29,7 @@ def test_window_opens_with_the_default_model_and_answers(qtbot):
     fractions = [f for f, _ in progress]
     assert len(progress) >= 5 and any(0 < f < 1 for f in fractions)  # loading showed progress
     assert len(ticks) >= 10  # the event loop kept running while the model loaded
-    assert "CPU — measured bandwidth" in window.hardware_strip.device_label.text()
+    assert "CPU — measured roof (C++ streaming read" in window.hardware_strip.device_label.text()
     done = send_and_wait(window, qtbot, "What is the capital of France?", timeout_ms=120_000)
     assert done is not None and done.n_new_tokens >= 1 and done.text.strip()
     assert done.text.strip() in window.chat.plain_text()
@@ -50,3 +50,37 @@ def test_closing_while_the_model_loads_cancels_the_load(qtbot):
     assert window.loading and window.model_info is None
     window.close()  # the next progress call inside the loader ends the load
     assert not window.worker.isRunning()
+
+
+def test_keep_decoding_with_the_default_model_stays_prose(qtbot):
+    """Keep-decoding (the tour turns it on): each reply runs to its budget, the follow-ups are the
+    person's turns, and no reply shows the template's markup or role names (the model's end of turn
+    is never sampled; it used to write "Paris.\\nsystem\\n\\nuser\\nI'm planning…")."""
+    import re
+
+    from app_test_helpers import fake_cpu
+
+    from app.keep_decoding import FOLLOW_UPS, KeepDecoding
+    from app.window import MainWindow
+
+    window = MainWindow(hardware=fake_cpu(), settings=Settings(max_new_tokens=40, sampling=GREEDY))
+    qtbot.addWidget(window)
+    with qtbot.waitSignal(window.model_ready, timeout=120_000):
+        pass
+    finished = []
+    window.reply_finished.connect(finished.append)
+    keep = KeepDecoding(window)
+    keep.start("What is the capital of France?")
+    qtbot.waitUntil(lambda: len(finished) >= 2, timeout=120_000)
+    keep.stop()
+    window.stop()
+    qtbot.waitUntil(lambda: not window.replying, timeout=30_000)
+    entries = window.chat._entries
+    asked = [text for kind, text, role in entries if kind == "message" and role == "user"]
+    replies = ["".join(piece for piece, _ in runs) for kind, runs, _ in entries if kind == "reply"]
+    assert asked[:2] == ["What is the capital of France?", FOLLOW_UPS["en"][0]]
+    assert all(done is not None and done.n_new_tokens == 40 for done in finished[:2])
+    for reply in replies[:2]:
+        assert reply.strip() and "<|" not in reply
+        assert not re.search(r"^\s*(system|user|assistant)\s*$", reply, re.MULTILINE), reply
+    assert [m["content"] for m in window.messages[::2]][:2] == asked[:2]

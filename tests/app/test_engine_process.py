@@ -50,12 +50,20 @@ def test_settings_and_stop_reach_the_engine_process_mid_reply(make_process_windo
     window = make_process_window(max_new_tokens=5000)
     activate(window, qtbot)
     applied = []
+    # widen the race the wait must survive: the worker thread pauses between posting the window's
+    # call and the test's (the old wait, on the annotation, then failed every time)
+    window.worker.events.connect(lambda batch: time.sleep(0.3) if any(isinstance(e, SettingsApplied) for e in batch)
+                                 else None, Qt.ConnectionType.DirectConnection)
     window.worker.events.connect(lambda batch: applied.extend(e for e in batch if isinstance(e, SettingsApplied)))
     window.send("a long reply please")
     qtbot.waitUntil(lambda: window.data.steps.total > 5, timeout=60_000)
     qtbot.keyClick(window, Qt.Key.Key_F2)  # KV cache off
+    # Wait on the event itself: the window's slot and this test's are two queued calls, posted one
+    # after the other by the worker thread, so the annotation (the window's) can be drawn before
+    # the test's list has been extended (seen once under load: `applied` empty, the line drawn).
+    qtbot.waitUntil(lambda: any(e.settings.kv_layout == "off" for e in applied), timeout=60_000)
     qtbot.waitUntil(lambda: any("kv cache off" in n.text for n in window.data.annotations), timeout=60_000)
-    assert applied and applied[-1].settings.kv_layout == "off"
+    assert applied[-1].settings.kv_layout == "off" and window.settings.kv_layout == "off"
     with qtbot.waitSignal(window.reply_finished, timeout=60_000) as finished:
         window.stop()
     assert finished.args[0].reason == "stopped" and finished.args[0].n_new_tokens < 5000

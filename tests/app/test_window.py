@@ -203,7 +203,7 @@ def test_themes_and_large_fonts_redraw_the_same_data(make_window, qtbot):
 def test_the_hardware_strip_and_seed_table_name_their_sources(make_window):
     window = make_window()
     strip = window.hardware_strip
-    assert "CPU — measured bandwidth" in strip.device_label.text()
+    assert "CPU — measured roof" in strip.device_label.text()
     assert "20.0 GB/s (measured)" in strip.bandwidth_label.text()
     assert "(model)" in strip.memory_label.text() and "no NVML" in strip.live_label.text()
     table = window.seed_table.table
@@ -296,31 +296,40 @@ def test_the_roofline_trail_reuses_its_rendered_symbols(make_window, qtbot):
     assert len(window.plots.roofline.trail_item.scatter.fragmentAtlas) <= size + 1  # (one new colour at most)
 
 
-def test_cpu_peaks_measured_low_follow_the_engine_so_the_plots_and_the_strip_agree(qtbot, tiny_model):
-    """A busy machine measured a low matmul peak at load: the engine raises it to what a step reached,
-    and the strip says the peak the plots draw (never MFU over 100%)."""
-    from dataclasses import replace
-
+def test_a_planted_over_count_shows_above_the_roof_in_the_window_and_the_recording(qtbot, tiny_model, tmp_path,
+                                                                                  monkeypatch):
+    """The window once raised its peaks to follow the engine's ratchet (MBU <= 100% by construction):
+    a step above the measured roof is now drawn past it, said in the chat and the strip, and logged."""
+    from app.recording import Recorder, read_recording
     from app.window import MainWindow
-    low = replace(fake_cpu(), peak_flops={"fp32": 1e3}, measured_flops={"fp32": 1e3},
-                  peak_bandwidth_gbs=1e-6, measured_bandwidth_gbs=1e-6)
-    window = MainWindow(model=tiny_model, hardware=low, settings=Settings(max_new_tokens=8, sampling=GREEDY))
+    from engine import engine as engine_module
+    from engine.hardware.roof import ABOVE_ROOF
+
+    real = engine_module.step_cost
+
+    def over_counted(*args, **kwargs):  # the cost model charges 10^5 x the weights the step reads
+        return dataclasses.replace(real(*args, **kwargs), weight_bytes=10**5 * kwargs["weight_bytes"])
+    monkeypatch.setattr(engine_module, "step_cost", over_counted)
+    recorder = Recorder(tmp_path / "talk.membound")
+    window = MainWindow(model=tiny_model, hardware=fake_cpu(), settings=Settings(max_new_tokens=8, sampling=GREEDY),
+                        recorder=recorder)
     qtbot.addWidget(window)
     with qtbot.waitSignal(window.model_ready, timeout=30_000):
         pass
     send_and_wait(window, qtbot, "hi")
-    mfu = window.data.steps.column("mfu_pct")
-    assert len(mfu) and np.nanmax(mfu) <= 100 + 1e-6
-    peak = window.hardware.peak_flops["fp32"]
-    assert peak > 1e3 and f"fp32 {peak / 1e9:.1f} GFLOP/s (measured)" in window.hardware_strip.compute_label.text()
     gbs_col, peak_bps = window.data.steps.column("gbs"), window.data.steps.column("peak_bps")
-    assert np.nanmax(gbs_col * 1e9 / peak_bps) <= 1 + 1e-6  # the memory plot's data never above its peak line
-    gbs = window.hardware.peak_bandwidth_gbs
-    assert gbs > 1e-6 and f"{gbs:,.1f} GB/s (measured)" in window.hardware_strip.bandwidth_label.text()
-    window.plots.refresh(force=True)  # the plots keep their items (same device) and move their peak lines
-    assert window.plots.memory._peak_lines["measured_bw"].value() == pytest.approx(gbs)
-    assert window.plots.memory.hardware is window.hardware
+    assert np.nanmax(gbs_col * 1e9 / peak_bps) > 1.5  # the memory plot's data drawn past its peak line
+    assert window.hardware == fake_cpu() and np.all(peak_bps == 20e9)  # the peak stays the measured one
+    assert ABOVE_ROOF in window.chat.plain_text()
+    assert window.chat.plain_text().count(ABOVE_ROOF) == 1  # one line, not one a step
+    assert ABOVE_ROOF in window.hardware_strip.notes_label.full_text()
+    window.plots.refresh(force=True)
+    dot_ai, dot_flops = window.plots.roofline.dot_item.getData()
+    assert dot_ai is not None and len(dot_ai) == 1
     window.close()
+    recorder.close()
+    logged = [e for e in read_recording(tmp_path / "talk.membound").entries if e.kind == "above_roof"]
+    assert len(logged) == 1 and ABOVE_ROOF in logged[0].args[1]
 
 
 def test_the_frame_budget_guards_only_an_engine_that_shares_the_cpu(qtbot):

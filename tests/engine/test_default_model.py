@@ -1,5 +1,7 @@
 """The default model (SmolLM2-135M-Instruct, Q4_1 GGUF) against transformers, which reads
 the same GGUF with its own loader: greedy tokens must be identical."""
+import re
+
 import pytest
 import torch
 
@@ -102,3 +104,28 @@ def test_speculation_keeps_the_greedy_tokens(engine, source):
     verifies = [e for e in events if isinstance(e, StepMetrics) and e.phase == "verify"]
     assert tokens == expected and len(tokens) >= 10
     assert sum(v.accepted_tokens for v in verifies) >= len(tokens) // 3  # a copying reply: most guesses land
+
+
+ROLE_LINE = re.compile(r"^\s*(system|user|assistant)\s*$", re.MULTILINE)
+
+
+def test_keep_decoding_replies_are_prose_without_the_template_s_next_turns(engine):
+    """ignore_eos (the app's keep-decoding) runs a reply to its budget; once the model would end its
+    turn it used to write `<|im_end|>` and the template's next turns, role names and all ("Paris.\\n
+    system\\n\\nuser\\nI'm planning…"). Special tokens are masked instead: every reply stays prose,
+    and the conversation holds the real user turns between them."""
+    engine.reset()
+    special = set(engine.tokenizer.eos_ids) | {i for i, added in
+                                               engine.tokenizer.backend.get_added_tokens_decoder().items()
+                                               if added.special}
+    assert {0, 1, 2} <= special  # <|endoftext|>, <|im_start|>, <|im_end|>
+    turns = ("What is the capital of France?", "Go on.")  # the first answer ends after a few tokens
+    for turn in turns:
+        events = list(engine.chat(turn, ignore_eos=True))
+        done = events[-1]
+        tokens = [e.token_id for e in events if isinstance(e, TokenEvent) and e.token_id >= 0]
+        assert done.reason == "max_tokens" and done.n_new_tokens == engine.settings.max_new_tokens
+        assert not set(tokens) & special
+        assert not ROLE_LINE.search(done.text) and "<|" not in done.text, done.text
+    assert [m["role"] for m in engine.messages] == ["user", "assistant"] * 2
+    assert [m["content"] for m in engine.messages[::2]] == list(turns)

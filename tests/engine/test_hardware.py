@@ -3,6 +3,7 @@ driven through a fake pynvml module so its GPU code paths run on a CPU-only mach
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import types
 
@@ -122,10 +123,15 @@ def test_device_spec_is_frozen_plain_data():
 
 
 @pytest.fixture(scope="module")
-def cpu_spec_and_progress():
+def cpu_spec_and_progress(tmp_path_factory):
     hardware._SPEC_CACHE.pop(("cpu", 0, True), None)  # measure here, so progress is reported
     messages: list[str] = []
-    return detect_device("cpu", progress=messages.append), messages
+    saved = os.environ["MEMBOUND_ROOF_CACHE"]
+    os.environ["MEMBOUND_ROOF_CACHE"] = str(tmp_path_factory.mktemp("roof") / "roof.json")  # nothing cached yet
+    try:
+        yield detect_device("cpu", progress=messages.append), messages
+    finally:
+        os.environ["MEMBOUND_ROOF_CACHE"] = saved
 
 
 def test_detect_cpu_measures_the_cpu(cpu_spec_and_progress):
@@ -134,7 +140,7 @@ def test_detect_cpu_measures_the_cpu(cpu_spec_and_progress):
     assert 1 < spec.measured_bandwidth_gbs < 1000
     assert spec.peak_bandwidth_gbs == spec.measured_bandwidth_gbs
     assert spec.spec_bandwidth_gbs is None and not spec.nvml
-    assert "CPU" in spec.source
+    assert "CPU" in spec.source and "C++ streaming read" in spec.source and spec.measured_at
     assert spec.measured_flops["fp32"] > 0 and spec.peak_flops_for("bf16") > 0
     assert spec.ridge_flop_per_byte > 0
     assert any("bandwidth" in message for message in messages)

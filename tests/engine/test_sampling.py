@@ -8,7 +8,7 @@ from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
 from engine.model import sampling
-from engine.model.sampling import probabilities, sample, top_p_filter
+from engine.model.sampling import mask_tokens, probabilities, sample, top_p_filter
 from engine.settings import SamplingParams
 
 
@@ -69,3 +69,15 @@ def test_temperature_and_top_k_come_before_top_p():
     assert torch.equal(sample(logits, greedy), logits.argmax(dim=-1))
     drawn = sample(logits, params, torch.Generator().manual_seed(0))
     assert bool((probabilities(logits, params).gather(-1, drawn[:, None]) > 0).all())
+
+
+def test_masked_tokens_get_no_probability_even_when_they_are_the_most_likely():
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(5))
+    top = logits.argmax(dim=-1).tolist()
+    banned = sorted(set(top) | {0, 1})
+    masked = mask_tokens(logits.clone(), banned)
+    assert not set(sample(masked, SamplingParams(greedy=True, temperature=0.0)).tolist()) & set(banned)
+    for params in (SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=5, top_p=0.9)):
+        assert float(probabilities(masked, params)[:, banned].sum()) == 0.0
+        assert torch.allclose(probabilities(masked, params).sum(dim=-1), torch.ones(3))
+    assert torch.equal(mask_tokens(logits.clone(), ()), logits)  # nothing masked: untouched

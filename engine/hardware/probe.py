@@ -1,0 +1,308 @@
+"""Probing a device's roofs: the benchmarks (moved from engine/hardware/detect.py), and a CPU's roof
+measured once per machine and cached with its date and method (`cpu_roof`).
+
+Read bandwidth by a multi-threaded streaming read in C++ (kernels/cpu_roof.cpp) over several sizes
+of at least 4x the last-level cache, best of N passes, on the threads the decode step uses; the read
+of a buffer that fits that cache beside it; FLOP/s by FMA loops per dtype or PyTorch's GEMM,
+whichever is higher. A new machine (another CPU, core count, thread count, memory or cache) or
+`membound roof --measure` measures again."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from engine.hardware.roof import MeasuredRoof
+from engine.hardware.spec import GB, dtype_name
+
+# ---------------------------------------------------------------------------------------------
+# Benchmarks (the GPU's copy, the CPU's fallback and its GEMM)
+
+_CPU_BANDWIDTH_BYTES = 256 * 2**20  # the fallback probe (no C++ compiler): past most L3s
+_GPU_BANDWIDTH_BYTES = 1 * 2**30  # past the 50-60 MB L2 of current parts
+_CPU_MATMUL_MAX_N = 2048
+_GPU_MATMUL_N = 8192
+_MIN_REPEATS = 3
+
+
+def _best_seconds_per_call(run: Callable[[], Any], device: torch.device, seconds: float,
+                           calls_per_timing: int = 1) -> float:
+    """Best (least) seconds per call of `run` over repeated timings, within about `seconds`.
+
+    Best-of rather than mean: interference only ever slows a run down."""
+    run()  # warm-up: allocator, kernel selection, page faults
+    best_s = math.inf
+    deadline = time.perf_counter() + seconds
+    repeats = 0
+    while repeats < _MIN_REPEATS or time.perf_counter() < deadline:
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(calls_per_timing):
+                run()
+            end.record()
+            end.synchronize()
+            elapsed_s = start.elapsed_time(end) / 1e3
+        else:
+            t0 = time.perf_counter()
+            for _ in range(calls_per_timing):
+                run()
+            elapsed_s = time.perf_counter() - t0
+        best_s = min(best_s, elapsed_s / calls_per_timing)
+        repeats += 1
+    return best_s
+
+
+def measure_bandwidth_gbs(device: str | torch.device = "cpu", seconds: float = 0.5) -> float:
+    """Achieved memory bandwidth, GB/s. CPU: read bandwidth of a sum over 256 MiB of fp32.
+    CUDA: a 1 GiB device-to-device copy, counting bytes read + written."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free_bytes, _ = torch.cuda.mem_get_info(device)
+        n_bytes = min(_GPU_BANDWIDTH_BYTES, free_bytes // 4)
+        src = torch.empty(n_bytes // 4, dtype=torch.float32, device=device)
+        dst = torch.empty_like(src)
+        # Several copies per event pair, so launch gaps don't count against the memory system.
+        best_s = _best_seconds_per_call(lambda: dst.copy_(src), device, seconds, calls_per_timing=10)
+        moved_bytes = 2 * src.nbytes
+        del src, dst
+        torch.cuda.empty_cache()
+    else:
+        data = torch.ones(_CPU_BANDWIDTH_BYTES // 4, dtype=torch.float32)
+        best_s = _best_seconds_per_call(data.sum, device, seconds)
+        moved_bytes = data.nbytes
+        del data
+    return moved_bytes / best_s / GB
+
+
+def measure_matmul_flops(device: str | torch.device = "cpu", dtype: str | torch.dtype = "fp32",
+                         seconds: float = 0.3) -> float:
+    """Achieved FLOP/s of a square matmul (2 n^3 per call): n = 8192 on a GPU; on a CPU n doubles
+    from 256 up to 2048 while a call stays short, so a slow dtype (fp16 on most CPUs) keeps to budget."""
+    device = torch.device(device)
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype_name(dtype))
+    if torch_dtype is None:
+        raise ValueError(f"matmul benchmark: {dtype} is not measured (int8 needs a separate kernel)")
+    if device.type == "cuda":
+        n = _GPU_MATMUL_N
+    else:
+        # fp32/bf16 start at 1024: a smaller product measures call overhead, not arithmetic (under
+        # load a 256 probe read 2.8 GFLOP/s, which put MFU over 100%); slow fp16 starts small
+        n = 1024 if dtype_name(dtype) in ("fp32", "bf16") else 256
+        while n < _CPU_MATMUL_MAX_N:
+            probe = torch.randn(n, n).to(torch_dtype)
+            call_s = _best_seconds_per_call(lambda: probe @ probe, device, seconds=0.0)
+            # Doubling n costs 8x a call; keep a warm-up and three repeats inside the budget.
+            if call_s * 8 * (1 + _MIN_REPEATS) > seconds:
+                break
+            n *= 2
+    a = torch.randn(n, n, device=device).to(torch_dtype)
+    b = torch.randn(n, n, device=device).to(torch_dtype)
+    if device.type == "cuda":
+        # The datasheet fp32 figure is the non-tensor-core rate, so keep TF32 off while measuring.
+        allow_tf32 = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            best_s = _best_seconds_per_call(lambda: a @ b, device, seconds)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    else:
+        best_s = _best_seconds_per_call(lambda: a @ b, device, seconds)
+    del a, b
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return 2 * n**3 / best_s
+
+
+
+def _cpu_model_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _cpu_core_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # the cores this process may use, not the whole host
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _ram_total_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+
+# ---------------------------------------------------------------------------------------------
+# A CPU's roof, measured once per machine and cached
+
+READ_SIZE_FACTORS = (4, 8)  # read buffers of 4x and 8x the last-level cache: no pass of them fits it
+READ_PASSES = 7  # best of N passes a size
+MIN_READ_BYTES = 64 * 2**20
+FALLBACK_LLC_BYTES = 32 * 2**20  # where the cache size cannot be read
+
+
+def cache_file() -> Path:
+    """Where the roofs are kept: MEMBOUND_ROOF_CACHE, else the user's cache dir (membound/roof.json)."""
+    override = os.environ.get("MEMBOUND_ROOF_CACHE")
+    if override:
+        return Path(override)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "membound" / "roof.json"
+
+
+def llc_bytes() -> int:
+    """The last-level cache's size (the largest level sysfs lists for cpu0), else a guess of 32 MiB."""
+    best_level, best_size = -1, 0
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    try:
+        for index in base.glob("index*"):
+            kind = (index / "type").read_text().strip()
+            if kind not in ("Unified", "Data"):
+                continue
+            level = int((index / "level").read_text())
+            text = (index / "size").read_text().strip()
+            size = int(text[:-1]) * {"K": 2**10, "M": 2**20, "G": 2**30}[text[-1]] if text[-1] in "KMG" else int(text)
+            if level > best_level or (level == best_level and size > best_size):
+                best_level, best_size = level, size
+    except (OSError, ValueError, KeyError):
+        best_size = 0
+    if not best_size:
+        try:
+            best_size = os.sysconf("SC_LEVEL3_CACHE_SIZE") or os.sysconf("SC_LEVEL2_CACHE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            best_size = 0
+    return best_size if best_size and best_size > 0 else FALLBACK_LLC_BYTES
+
+
+def machine_fingerprint(threads: int) -> str:
+    """What a roof depends on: the CPU (its model and flags), the cores this process may use, the
+    decode step's threads, the memory installed and the cache size. Any change: measure again."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = next((line for line in cpuinfo if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        flags = platform.processor()
+    parts = (_cpu_model_name(), platform.machine(), hashlib.sha256(flags.encode()).hexdigest()[:12],
+             f"{_cpu_core_count()} cores", f"{threads} threads", f"{(_ram_total_bytes() or 0) >> 20} MiB",
+             f"LLC {llc_bytes() >> 10} KiB")
+    return " | ".join(parts)
+
+
+def _read_cache() -> dict:
+    try:
+        data = json.loads(cache_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_cache(record: MeasuredRoof) -> None:
+    path = cache_file()
+    data = _read_cache()
+    data[record.machine] = record.to_dict()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
+            json.dump(data, tmp, indent=1)
+        os.replace(tmp.name, path)  # never half a file
+    except OSError:
+        pass  # an unwritable cache: measured again next time, nothing lost
+
+
+def cached_cpu_roof(threads: int | None = None) -> MeasuredRoof | None:
+    """This machine's cached roof, or None (never measured here, or the hardware changed)."""
+    threads = threads or _decode_threads()
+    entry = _read_cache().get(machine_fingerprint(threads))
+    if not isinstance(entry, dict):
+        return None
+    try:
+        return MeasuredRoof.from_dict(entry)
+    except TypeError:
+        return None
+
+
+def cpu_roof(remeasure: bool = False, progress: Callable[[str], None] | None = None) -> MeasuredRoof:
+    """This machine's roof: from the cache, or measured now (seconds) and cached."""
+    threads = _decode_threads()
+    if not remeasure:
+        cached = cached_cpu_roof(threads)
+        if cached is not None:
+            return cached
+    record = measure_cpu_roof(threads, progress or (lambda message: None))
+    _write_cache(record)
+    return record
+
+
+def _decode_threads() -> int:
+    # the C++ step runs torch.get_num_threads() threads (engine/model/cpu_step.py)
+    return torch.get_num_threads()
+
+
+def measure_cpu_roof(threads: int, progress: Callable[[str], None]) -> MeasuredRoof:
+    """Probe this CPU now: the C++ read and FMA loops where the library builds, PyTorch's sum and
+    matmul otherwise (the method says which)."""
+    llc = llc_bytes()
+    fingerprint = machine_fingerprint(threads)
+    try:
+        from kernels import cpu_roof as probe
+        probe.load()
+    except Exception as error:  # no compiler, a failed build: PyTorch's probes, said so
+        probe, why = None, str(error).splitlines()[0] if str(error) else type(error).__name__
+    ram = _ram_total_bytes()
+    by_size: dict[str, float] = {}
+    cache_gbs = None
+    flops: dict[str, float] = {}
+    flops_method: dict[str, str] = {}
+    if probe is not None:
+        for factor in READ_SIZE_FACTORS:
+            n_bytes = max(MIN_READ_BYTES, factor * llc)
+            if ram and n_bytes > ram // 8:
+                continue
+            progress(f"measuring CPU read bandwidth ({n_bytes >> 20} MiB, {threads} threads)…")
+            buffer = torch.ones(n_bytes // 4, dtype=torch.float32)
+            by_size[f"{n_bytes >> 20} MiB"] = buffer.nbytes / probe.read_best_s(buffer, READ_PASSES, threads) / GB
+            del buffer
+        progress("measuring CPU last-level cache read…")
+        resident = torch.ones(max(llc // 2, 2**20) // 4, dtype=torch.float32)
+        passes = max(READ_PASSES, int(2**30 // resident.nbytes))  # about a GiB read in all
+        cache_gbs = resident.nbytes / probe.read_best_s(resident, passes, threads) / GB
+        del resident
+        progress("measuring CPU FMA rate…")
+        flops["fp32"], flops_method["fp32"] = probe.fma_flops(threads), "FMA loop"
+        bf16 = probe.bf16_flops(threads)
+        flops["bf16"], flops_method["bf16"] = (bf16, "bf16 dot loop") if bf16 else (flops["fp32"], "FMA loop")
+        method = (f"C++ streaming read (kernels/cpu_roof.cpp, {probe.lanes() * 32}-bit vectors), "
+                  f"best of {READ_PASSES} passes a size")
+    else:
+        progress("measuring CPU memory bandwidth (PyTorch)…")
+        by_size["256 MiB"] = measure_bandwidth_gbs("cpu", seconds=0.5)
+        method = f"PyTorch sum over 256 MiB, best of its repeats (the C++ probe did not build: {why})"
+    for dtype in ("fp32", "bf16"):
+        progress(f"measuring CPU {dtype} matmul…")
+        gemm = measure_matmul_flops("cpu", dtype, seconds=0.2)
+        if gemm > flops.get(dtype, 0.0):
+            flops[dtype], flops_method[dtype] = gemm, "GEMM"
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):
+        load = None
+    return MeasuredRoof(machine=fingerprint, measured_at=time.strftime("%Y-%m-%d %H:%M"), method=method,
+                        threads=threads, llc_bytes=llc, read_gbs=max(by_size.values()),
+                        read_gbs_by_size=by_size, cache_read_gbs=cache_gbs, flops=flops,
+                        flops_method=flops_method, load_average=load)

@@ -1,0 +1,105 @@
+"""The roofs a step is measured against, and the one policy that picks them (`Roof`): plain data,
+torch-free (the GUI process imports it). A CPU's roofs are measured once per machine and cached
+(engine/hardware/probe.py); a GPU's is its datasheet, beside a measured copy. Nothing raises a roof
+from what a step did: a step above its roof is shown as such (`above_roof`)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+from engine.hardware.spec import GB, DeviceSpec, dtype_name
+
+# ---------------------------------------------------------------------------------------------
+# The policy
+
+ABOVE_ROOF = "above the measured roof: the cost model or the probe is wrong"
+ABOVE_ROOF_TOLERANCE = 1.02  # a probe's best-of-N repeats within a few %: beyond this a step is above
+
+
+@dataclass(frozen=True)
+class Roof:
+    """The peaks one device offers a step: memory (DRAM/HBM) bandwidth, and where the machine has a
+    measured last-level cache roof, the bandwidth of reads that fit it; FLOP/s per dtype. Every front
+    end (app, bench, terminal, replay, attach) takes a step's roof from here."""
+    bandwidth_bps: float
+    flops: dict[str, float] = field(default_factory=dict)
+    cache_bandwidth_bps: float | None = None
+    cache_bytes: int | None = None
+
+    @classmethod
+    def of(cls, spec: DeviceSpec) -> "Roof":
+        cache_bps = spec.cache_bandwidth_gbs * GB if spec.cache_bandwidth_gbs else None
+        return cls(spec.peak_bandwidth_gbs * GB, dict(spec.peak_flops), cache_bps, spec.cache_bytes)
+
+    def level_for(self, step_bytes: float) -> str:
+        """'cache' when the step's bytes fit the last-level cache and it has a measured roof (a step
+        that reads the same weights every time then streams them from the cache), else 'memory'."""
+        if self.cache_bandwidth_bps and self.cache_bytes and 0 < step_bytes <= self.cache_bytes:
+            return "cache"
+        return "memory"
+
+    def bandwidth_for(self, step_bytes: float) -> float:
+        """Bytes/s of the roof a step moving `step_bytes` sits under."""
+        return self.cache_bandwidth_bps if self.level_for(step_bytes) == "cache" else self.bandwidth_bps
+
+    def flops_for(self, dtype) -> float:
+        """Peak FLOP/s for a dtype (fp16 <-> bf16, then fp32 stand in); nan when nothing is known."""
+        name = dtype_name(dtype)
+        for candidate in {"fp32": ("fp32",), "bf16": ("bf16", "fp16", "fp32"), "fp16": ("fp16", "bf16", "fp32"),
+                          "int8": ("int8", "bf16", "fp16", "fp32")}[name]:
+            if candidate in self.flops:
+                return self.flops[candidate]
+        return float("nan")
+
+
+def above_roof(mbu: float, mfu: float) -> bool:
+    """A step whose bytes or FLOPs at its measured time beat the roof (beyond the probe's noise)."""
+    return any(x == x and x > ABOVE_ROOF_TOLERANCE for x in (mbu, mfu))
+
+
+def roof_line(spec: DeviceSpec) -> str:
+    """One line naming the roof every figure is measured against (the bench prints it)."""
+    if spec.kind == "cpu":
+        if not spec.measured_bandwidth_gbs:
+            return "peak: not measured"
+        cache = f", last-level cache read {spec.cache_bandwidth_gbs:.1f} GB/s" if spec.cache_bandwidth_gbs else ""
+        when = f", measured {spec.measured_at}" if spec.measured_at else ""
+        return (f"peak: the measured roof, read {spec.peak_bandwidth_gbs:.1f} GB/s{cache}{when} "
+                f"({spec.source.removeprefix('CPU — ')}; `membound roof`)")
+    measured = f", measured copy {spec.measured_bandwidth_gbs:.0f} GB/s" if spec.measured_bandwidth_gbs else ""
+    return f"peak: {spec.peak_bandwidth_gbs:.0f} GB/s ({spec.source}){measured}"
+
+
+# ---------------------------------------------------------------------------------------------
+# A machine's measured roof, as cached
+
+@dataclass(frozen=True)
+class MeasuredRoof:
+    """One machine's probed roofs, as cached (plain data, JSON)."""
+    machine: str  # the fingerprint it was measured on (CPU, cores, threads, memory)
+    measured_at: str  # local date and time, "2025-01-31 14:05"
+    method: str  # how, in words
+    threads: int
+    llc_bytes: int
+    read_gbs: float  # the memory roof: best over the sizes
+    read_gbs_by_size: dict[str, float]  # "256 MiB" -> best pass
+    cache_read_gbs: float | None  # a buffer of half the last-level cache, read again and again
+    flops: dict[str, float]  # dtype -> FLOP/s
+    flops_method: dict[str, str]  # dtype -> "FMA loop" | "bf16 dot loop" | "GEMM"
+    load_average: float | None = None  # the 1-minute load when measured (a busy machine reads low)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "MeasuredRoof":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def describe(self) -> str:
+        sizes = ", ".join(f"{size} {gbs:.1f}" for size, gbs in self.read_gbs_by_size.items())
+        flops = ", ".join(f"{dtype} {value / 1e12:.3f} TFLOP/s ({self.flops_method.get(dtype, '?')})"
+                          for dtype, value in self.flops.items())
+        cache = f"; last-level cache ({self.llc_bytes / 2**20:.0f} MiB) read {self.cache_read_gbs:.1f} GB/s" \
+            if self.cache_read_gbs else ""
+        return (f"read {self.read_gbs:.1f} GB/s ({sizes} GB/s){cache}; {flops}; {self.threads} threads; "
+                f"measured {self.measured_at} by {self.method}")

@@ -1,0 +1,67 @@
+"""The CPU's roofs probed in C++ (kernels/cpu_roof.cpp): a multi-threaded streaming read and FMA
+loops, built once per machine like the decode step (kernels/cpu_decode.py's build) and loaded with
+ctypes. Each call returns the best of its passes; engine/hardware/roof.py decides what to probe."""
+from __future__ import annotations
+
+import ctypes
+import threading
+from pathlib import Path
+
+from kernels.cpu_decode import FLAGS, BuildError, _build  # noqa: F401  (BuildError: the callers' to catch)
+
+SOURCE = Path(__file__).with_name("cpu_roof.cpp")
+_LANES_X_CHAINS = 16 * 8  # floats a read block holds at the widest width (AVX-512); any width divides it
+CHAINS = 8  # the C++ loops' independent accumulators
+
+_lib: ctypes.CDLL | None = None
+_lock = threading.Lock()
+
+
+def load() -> ctypes.CDLL:
+    global _lib
+    with _lock:
+        if _lib is None:
+            import torch  # noqa: F401  (first: its OpenMP runtime is the one the library binds to)
+            lib = ctypes.CDLL(str(_build(FLAGS, SOURCE)))
+            for name in ("membound_read_best_s", "membound_fma_best_s", "membound_bf16_best_s"):
+                getattr(lib, name).restype = ctypes.c_double
+            lib.membound_read_best_s.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                                 ctypes.POINTER(ctypes.c_float)]
+            for name in ("membound_fma_best_s", "membound_bf16_best_s"):
+                getattr(lib, name).argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                               ctypes.POINTER(ctypes.c_float)]
+            lib.membound_bf16_flops_per_iter.restype = ctypes.c_int64
+            lib.membound_roof_lanes.restype = ctypes.c_int64
+            _lib = lib
+        return _lib
+
+
+def lanes() -> int:
+    """fp32 lanes of the vector width the library was built for (16 AVX-512, 8 AVX2, 4 NEON/SSE)."""
+    return int(load().membound_roof_lanes())
+
+
+def read_best_s(buffer, repeats: int, threads: int) -> float:
+    """Best seconds of one pass reading `buffer` (a float32 CPU tensor, 64-byte aligned, its length a
+    multiple of 128) with `threads` threads, over `repeats` passes after a first one."""
+    n = buffer.numel() - buffer.numel() % _LANES_X_CHAINS
+    sink = ctypes.c_float()
+    return load().membound_read_best_s(buffer.data_ptr(), n, repeats, threads, ctypes.byref(sink))
+
+
+def fma_flops(threads: int, iters: int = 2_000_000, repeats: int = 5) -> float:
+    """FLOP/s of independent fp32 vector FMAs on `threads` threads (2 FLOPs each multiply-add)."""
+    sink = ctypes.c_float()
+    best_s = load().membound_fma_best_s(iters, repeats, threads, ctypes.byref(sink))
+    return 2 * lanes() * CHAINS * iters * threads / best_s
+
+
+def bf16_flops(threads: int, iters: int = 2_000_000, repeats: int = 5) -> float | None:
+    """FLOP/s of bf16 dot-product instructions (AVX-512 BF16), None where the machine has none."""
+    lib = load()
+    per_iter = lib.membound_bf16_flops_per_iter()
+    if per_iter <= 0:
+        return None
+    sink = ctypes.c_float()
+    best_s = lib.membound_bf16_best_s(iters, repeats, threads, ctypes.byref(sink))
+    return per_iter * iters * threads / best_s if best_s > 0 else None

@@ -1,0 +1,101 @@
+"""engine/hardware/roof.py, engine/hardware/probe.py and kernels/cpu_roof.cpp: the CPU's roofs probed in C++, cached once per
+machine with their date and method, measured again on demand or on other hardware; the one `Roof`
+policy every front end takes a step's peak from."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from engine.hardware import probe as roofs
+from engine.hardware.probe import cpu_roof
+from engine.hardware.roof import MeasuredRoof, Roof, above_roof
+from engine.hardware.spec import DeviceSpec
+from kernels import cpu_roof as probe
+
+
+@pytest.fixture
+def roof_cache(tmp_path, monkeypatch):
+    path = tmp_path / "roof.json"
+    monkeypatch.setenv("MEMBOUND_ROOF_CACHE", str(path))
+    return path
+
+
+def fake_record(machine: str, read_gbs: float = 12.0) -> MeasuredRoof:
+    return MeasuredRoof(machine=machine, measured_at="2025-01-31 14:05", method="a test", threads=2,
+                        llc_bytes=32 << 20, read_gbs=read_gbs, read_gbs_by_size={"128 MiB": read_gbs},
+                        cache_read_gbs=100.0, flops={"fp32": 1e11}, flops_method={"fp32": "FMA loop"})
+
+
+def test_the_roof_is_measured_once_and_read_from_the_cache_after(roof_cache, monkeypatch):
+    calls = []
+    monkeypatch.setattr(roofs, "measure_cpu_roof", lambda threads, progress: calls.append(threads) or
+                        fake_record(roofs.machine_fingerprint(threads)))
+    first = cpu_roof()
+    assert calls == [torch.get_num_threads()] and roof_cache.exists()
+    assert cpu_roof() == first and len(calls) == 1  # cached: the same figures, no probe
+    data = json.loads(roof_cache.read_text())
+    assert data[first.machine]["measured_at"] == "2025-01-31 14:05" and data[first.machine]["method"] == "a test"
+    cpu_roof(remeasure=True)  # on demand (membound roof --measure)
+    assert len(calls) == 2
+
+
+def test_other_hardware_measures_again(roof_cache, monkeypatch):
+    measured = []
+    monkeypatch.setattr(roofs, "measure_cpu_roof", lambda threads, progress: measured.append(1) or
+                        fake_record(roofs.machine_fingerprint(threads)))
+    cpu_roof()
+    monkeypatch.setattr(roofs, "llc_bytes", lambda: 260 << 20)  # another CPU: its fingerprint differs
+    cpu_roof()
+    assert len(measured) == 2 and len(json.loads(roof_cache.read_text())) == 2
+
+
+def test_a_corrupt_cache_is_measured_over(roof_cache, monkeypatch):
+    roof_cache.write_text("{not json")
+    monkeypatch.setattr(roofs, "measure_cpu_roof", lambda threads, progress: fake_record(
+        roofs.machine_fingerprint(threads), 9.0))
+    assert cpu_roof().read_gbs == 9.0 and json.loads(roof_cache.read_text())
+
+
+def test_the_cpp_read_probe_reads_every_byte_and_the_cache_faster_than_memory():
+    threads = 1  # one thread: on a busy shared machine a second one's barrier waits swamp a short pass
+    big = torch.ones(4 * roofs.llc_bytes() // 4)
+    small = torch.ones(roofs.llc_bytes() // 8)
+    memory_s = probe.read_best_s(big, 3, threads)
+    cache_s = probe.read_best_s(small, 50, threads)
+    assert memory_s > 0 and cache_s > 0
+    assert small.nbytes / cache_s > big.nbytes / memory_s  # a read that fits the cache streams faster
+
+
+def test_the_fma_probe_counts_its_flops():
+    threads = torch.get_num_threads()
+    rate = probe.fma_flops(threads, iters=200_000, repeats=3)
+    assert 1e8 < rate < 1e13  # a 2-core VM to a big server, per the 2 * lanes * chains * iters count
+
+
+def test_the_roof_chooses_the_cache_roof_only_for_a_step_that_fits_it():
+    spec = DeviceSpec(name="cpu", kind="cpu", peak_bandwidth_gbs=20.0, peak_flops={"fp32": 1e11},
+                      cache_bandwidth_gbs=200.0, cache_bytes=32 << 20)
+    roof = Roof.of(spec)
+    assert roof.level_for(10 << 20) == "cache" and roof.bandwidth_for(10 << 20) == 200e9
+    assert roof.level_for(540e6) == "memory" and roof.bandwidth_for(540e6) == 20e9
+    plain = Roof.of(DeviceSpec(name="cpu", kind="cpu", peak_bandwidth_gbs=20.0))
+    assert plain.level_for(1) == "memory" and plain.flops_for("bf16") != plain.flops_for("bf16")  # nan: unknown
+    assert roof.flops_for("bf16") == 1e11  # fp32 stands in
+
+
+def test_above_the_roof_beyond_the_probes_noise():
+    assert not above_roof(1.0, 0.5) and not above_roof(1.01, float("nan"))
+    assert above_roof(1.10, 0.2) and above_roof(0.5, 2.77)
+
+
+def test_membound_roof_prints_the_cached_roof_and_measures_on_demand(roof_cache, monkeypatch, capsys):
+    from engine.cli import main
+    measured = []
+    monkeypatch.setattr(roofs, "measure_cpu_roof", lambda threads, progress: measured.append(1) or
+                        fake_record(roofs.machine_fingerprint(threads)))
+    assert main(["roof"]) == 0 and main(["roof"]) == 0 and len(measured) == 1
+    out = capsys.readouterr().out
+    assert "read 12.0 GB/s" in out and "measured 2025-01-31 14:05 by a test" in out and str(roof_cache) in out
+    assert main(["roof", "--measure"]) == 0 and len(measured) == 2
