@@ -115,11 +115,14 @@ def profile_batch_step(model, hardware, dtype: str, batch_size: int, prompt_ids:
     time per step, the biggest first, beside the step's wall time and its bytes at the peak."""
     import torch
 
-    per_seq = -(-(len(prompt_ids) + steps + 2) // BLOCK_SIZE)
+    token_budget = max(512, batch_size)
+    # the first requests decode while the last prompts go in: enough tokens that none ends before the profile does
+    decode_tokens = steps + 2 + -(-batch_size * len(prompt_ids) // token_budget)
+    per_seq = -(-(len(prompt_ids) + decode_tokens) // BLOCK_SIZE)
     runner = _runner(model, hardware, dtype, batch_size * per_seq, max_batch_size=batch_size,
-                     token_budget=max(512, batch_size), attention=attention)
+                     token_budget=token_budget, attention=attention)
     for i in range(batch_size):
-        runner.scheduler.add_request(_request(i, prompt_ids, steps + 2))
+        runner.scheduler.add_request(_request(i, prompt_ids, decode_tokens))
     while True:  # until every prompt is in and a step of the whole batch has run (warm)
         _, _, m = runner.step()
         if m.phase == "decode" and m.batch_size == batch_size:

@@ -190,3 +190,14 @@ def test_cli_sweep_batch_on_the_default_model_with_its_default_prompt(capsys, tm
 def test_cli_sweep_batch_says_why_no_step_ran_the_whole_batch(capsys):
     code, _, err = run_cli(capsys, "bench", "--sweep", "batch", "--batch-sizes", "8", "--decode-tokens", "2")
     assert_one_line_error(code, err, "batch of 8", "steps to go in", "--decode-tokens >")
+
+
+def test_a_batched_step_is_profiled_with_the_whole_batch_decoding(model):
+    """4 prompts of 150 tokens take two steps to go in (512 tokens a step): the first requests decode
+    meanwhile, and must not end before the profiled steps do."""
+    from engine.bench.batch import format_batch_profile, profile_batch_step
+    found = profile_batch_step(model, fake_cpu(), "fp32", 4, list(range(1, 151)), steps=3)
+    assert found["batch_size"] == 4 and found["steps"] == 3 and found["step_ms"] > 0
+    assert 0 < found["roofline_ms"] and found["operators_per_step"] > 10
+    assert found["top"] and all(t["ms"] >= 0 and t["calls"] >= 1 for t in found["top"])
+    assert "batch 4:" in format_batch_profile([found])
