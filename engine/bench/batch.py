@@ -133,23 +133,25 @@ def profile_batch_step(model, hardware, dtype: str, batch_size: int, prompt_ids:
             metrics.append(runner.step()[2])
     if any(m.phase != "decode" or m.batch_size != batch_size for m in metrics):
         raise RuntimeError("a profiled step did not run the whole batch")
-    ops = sorted((e for e in prof.key_averages() if e.key.startswith(("aten::", "mkldnn::", "quantized::"))),
-                 key=lambda e: e.self_cpu_time_total, reverse=True)
+    ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     step_ms = 1e3 * sum(m.step_s for m in metrics) / steps
     return {"batch_size": batch_size, "step_ms": step_ms, "steps": steps,
             "bytes_at_peak_ms": 1e3 * sum(m.floor_s for m in metrics) / steps,
             "roofline_ms": 1e3 * sum(m.tokens_out / m.predicted_ceiling_tokens_per_s for m in metrics) / steps,
             "operators_per_step": sum(e.count for e in ops) // steps,
+            "operators_ms": sum(e.self_cpu_time_total for e in ops) / 1e3 / steps,
             "top": [{"operator": e.key, "ms": e.self_cpu_time_total / 1e3 / steps, "calls": e.count // steps}
                     for e in ops[:PROFILE_TOP]]}
 
 
 def format_batch_profile(found: list[dict]) -> str:
-    lines = ["profile: a decode step of the whole batch under torch.profiler (each operator's own CPU time "
-             "per step, thread-summed; the step's wall time beside what the roofline allows)"]
+    lines = ["profile: decode steps of the whole batch under torch.profiler: each step's wall time beside what "
+             "the roofline allows, its operators' own time (on the calling thread; the rest is Python between "
+             "them) and the biggest operators"]
     for f in found:
         lines.append(f"  batch {f['batch_size']}: {f['step_ms']:,.1f} ms a step (roofline {f['roofline_ms']:,.1f} ms, "
-                     f"bytes at peak {f['bytes_at_peak_ms']:,.1f} ms), {f['operators_per_step']} operators: "
+                     f"bytes at peak {f['bytes_at_peak_ms']:,.1f} ms), {f['operators_per_step']} operators "
+                     f"{f['operators_ms']:,.1f} ms: "
                      + ", ".join(f"{t['operator']} {t['ms']:,.1f} ms x{t['calls']}" for t in f["top"]))
     return "\n".join(lines)
 

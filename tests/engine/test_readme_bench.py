@@ -13,8 +13,8 @@ from tests.engine.test_cli import assert_one_line_error, run_cli
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 # appended to every command (argparse keeps the last value): small token counts, each run a few seconds
-SMALL = ("--prompt-tokens", "16", "--decode-tokens", "4", "--repeats", "1", "--eval-tokens", "64",
-         "--requests", "8", "--prompts", "1", "--contexts", "32,64", "--draft-lengths", "2", "--batch-sizes", "1,8",
+SMALL = ("--prompt-tokens", "16", "--decode-tokens", "4", "--repeats", "1", "--eval-tokens", "32",
+         "--requests", "8", "--prompts", "1", "--contexts", "32", "--draft-lengths", "2", "--batch-sizes", "1,8",
          "--max-context", "512")
 # what a flag's output must show, whatever else the command asks for
 PRINTS = {"--compare llamacpp": ("llama-bench",), "--sweep batch": ("aggregate tok/s", "of the roofline"),
