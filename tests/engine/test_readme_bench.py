@@ -18,7 +18,7 @@ SMALL = ("--prompt-tokens", "16", "--decode-tokens", "4", "--repeats", "1", "--e
          "--max-context", "512")
 # what a flag's output must show, whatever else the command asks for
 PRINTS = {"--compare llamacpp": ("llama-bench",), "--sweep batch": ("aggregate tok/s", "of the roofline"),
-          "--compare hf": ("transformers",), "--profile": ("PyTorch's step instead",)}
+          "--compare hf": ("transformers",), "--profile": ("operators",)}
 
 
 def readme_bench_commands() -> list[list[str]]:
