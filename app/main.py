@@ -7,6 +7,9 @@ from __future__ import annotations
 import os
 import sys
 
+from app.launcher import NO_DISPLAY, no_display, terminal_instead
+from engine.options import passive_openmp_waits
+
 # With --engine-thread the engine's OpenMP threads share the app's process with the GUI thread.
 # Spinning OpenMP threads (the default) stall at every barrier while a core runs something else: on
 # a 2-core machine the default model decoded at 0.8 tok/s in the app and 17 tok/s with passive
@@ -14,7 +17,7 @@ import sys
 # before the window (and so the engine) is imported; a user's setting wins. The engine's own
 # process (the default) keeps OpenMP's default, as the headless CLI does.
 if "--engine-thread" in sys.argv:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    passive_openmp_waits()
 
 DEFAULT_PROMPT = ("In a few sentences: why is generating text one token at a time limited by memory "
                   "bandwidth rather than by compute?")
@@ -73,20 +76,10 @@ def main(args=None, *, model="default", device: str = "auto", hardware=None, set
         except TourError as error:
             print(f"membound: error: {error}", file=sys.stderr)
             return 2
-    if screenshot and not os.environ.get("QT_QPA_PLATFORM") and not (
-            os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) and sys.platform.startswith("linux"):
+    if no_display():
+        if not screenshot:  # Qt would abort ("could not connect to display"): say so, chat in the terminal
+            return terminal_instead(args, NO_DISPLAY)
         os.environ["QT_QPA_PLATFORM"] = "offscreen"  # a screenshot needs no screen
-    if not screenshot and not os.environ.get("QT_QPA_PLATFORM") and not (
-            os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) and sys.platform.startswith("linux"):
-        # Qt would abort ("could not connect to display"): say so and chat in the terminal instead
-        if getattr(args, "command", None) == "attach":
-            print("membound: error: no display here (DISPLAY is not set): `membound attach URL --headless` "
-                  "scrapes the server in the terminal", file=sys.stderr)
-            return 2
-        print("membound: no display here (DISPLAY is not set): starting the terminal chat; "
-              "`membound --screenshot FILE` draws the app offscreen", file=sys.stderr)
-        from engine.cli import main as engine_main
-        return engine_main(["chat"])
     if pyside_drops_none_references():
         import PySide6
 
@@ -143,12 +136,9 @@ def run_replay(args) -> int:
 
     path = DEFAULT_RECORDING if args.file == "default" else args.file
     shot, export = getattr(args, "replay_screenshot", None) or getattr(args, "screenshot", None), args.export
-    if not os.environ.get("QT_QPA_PLATFORM") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) \
-            and sys.platform.startswith("linux"):
+    if no_display():
         if not (shot or export):
-            print("membound: error: no display here (DISPLAY is not set): `membound replay FILE --export DIR` "
-                  "writes the plots and a report instead", file=sys.stderr)
-            return 2
+            return terminal_instead(args, NO_DISPLAY)
         os.environ["QT_QPA_PLATFORM"] = "offscreen"
     from app.i18n import language
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.connection
-import os
 import pickle
 import queue
 import signal
@@ -23,6 +22,7 @@ from dataclasses import replace
 
 from PySide6.QtCore import QThread, Signal
 
+from engine.options import EngineOptions, openmp_wait_policy
 from engine.protocol import Apply, Load, Query, Quit, Stop, engine_process_main
 
 PROCESS_EXIT_WAIT_S = 5.0  # after Quit, how long the engine process may take before it is ended
@@ -210,15 +210,8 @@ class EngineWorker(QThread):
         process = context.Process(target=engine_process_main, args=(theirs,), name="membound-engine", daemon=True)
         # The child inherits this environment; MEMBOUND_ENGINE_OMP_WAIT_POLICY sets the engine's
         # OpenMP waiting alone (the app's own process does no torch work), for measuring both.
-        policy = os.environ.get("MEMBOUND_ENGINE_OMP_WAIT_POLICY")
-        saved = os.environ.get("OMP_WAIT_POLICY")
-        if policy:
-            os.environ["OMP_WAIT_POLICY"] = policy
-        try:
+        with openmp_wait_policy(EngineOptions.from_environ().engine_omp_wait_policy):
             process.start()
-        finally:
-            if policy:
-                os.environ.pop("OMP_WAIT_POLICY", None) if saved is None else os.environ.update(OMP_WAIT_POLICY=saved)
         theirs.close()
         self._process = process
         with self._send_lock:

@@ -15,9 +15,11 @@ USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, P
 def _cpu_step_note(engine) -> None:
     """On a CPU, one line when the C++ decode step could not be built (the reason); nothing otherwise."""
     if engine.device == "cpu":
-        from engine.model.cpu_step import fallback_line
-        if line := fallback_line():
+        from engine.model.cpu_step import fallback_line, model_refusal
+        if line := fallback_line(engine.context):
             print(line, file=sys.stderr)
+        elif why := model_refusal(engine.cfg):  # Gemma's and Phi's layers
+            print(f"membound: {why}", file=sys.stderr)
 
 
 def _progress_printer(stream=sys.stderr):
@@ -89,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     chat = sub.add_parser("chat", help="chat in the terminal")
     add_model_args(chat)
     chat.add_argument("--prompt", dest="chat_prompt", help="answer this once and exit")
+    chat.add_argument("--raw", action="store_true",
+                      help="complete each prompt exactly as written: no chat template, no conversation, BOS as "
+                           "the model file says (for base models)")
     chat.add_argument("--greedy", action="store_true", help="always take the most likely token")
     chat.add_argument("--max-tokens", type=int, default=256)
     chat.add_argument("--temperature", type=float, default=0.7)
@@ -216,6 +221,8 @@ def run_app(args) -> int:
 
 
 def run_chat(args) -> int:
+    from engine.io.check import check_model
+    check_model(args.model)  # header and architecture first: a bad file is refused before torch is imported
     from engine.engine import Engine
     from engine.events import DoneEvent, SettingsApplied, TokenEvent
     from engine.hardware.spec import describe
@@ -238,10 +245,17 @@ def run_chat(args) -> int:
                     progress=progress, settings=settings)
     print(f"membound · {engine.loaded.label} · {engine.settings.label} · {describe(engine.hardware)}", file=sys.stderr)
     _cpu_step_note(engine)
+    note = getattr(engine.tokenizer, "template_note", "")
+    if args.raw:
+        bos = getattr(engine.tokenizer, "add_bos", False) and getattr(engine.tokenizer, "bos_id", None) is not None
+        print(f"membound: raw completion: each prompt continued exactly as written, "
+              f"{'BOS first' if bos else 'no BOS'} (as the model file says)", file=sys.stderr)
+    elif note:
+        print(f"membound: {note}", file=sys.stderr)
 
     def turn(text: str) -> None:
         metrics = []
-        for event in engine.chat(text):
+        for event in (engine.complete(text) if args.raw else engine.chat(text)):
             if isinstance(event, TokenEvent):
                 print(event.text, end="", flush=True)
             elif isinstance(event, DoneEvent):

@@ -5,6 +5,11 @@ runs eager. A capture that fails, or that Inductor runs without a graph, switche
 this engine with the reason kept (`GraphDecoder.unavailable`), so the figures can say which path
 ran; so does a failed check at load (engine/kernel_checks.py, kernels/registry.py).
 
+One compile per model and cache buffer, whatever the context length: the step takes the position as
+a tensor and attention reads the live keys of the whole buffer (engine/model/attention.py,
+decode_attention), so a reply that grows past any length compiles nothing (engine/kernel_checks.py
+compiles the engine's step at load). `compiles` counts the torch.compile graphs made in its calls.
+
 On a CPU the same step can be compiled (torch.compile, Inductor's C++), but it measured no faster
 than eager on the default model at batch 1, so only the overhead sweep asks for it
 (`cpu_compile=True`); the engine's CPU decode runs eagerly and says why (CPU_CAPTURE_REFUSAL)."""
@@ -14,11 +19,12 @@ import time
 
 import torch
 
+from engine.context import default_context
 from engine.dispatch import record
+from engine.model.attention import captured_attention_path, captured_reads_whole_buffer
 from engine.model.transformer import Transformer
-from kernels import registry as kernel_registry
+from kernels.registry import KernelSwitches
 
-GRAPH_BUCKET = 1024  # attention in a captured step reads a multiple of this many positions
 # torch's CUDA graph trees run a new graph's first call as a warm-up and record it on the second;
 # replays start at the third. Those calls compile and capture: bench warm-ups must make them.
 CAPTURE_CALLS = 2
@@ -30,44 +36,58 @@ CPU_CAPTURE_REFUSAL = ("on a CPU a compiled decode step measured no faster than 
 
 
 class GraphDecoder:
-    def __init__(self, device: str, cpu_compile: bool = False):
+    def __init__(self, device: str, cpu_compile: bool = False, kernels: KernelSwitches | None = None):
+        """`kernels`: the engine's switches (engine/context.py): "graphs" off there, no capture here."""
         self.device = device
         self.cuda = device.startswith("cuda")
         self._steps: dict[int, object] = {}  # id(model) -> its compiled step, all for the cache below
         self._cache_id: int | None = None
-        self._calls: dict[tuple[int, int], int] = {}  # (id(model), kv_len) -> calls so far
+        self._calls: dict[int, int] = {}  # id(model) -> calls of its compiled step so far
         self.kind = "CUDA graph" if self.cuda else "compiled step" if cpu_compile else ""  # what a capture is here
         # why graphs do not run ("" while they can)
-        self.unavailable = kernel_registry.reason("graphs") if self.cuda else "" if cpu_compile else NOT_ON_GPU
+        self.unavailable = (kernels.reason("graphs") if kernels is not None else "") if self.cuda else \
+            "" if cpu_compile else NOT_ON_GPU
         self.replays = 0  # decode steps that ran through the compiled step (capture calls included)
-        self.captures = 0  # graphs compiled and captured (one per model and kv_len bucket)
+        self.captures = 0  # steps compiled and captured (one per model and cache buffer)
         self.capture_s = 0.0  # seconds of the calls that compiled and captured them
+        self.compiles = 0  # torch.compile graphs made inside decode() (a recompile would count here)
 
     @property
     def refusal(self) -> str:
         """Why a front end cannot turn capture on here, in full ("" when it can)."""
         return CPU_CAPTURE_REFUSAL if self.unavailable == NOT_ON_GPU else self.unavailable
 
-    def bucket(self, enabled: bool, start: int, max_len: int) -> int | None:
-        """Positions the captured step's attention reads for a token at `start`, or None: eager."""
-        if not enabled or self.unavailable:
-            return None
-        bucket = -(-(start + 1) // GRAPH_BUCKET) * GRAPH_BUCKET
-        return min(bucket, max_len)
+    def active(self, enabled: bool) -> bool:
+        """Whether a decode step asked to be captured (`enabled`) takes the compiled step."""
+        return enabled and not self.unavailable
 
-    def decode(self, model: Transformer, cache, tokens: torch.Tensor, start: int, kv_len: int,
-               attention: str) -> torch.Tensor:
+    def kv_read_tokens(self, model: Transformer, start: int, max_len: int, attention: str) -> int | None:
+        """Cache positions the captured step's attention reads for a token at `start`, for the cost
+        model: None for the live context alone (as eager), or the whole buffer's `max_len` (where any
+        layer's attention is one the kernel does not take)."""
+        flash_on = (model.context or default_context()).kernels.enabled("flash")  # its engine's switch
+        whole = any(captured_reads_whole_buffer(self.cuda, attention, flash_on=flash_on, **layer.attend_options)
+                    for layer in model.layers)
+        return max_len if whole else None
+
+    def decode(self, model: Transformer, cache, tokens: torch.Tensor, start: int, attention: str) -> torch.Tensor:
         """Logits for one token at `start`; writes its K/V into `cache` in place. Any failure falls
         back to eager for good (a compiler problem must not end the conversation)."""
         try:
             step = self._step_for(model, cache)
-            key = (id(model), kv_len)
+            key = id(model)
             calls = self._calls.get(key, 0)
             skips_before = _cudagraph_skips()
+            graphs_before = _dynamo_graphs()
             t0 = time.perf_counter()
             pos = torch.tensor([start], dtype=torch.long, device=tokens.device)
-            logits = step(tokens, pos, cache, kv_len, attention).clone()
-            if calls < CAPTURE_CALLS:
+            # the compiled step guards on its inputs' strides: a token sliced from a longer row
+            # (stride 5, say) would compile it again
+            tokens = tokens.clone(memory_format=torch.contiguous_format)
+            logits = step(tokens, pos, cache, attention).clone()
+            compiled = _dynamo_graphs() - graphs_before
+            self.compiles += compiled
+            if calls < CAPTURE_CALLS or compiled:
                 if _cudagraph_skips() != skips_before:  # compiled, but Inductor left the graph out
                     raise RuntimeError("Inductor skipped the CUDA graph (TORCH_LOGS=perf_hints says why)")
                 if self.cuda:
@@ -79,9 +99,12 @@ class GraphDecoder:
             self.replays += 1
             if self.cuda:
                 record("decode step", "cuda graph" if calls >= CAPTURE_CALLS else "compiled, capturing the cuda graph")
-                record("attention decode", "torch SDPA (in the CUDA graph)", model.cfg.n_layers)  # per layer
             else:
                 record("decode step", "compiled step (Inductor C++)")
+            flash_on = (model.context or default_context()).kernels.enabled("flash")
+            for layer in model.layers:
+                record("attention decode", captured_attention_path(self.cuda, attention, flash_on=flash_on,
+                                                                   **layer.attend_options))
             return logits
         except Exception as error:
             self.unavailable = f"capture failed: {type(error).__name__}: {str(error).strip().splitlines()[0][:200]}" \
@@ -111,6 +134,15 @@ class GraphDecoder:
             step = torch.compile(model.forward_decode_static, mode=mode, fullgraph=True, dynamic=False)
             self._steps[id(model)] = step
         return step
+
+
+def _dynamo_graphs() -> int:
+    """Graphs torch.compile has made in this process (a compile, or a recompile, adds one)."""
+    try:
+        from torch._dynamo.utils import counters
+        return int(counters["stats"]["unique_graphs"])
+    except Exception:
+        return 0
 
 
 def _cudagraph_skips() -> int:

@@ -30,11 +30,12 @@ import queue
 import threading
 import time
 from dataclasses import replace
+from types import MappingProxyType
 from typing import Callable
 
+from engine.context import EngineContext
 from engine.engine import Engine
 from engine.events import DoneEvent, SettingsApplied, SettingsRefused
-from engine.faults import inject
 from engine.kernel_checks import check_kernels
 from engine.metrics import StepMetrics
 from engine.protocol import (
@@ -63,6 +64,9 @@ KV_SNAPSHOT_INTERVAL_S = 0.15  # the KV panel needs a few pictures a second, not
 IDLE_WAIT_S = 0.02  # background work with nothing to run (users thinking, weights being made): look again
 
 _WAKE = object()  # a queued no-op: wakes the loop to look at the engine's settings again
+IMMEDIATE = (Apply, Stop, Query)  # commands that do not queue: they reach the engine at once
+# how a failed command is named in `failed(what, message)` (any other: "engine")
+FAILED_AS = MappingProxyType({Load: "load", Chat: "reply", MeasureQuality: "quality", Reset: "reset"})
 
 
 class Cancelled(BaseException):
@@ -73,8 +77,12 @@ class EngineHost:
     """Owns one `Engine` at a time. `run(commands)` executes queued commands until `Quit`;
     `request`, `stop`, `query` and `quit` may be called from any thread."""
 
-    def __init__(self, emit: Callable[..., None]):
+    def __init__(self, emit: Callable[..., None], context: EngineContext | None = None):
         self.emit = emit
+        # the engines it runs in turn share it: the device is measured and each kernel checked once,
+        # and the faults a test injects count across them (engine/context.py)
+        self.context = context if context is not None else EngineContext()
+        self.faults = self.context.faults
         self.engine: Engine | None = None
         self.quitting = False
         self._commands: "queue.Queue | None" = None  # run()'s queue
@@ -87,7 +95,7 @@ class EngineHost:
         and the engine's settings stay as they were."""
         engine = self.engine
         try:
-            inject("apply")
+            self.faults.inject("apply")
             if engine is None:
                 raise EngineError("no model is loaded yet")
             new = command.settings if command.settings is not None else \
@@ -158,7 +166,7 @@ class EngineHost:
         """Pending settings, then one serving step; events leave in batches like a reply's.
         False: nothing ran."""
         try:
-            inject("serve_step")
+            self.faults.inject("serve_step")
             events = engine.serve_step()
         except Exception as error:  # report once, switch the users off, keep the model
             self._flush_background()
@@ -189,28 +197,32 @@ class EngineHost:
 
     def execute(self, command) -> None:
         """One command; an exception is reported as one line (`failed`) and the loop goes on."""
-        what = {Load: "load", Chat: "reply", MeasureQuality: "quality", Reset: "reset"}.get(type(command), "engine")
         try:
-            if isinstance(command, Load):
-                self._load(command)
-            elif isinstance(command, Chat):
-                self._chat(command.text, command.ignore_eos)
-            elif isinstance(command, MeasureQuality):
-                self._measure_quality(command)
-            elif isinstance(command, Reset):
-                self._reset()
-            elif isinstance(command, Apply):
-                self.request(command)
-            elif isinstance(command, Stop):
-                self.stop()
-            elif isinstance(command, Query):
-                self.query()
-            else:
-                raise EngineError(f"unknown command {type(command).__name__}")
+            self.dispatch(command)
         except Cancelled:
             raise
         except Exception as error:
-            self.emit("failed", what, one_line(error))
+            self.emit("failed", FAILED_AS.get(type(command), "engine"), one_line(error))
+
+    def dispatch(self, command) -> None:
+        """The one table of commands. IMMEDIATE ones are safe from any thread (the process's
+        listener hands them on at once); the others run on the host's own thread."""
+        if isinstance(command, Apply):
+            self.request(command)
+        elif isinstance(command, Stop):
+            self.stop()
+        elif isinstance(command, Query):
+            self.query()
+        elif isinstance(command, Load):
+            self._load(command)
+        elif isinstance(command, Chat):
+            self._chat(command.text, command.ignore_eos)
+        elif isinstance(command, MeasureQuality):
+            self._measure_quality(command)
+        elif isinstance(command, Reset):
+            self._reset()
+        else:
+            raise EngineError(f"unknown command {type(command).__name__}")
 
     def _progress(self, fraction: float, message: str) -> None:
         if self.quitting:
@@ -220,7 +232,7 @@ class EngineHost:
     def _load(self, command: Load) -> None:
         self.emit("busy_changed", "load", True)
         try:
-            inject("load")
+            self.faults.inject("load")
             hardware = command.hardware
             device = command.device
             if device == "auto":
@@ -228,13 +240,14 @@ class EngineHost:
                     device = hardware.kind
                 else:
                     from engine.hardware.detect import detect_device
-                    device = detect_device("auto", measure=False).kind
+                    device = detect_device("auto", measure=False, context=self.context).kind
             settings = command.settings or Settings(dtype=default_dtype(device))
             if isinstance(command.model, bytes):  # a LoadedWeights from another process
                 command = replace(command, model=pickle.loads(command.model))
             self._progress(0.0, f"loading {command.model if isinstance(command.model, str) else 'model'}…")
             engine = Engine(command.model, device=device, dtype=settings.dtype, max_context=command.max_context,
-                            progress=self._progress, hardware=hardware, settings=settings, messages=command.messages)
+                            progress=self._progress, hardware=hardware, settings=settings, messages=command.messages,
+                            context=self.context)
             engine.kernel_notes = check_kernels(engine)  # a kernel that fails its check is switched off
             old, self.engine = self.engine, engine
             if old is not None:
@@ -253,7 +266,7 @@ class EngineHost:
             self.emit("busy_changed", "load", False)
 
     def _reset(self) -> None:
-        inject("reset")
+        self.faults.inject("reset")
         engine = self.engine
         if engine is not None:
             engine.reset()
@@ -265,7 +278,7 @@ class EngineHost:
             return
         from engine.model.quality import weight_quality
         try:
-            inject("quality")
+            self.faults.inject("quality")
             self.emit("quality", weight_quality(engine, n_tokens=command.n_tokens))
         except Exception as error:  # quality is extra information: report, keep running
             self.emit("failed", "quality", one_line(error))
@@ -287,12 +300,12 @@ class EngineHost:
         batch: list = []
         last_emit = last_snapshot = time.monotonic()
         try:
-            inject("chat")
+            self.faults.inject("chat")
             for event in engine.chat(text, ignore_eos=ignore_eos):
                 batch.append(event)
                 # Metrics come just before their step's token: hold them so the two travel together.
                 if isinstance(event, StepMetrics):
-                    inject("step")
+                    self.faults.inject("step")
                     continue
                 now = time.monotonic()
                 # a settings answer leaves at once: the window shows the change only when it arrives
@@ -347,17 +360,13 @@ def serve(conn) -> None:
                 _report(emit, f"a command could not be read: {one_line(error)}")
                 continue
             try:
-                inject("listener")
-                if isinstance(message, Apply):
-                    host.request(message)
-                elif isinstance(message, Stop):
-                    host.stop()
-                elif isinstance(message, Query):
-                    host.query()
-                elif isinstance(message, Quit):
+                host.faults.inject("listener")
+                if isinstance(message, Quit):
                     host.quit()
                     commands.put(message)
                     return
+                if isinstance(message, IMMEDIATE):
+                    host.dispatch(message)
                 else:
                     commands.put(message)
             except Exception as error:  # the listener must outlive any one message, and say what was lost
@@ -385,7 +394,7 @@ def _report_lost(emit, host: EngineHost, message, error: BaseException) -> None:
         _report(emit, None, SettingsRefused(message.request_id, _refusal_line(error),
                                             host.engine.settings if host.engine else None))
         return
-    what = {Load: "load", Chat: "reply", Reset: "reset", MeasureQuality: "quality"}.get(type(message))
+    what = FAILED_AS.get(type(message))
     try:
         if what is not None:
             emit("failed", what, f"the engine could not take the command: {line}")

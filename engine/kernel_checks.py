@@ -1,6 +1,6 @@
 """At load, each kernel the switches can select runs once on the loaded model's shapes against its
-PyTorch reference; one that fails to compile, raises or disagrees is switched off for this process
-(kernels/registry.py) and the engine takes the PyTorch path for that op.
+PyTorch reference; one that fails to compile, raises or disagrees is switched off in the engine's
+context (engine/context.py, kernels/registry.py) and the engine takes the PyTorch path for that op.
 
 `check_kernels(engine)` runs the checks that apply (on a GPU with triton: the INT8 and INT4 matmuls,
 flash-decoding, the paged decode, the CUDA-graph decode step; on a CPU: the C++ decode step, the
@@ -14,13 +14,12 @@ from typing import Callable
 
 import torch
 
-from engine.faults import inject_kernel_check
 from engine.kv.cache import DEFAULT_BLOCK_SIZE, ContiguousKVCache
 from engine.model.config import ModelConfig
 from engine.model.quant import quantize_int4, quantize_int8
 from engine.protocol import one_line
 from engine.settings import GROUP_SIZES, group_size_refusal
-from kernels import registry
+from kernels.registry import KernelSwitches
 
 # Largest error allowed, relative to the reference's largest |value|. A broken kernel is off by
 # order one; a working one by its rounding (16-bit outputs are rounded once; on a GPU the
@@ -57,7 +56,7 @@ class CheckResult:
 
 
 def check_kernels(engine) -> dict[str, str]:
-    """Run the checks (once per kernel and process: one switched off stays off) and return the
+    """Run the checks (once per kernel and context: one switched off stays off) and return the
     notes of every kernel that is off."""
     results = run_checks(engine)
     ran = [r for r in results if r.ran]
@@ -65,22 +64,23 @@ def check_kernels(engine) -> dict[str, str]:
         failed = sum(bool(r.problem) for r in ran)
         engine.progress(1.0, f"checked {len(ran)} GPU kernels in {sum(r.seconds for r in ran):.1f} s"
                              + (f": {failed} switched off" if failed else ""))
-    return kernel_notes()
+    return kernel_notes(engine.context.kernels)
 
 
 def run_checks(engine) -> list[CheckResult]:
     """Each check still enabled, in its own try and timed; a failure switches its kernel off."""
     on_gpu = engine.device.startswith("cuda") and _triton_available()
     results = []
+    kernels = engine.context.kernels
     for check in CHECKS:
-        if not registry.enabled(check.kernel):
+        if not kernels.enabled(check.kernel):
             continue
         result = run_check(check, engine, on_gpu if check.device == "cuda" else engine.device == check.device)
         results.append(result)
         if result.problem:
-            registry.disable(check.kernel, result.problem)
-    if not registry.enabled("graphs"):
-        engine.disable_graphs(f"failed its check at load: {registry.reason('graphs')}")
+            kernels.disable(check.kernel, result.problem)
+    if not kernels.enabled("graphs"):
+        engine.disable_graphs(f"failed its check at load: {kernels.reason('graphs')}")
     return results
 
 
@@ -89,7 +89,7 @@ def run_check(check: KernelCheck, engine, run: bool = True) -> CheckResult:
     t0 = time.perf_counter()
     problem, ran = "", False
     try:
-        inject_kernel_check(check.kernel)
+        engine.context.faults.inject_kernel_check(check.kernel)
         if run:
             if engine.progress is not None:
                 engine.progress(1.0, f"checking the {check.label}…")
@@ -104,11 +104,11 @@ def run_check(check: KernelCheck, engine, run: bool = True) -> CheckResult:
     return CheckResult(check.kernel, _cut(problem), ran, time.perf_counter() - t0)
 
 
-def kernel_notes() -> dict[str, str]:
-    """"field=value" -> one line, for every switch whose kernel is off in this process."""
+def kernel_notes(kernels: KernelSwitches) -> dict[str, str]:
+    """"field=value" -> one line, for every switch whose kernel is off in `kernels`."""
     notes = {}
     for check in CHECKS:
-        reason = registry.reason(check.kernel)
+        reason = kernels.reason(check.kernel)
         if reason:
             note = f"{check.label} failed its check ({reason}) — {check.fallback}"
             notes.update(dict.fromkeys(check.options, note))
@@ -192,10 +192,9 @@ def check_graphs(engine) -> str | None:
     try:
         model(prompt, start_pos=0, cache=cache, attention=attention)
         want = model(token, start_pos=GRAPH_PROMPT, cache=cache, attention=attention)
-        kv_len = graphs.bucket(True, GRAPH_PROMPT, cache.max_len)
         for _ in range(3):  # compile and warm up, record, replay: the third call is a replay
             cache.truncate(GRAPH_PROMPT)
-            got = graphs.decode(model, cache, token, GRAPH_PROMPT, kv_len, attention)
+            got = graphs.decode(model, cache, token, GRAPH_PROMPT, attention)
         ran = graphs.replays - replays
     finally:
         cache.truncate(0)
@@ -216,7 +215,7 @@ def check_cpu_step(engine) -> str | None:
     token = torch.tensor([[GRAPH_PROMPT % cfg.vocab_size]])
     if cpu_step.refusal(model, token, cache, "flash"):
         return None
-    unavailable = cpu_step.unavailable_reason()
+    unavailable = cpu_step.unavailable_reason(engine.context)
     if unavailable:
         return unavailable
     ids = torch.arange(1, GRAPH_PROMPT + 1)[None] % cfg.vocab_size

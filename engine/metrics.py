@@ -53,17 +53,21 @@ def step_cost(cfg: ModelConfig, *, batch_size: int, new_tokens: int, context_len
     length plus the new token, context_len must be 0) and nothing is cached.
     logits_rows: rows the head is evaluated on (default one per sequence).
     kv_read_tokens: cache positions attention actually reads, when it reads more than the
-    live context (a CUDA-graph step reads a fixed bucket with the tail masked).
+    live context (a captured step without the flash kernel reads the whole buffer, masked).
     attention="naive": the (B, n_heads, T, S) score matrix is written to memory and read back
     in the activation dtype, S = every key of the step (the masked half included: it is computed
     and stored too), and its FLOPs are the full T x S product; "flash" keeps it on chip and skips
     the masked half. kv_layout="paged": attention also reads each sequence's block table (int32,
-    once per KV head and layer); the positions it reads are the live ones, as contiguous."""
+    once per KV head and layer); the positions it reads are the live ones, as contiguous.
+    Sliding-window layers (Gemma, Phi-3-mini) read and attend to their window's keys only; Gemma 2's
+    soft-capped scores are written to memory and read back as naive attention's are (no fused
+    kernel here takes them)."""
     B, T, C = batch_size, new_tokens, context_len
     logits_rows = B if logits_rows is None else logits_rows
     kv_elems_per_token = cfg.kv_bytes_per_token_per_elem  # K and V, all layers
-    kv_read = B * (C if kv_read_tokens is None else kv_read_tokens) * kv_elems_per_token * kv_elem_bytes \
-        if kv_cache else 0
+    kv_elems_per_layer_token = 2 * cfg.kv_dim
+    positions_read = cfg.kv_positions_read(C) if kv_read_tokens is None else cfg.n_layers * kv_read_tokens
+    kv_read = B * positions_read * kv_elems_per_layer_token * kv_elem_bytes if kv_cache else 0
     kv_write = B * T * kv_elems_per_token * kv_elem_bytes if kv_cache else 0
     # RMSNorm weights, and where the family has them the q/k/v biases (Qwen2) and q/k norms (Qwen3)
     norm_bytes = cfg.vector_elems_per_step * act_elem_bytes
@@ -71,18 +75,18 @@ def step_cost(cfg: ModelConfig, *, batch_size: int, new_tokens: int, context_len
     logits_bytes = logits_rows * cfg.vocab_size * 4  # fp32 logits
     layer_matmul = 2 * cfg.layer_linear_params * B * T * cfg.n_layers
     head_matmul = 2 * cfg.vocab_size * cfg.dim * logits_rows
-    # attention per layer: QK^T and PV, 2 FLOPs per MAC each, q_dim wide; query i of T
-    # sees C + i + 1 keys (causal), so the keys seen sum to T*C + T(T+1)/2
-    keys_seen = T * C + T * (T + 1) // 2
+    # attention: QK^T and PV, 2 FLOPs per MAC each, q_dim wide; query i of T sees C + i + 1 keys
+    # (causal), so the keys seen sum to T*C + T(T+1)/2 a layer (a sliding layer: its window's)
+    keys_seen = cfg.keys_seen(C, T)
     score_bytes = 0
-    if attention == "naive":
+    if attention == "naive" or cfg.attn_softcap:
         S = kv_read_tokens if kv_cache and kv_read_tokens is not None else C + T  # keys in the matrix
-        keys_seen = T * S
+        keys_seen = cfg.n_layers * T * S
         score_bytes = 2 * cfg.n_layers * B * cfg.n_heads * T * S * act_elem_bytes  # written, then read
     if kv_cache and kv_layout == "paged":
         blocks = -(-(C + T) // block_size)
         kv_read += cfg.n_layers * B * cfg.n_kv_heads * blocks * 4
-    flops_attention = cfg.n_layers * B * 2 * 2 * cfg.q_dim * keys_seen
+    flops_attention = B * 2 * 2 * cfg.q_dim * keys_seen
     return StepCost(
         weight_bytes=weight_bytes + norm_bytes,
         kv_read_bytes=kv_read,
@@ -281,3 +285,57 @@ def speculation_summary(steps: list[StepMetrics]) -> list[str]:
 def decode_ceiling_tokens_per_s(weight_bytes: float, bandwidth_bps: float, kv_bytes: float = 0.0) -> float:
     """Batch-1 decode ceiling: every weight (and the KV cache) read once per token."""
     return bandwidth_bps / (weight_bytes + kv_bytes)
+
+
+# ---- What the weights hold in memory (the fit check) ----------------------------------------------
+# engine/model/quant.py's storage, per matmul weight (N, K): INT8 one int8 code a weight and an fp32
+# scale a row; INT4 two codes a byte and an fp16 scale and min a group; the output head INT8 under
+# both; the embedding table stays floating point (its lookup stays exact). On a CPU the quantised
+# layers also hold the layouts the CPU kernels stream: INT8 bf16 scales; INT4 PyTorch's packed codes
+# (N padded to 16) with a bf16 (scale, zero) pair a group, and the C++ step's 16-row tiles of codes
+# with their fp16 scales and mins: three copies of the codes in all.
+HEAD_WEIGHTS = "int8"  # what the head becomes under int8 and int4 (engine/model/quant.py)
+
+
+def _padded(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def matmul_held_bytes(n: int, k: int, weights: str, elem_bytes: int, group_size: int = 32,
+                      device: str = "cuda") -> int:
+    """Bytes one (N, K) matmul weight holds at `weights` ("fp", "int8", "int4") on `device`."""
+    if weights == "fp":
+        return n * k * elem_bytes
+    cpu = device == "cpu"
+    if weights == "int8":
+        return n * k + 4 * n + (2 * n if cpu else 0)
+    if weights == "int4":
+        held = n * k // 2 + 2 * 2 * n * (k // group_size)
+        if cpu:
+            n_pad = _padded(n, 16)
+            held += n_pad * k // 2 + 2 * 2 * n_pad * (k // group_size)  # PyTorch's layout, (scale, zero)
+            held += n_pad * k // 2 + 2 * 2 * n_pad * (k // group_size)  # the C++ step's tiles, scales, mins
+        return held
+    raise ValueError(f"weights must be fp, int8 or int4, got {weights!r}")
+
+
+def held_weight_bytes(cfg: ModelConfig, elem_bytes: int, weights: str = "fp", group_size: int = 32,
+                      device: str = "cuda") -> int:
+    """Bytes a model's weights hold at one weights setting (each tensor once; a tied head shares
+    the embedding only while both are floating point), as the engine stores them on `device`."""
+    shapes = [(cfg.q_dim + 2 * cfg.kv_dim, cfg.dim), (cfg.dim, cfg.q_dim), (2 * cfg.ffn_dim, cfg.dim),
+              (cfg.dim, cfg.ffn_dim)]
+    layers = cfg.n_layers * sum(matmul_held_bytes(n, k, weights, elem_bytes, group_size, device) for n, k in shapes)
+    embed = cfg.vocab_size * cfg.dim * elem_bytes
+    head_weights = weights if weights == "fp" else HEAD_WEIGHTS
+    head = 0 if cfg.tied_embeddings and weights == "fp" else \
+        matmul_held_bytes(cfg.vocab_size, cfg.dim, head_weights, elem_bytes, group_size, device)
+    return layers + embed + head + cfg.vector_elems_per_step * elem_bytes
+
+
+def extra_copy_bytes(cfg: ModelConfig, elem_bytes: int, weights: str, group_size: int = 32,
+                     device: str = "cuda") -> int:
+    """What a quantised copy adds beside the floating-point model it is made from (which stays, for
+    switching back): its own matmul weights; the embedding and the norms are shared."""
+    shared = cfg.vocab_size * cfg.dim * elem_bytes + cfg.vector_elems_per_step * elem_bytes
+    return held_weight_bytes(cfg, elem_bytes, weights, group_size, device) - shared

@@ -40,8 +40,8 @@ class Capabilities:
             settings.validate(self.device)
         except EngineError as error:
             return str(error)
-        reason = self.group_sizes.get(settings.group_size, "")
-        if reason:
+        reason = self.group_sizes.get(settings.group_size, "") if settings.weights == "int4" else ""
+        if reason:  # (a group size is a setting only of int4 weights: no refusal while they are off)
             return reason
         if settings.cuda_graphs and self.captured_refusal:
             return f"no captured decode step here: {self.captured_refusal}"

@@ -16,11 +16,7 @@ import math
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # a CPU-only install: the references still work
-    triton = None
+from kernels.triton_common import dot_dtype, dot_precision, interpreting, tl, triton
 
 LOG2E = 1.4426950408889634
 
@@ -228,19 +224,6 @@ def default_num_splits(programs: int, max_context: int, device: torch.device) ->
     return max(1, min(by_occupancy, by_length, 64))
 
 
-def _interpreted() -> bool:
-    import os
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def _dot_dtype(x: torch.Tensor):
-    """fp32 dots on CPU tensors (the interpreter mishandles 16-bit arithmetic) and for fp32
-    inputs; the input's own 16-bit type on a GPU (tensor cores)."""
-    if x.device.type == "cpu" or x.dtype == torch.float32:
-        return tl.float32
-    return tl.bfloat16 if x.dtype == torch.bfloat16 else tl.float16
-
-
 def _launch(q, k, v, block_tables, context_lens, max_context: int, num_splits: int | None,
             block_n: int | None, page_size: int, paged: bool) -> torch.Tensor:
     if triton is None:
@@ -280,8 +263,8 @@ def _launch(q, k, v, block_tables, context_lens, max_context: int, num_splits: i
         lse_part.stride(0), lse_part.stride(1), lse_part.stride(2),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=hd,
         BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_N=block_n, PAGED=paged, PAGE_SIZE=page_size,
-        DOT_DTYPE=_dot_dtype(q), DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        INTERPRETED=_interpreted(), num_warps=4, num_stages=2)
+        DOT_DTYPE=dot_dtype(q), DOT_PRECISION=dot_precision(q), INTERPRETED=interpreting(),
+        num_warps=4, num_stages=2)
     _reduce_kernel[(B, H)](
         o_part, lse_part, out, splits,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3),

@@ -9,14 +9,8 @@ from __future__ import annotations
 import torch
 
 from kernels.int4_pack import unpack_int4
-from kernels.int8_matmul import check_device, dot_dtype, dot_precision
-from kernels.tuning import Config, Tuner
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # a CPU-only install: the reference still works
-    triton = None
+from kernels.triton_common import check_device, dot_dtype, dot_precision, tl, triton, weight_matmul
+from kernels.tuning import Config
 
 
 def reference_int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
@@ -80,7 +74,6 @@ if triton is not None:
             tl.atomic_add(y_ptrs, acc, mask=mask)
 
 
-_TUNER = Tuner()
 GROUP_SIZES = (32, 64, 128)
 
 
@@ -101,27 +94,17 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, min
     if scales.shape != (n, k // group_size) or mins.shape != scales.shape:
         raise ValueError(f"int4_matmul: scales and mins must be ({n}, {k // group_size}), "
                          f"got {tuple(scales.shape)} and {tuple(mins.shape)}")
-    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise ValueError(f"int4_matmul: activations must be fp16, bf16 or fp32, got {x.dtype}")
-    x2 = x.reshape(-1, k)
-    m = x2.shape[0]
+    if config is not None and config.block_k < 32:
+        raise ValueError(f"int4_matmul: BLOCK_K must be >= 32 (each half feeds tl.dot), got {config.block_k}")
 
-    def launch(c: Config) -> torch.Tensor:
-        y = torch.empty if c.split_k == 1 else torch.zeros
-        out = y((m, n), device=x.device, dtype=x.dtype if c.split_k == 1 else torch.float32)
-        grid = (triton.cdiv(m, c.block_m), triton.cdiv(n, c.block_n), c.split_k)
+    def start(grid, x2, out, c: Config) -> None:
         _int4_matmul_kernel[grid](
-            x2, packed, scales, mins, out, m, n, k,
+            x2, packed, scales, mins, out, x2.shape[0], n, k,
             x2.stride(0), x2.stride(1), packed.stride(0), packed.stride(1), scales.stride(0), scales.stride(1),
             out.stride(0), out.stride(1),
             GROUP=group_size, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT_K=c.split_k,
             DOT_DTYPE=dot_dtype(x), PRECISION=dot_precision(x), num_warps=c.num_warps, num_stages=c.num_stages)
-        return out if c.split_k == 1 else out.to(x.dtype)
 
-    if config is None:
-        # the unpacked halves of a K tile feed tl.dot, whose sides must be >= 16
-        config = _TUNER.pick(("int4", n, k, group_size, x.dtype), m, launch, on_gpu=x.is_cuda,
-                             allowed=lambda c: c.block_k >= 32)
-    elif config.block_k < 32:
-        raise ValueError(f"int4_matmul: BLOCK_K must be >= 32 (each half feeds tl.dot), got {config.block_k}")
-    return launch(config).reshape(*x.shape[:-1], n)
+    # the unpacked halves of a K tile feed tl.dot, whose sides must be >= 16
+    return weight_matmul(x, n, k, "int4_matmul", start, ("int4", n, k, group_size, x.dtype), config,
+                         allowed=lambda c: c.block_k >= 32)

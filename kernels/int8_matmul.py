@@ -5,17 +5,10 @@ Imports without a GPU (and without triton); the Triton wrapper itself needs CUDA
 CPU tensors under TRITON_INTERPRET=1 (tests only: the engine uses PyTorch's packed CPU kernel)."""
 from __future__ import annotations
 
-import os
-
 import torch
 
-from kernels.tuning import Config, Tuner
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # a CPU-only install: the reference still works
-    triton = None
+from kernels.triton_common import check_device, dot_dtype, dot_precision, tl, triton, weight_matmul
+from kernels.tuning import Config
 
 
 def reference_int8_matmul(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -67,32 +60,6 @@ if triton is not None:
             tl.atomic_add(y_ptrs, acc, mask=mask)
 
 
-_TUNER = Tuner()
-
-
-def check_device(x: torch.Tensor, what: str) -> None:
-    """The kernels run on CUDA tensors; CPU tensors only under TRITON_INTERPRET=1 (the tests)."""
-    if triton is None:
-        raise RuntimeError(f"triton is not installed: the {what} Triton kernel cannot run here")
-    if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError(f"the {what} Triton kernel needs CUDA tensors, got {x.device} "
-                           "(CPU tensors only under TRITON_INTERPRET=1, for tests)")
-
-
-def dot_dtype(x: torch.Tensor):
-    """fp32 dots on CPU tensors (the interpreter mishandles bf16 arithmetic) and for fp32
-    activations; the activation's own 16-bit type on a GPU (tensor cores)."""
-    if x.device.type == "cpu" or x.dtype == torch.float32:
-        return tl.float32
-    return tl.bfloat16 if x.dtype == torch.bfloat16 else tl.float16
-
-
-def dot_precision(x: torch.Tensor) -> str:
-    """fp32 activations get exact fp32 dots ("ieee"), not TF32: PyTorch's fp32 matmul does not
-    use TF32 by default, and the kernel should match it. Ignored for 16-bit operands."""
-    return "ieee" if x.dtype == torch.float32 else "tf32"
-
-
 def int8_matmul(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, config: Config | None = None) -> torch.Tensor:
     """x (..., K) fp16/bf16/fp32; q (N, K) int8; scales (N,) → y (..., N) in x's dtype.
     config: a fixed launch configuration (tests); None tunes once per shape on the GPU."""
@@ -104,22 +71,12 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, config: 
         raise ValueError(f"int8_matmul: x has {x.shape[-1]} features, the weight takes {k}")
     if scales.shape != (n,):
         raise ValueError(f"int8_matmul: scales must be ({n},), got {tuple(scales.shape)}")
-    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise ValueError(f"int8_matmul: activations must be fp16, bf16 or fp32, got {x.dtype}")
-    x2 = x.reshape(-1, k)
-    m = x2.shape[0]
 
-    def launch(c: Config) -> torch.Tensor:
-        y = torch.empty if c.split_k == 1 else torch.zeros
-        out = y((m, n), device=x.device, dtype=x.dtype if c.split_k == 1 else torch.float32)
-        grid = (triton.cdiv(m, c.block_m), triton.cdiv(n, c.block_n), c.split_k)
+    def start(grid, x2, out, c: Config) -> None:
         _int8_matmul_kernel[grid](
-            x2, q, scales, out, m, n, k,
+            x2, q, scales, out, x2.shape[0], n, k,
             x2.stride(0), x2.stride(1), q.stride(0), q.stride(1), out.stride(0), out.stride(1),
             BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT_K=c.split_k,
             DOT_DTYPE=dot_dtype(x), PRECISION=dot_precision(x), num_warps=c.num_warps, num_stages=c.num_stages)
-        return out if c.split_k == 1 else out.to(x.dtype)
 
-    if config is None:
-        config = _TUNER.pick(("int8", n, k, x.dtype), m, launch, on_gpu=x.is_cuda)
-    return launch(config).reshape(*x.shape[:-1], n)
+    return weight_matmul(x, n, k, "int8_matmul", start, ("int8", n, k, x.dtype), config)

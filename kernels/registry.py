@@ -1,6 +1,7 @@
-"""Which kernels are switched off in this process, and why. Torch-free. The engine's dispatch asks
-`enabled(name)` before it takes a kernel; engine/kernel_checks.py calls `disable` for one that fails
-its check at load, and the engine takes the PyTorch path for that op from then on.
+"""Which kernels are switched off, and why: `KernelSwitches`, one per engine (its context,
+engine/context.py), torch-free. The engine's dispatch asks `enabled(name)` before it takes a kernel;
+engine/kernel_checks.py calls `disable` for one that fails its check at load, and that engine takes
+the PyTorch path for that op from then on.
 
 Names: "int8", "int4" (the weight-only matmuls), "flash" (flash-decoding over a contiguous cache),
 "paged" (flash-decoding through block tables), "graphs" (the CUDA-graph decode step), "cpu_step"
@@ -11,9 +12,6 @@ import threading
 
 KERNELS = ("int8", "int4", "flash", "paged", "graphs", "cpu_step")
 
-_disabled: dict[str, str] = {}  # name -> why it is off
-_lock = threading.Lock()
-
 
 def _known(name: str) -> str:
     if name not in KERNELS:
@@ -21,27 +19,28 @@ def _known(name: str) -> str:
     return name
 
 
-def disable(name: str, reason: str) -> None:
-    """Switch `name` off for the rest of this process; the first reason given is kept."""
-    with _lock:
-        _disabled.setdefault(_known(name), reason or "switched off")
+class KernelSwitches:
+    def __init__(self):
+        self._disabled: dict[str, str] = {}  # name -> why it is off
+        self._lock = threading.Lock()
 
+    def disable(self, name: str, reason: str) -> None:
+        """Switch `name` off for good; the first reason given is kept."""
+        with self._lock:
+            self._disabled.setdefault(_known(name), reason or "switched off")
 
-def enabled(name: str) -> bool:
-    return name not in _disabled  # read on every dispatch: a dict lookup, no lock
+    def enabled(self, name: str) -> bool:
+        return name not in self._disabled  # read on every dispatch: a dict lookup, no lock
 
+    def reason(self, name: str) -> str:
+        """Why `name` is off ("" while it is on)."""
+        return self._disabled.get(_known(name), "")
 
-def reason(name: str) -> str:
-    """Why `name` is off ("" while it is on)."""
-    return _disabled.get(_known(name), "")
+    def disabled(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._disabled)
 
-
-def disabled() -> dict[str, str]:
-    with _lock:
-        return dict(_disabled)
-
-
-def reset() -> None:
-    """Every kernel on again (tests: one test's failed check must not follow the next)."""
-    with _lock:
-        _disabled.clear()
+    def reset(self) -> None:
+        """Every kernel on again."""
+        with self._lock:
+            self._disabled.clear()

@@ -90,8 +90,7 @@ class Smoke:
             for p in range(20, 40):
                 tok = ids[None, p:p + 1]
                 want = model(tok, start_pos=p, cache=a)[0, -1]
-                kv_len = min(-(-(p + 1) // 64) * 64, cfg.max_seq_len)  # a bucket past the live keys, tail masked
-                got = model.forward_decode_static(tok, torch.tensor([p], device=self.device), b, kv_len)[0, -1]
+                got = model.forward_decode_static(tok, torch.tensor([p], device=self.device), b)[0, -1]
                 worst = max(worst, rel_error(got, want))
         cache_err = rel_error(b.k[:, :, :, :40], a.k[:, :, :, :40]) + rel_error(b.v[:, :, :, :40], a.v[:, :, :, :40])
         tol = LOGITS_TOLERANCE[self.dtype]
@@ -121,15 +120,13 @@ class Smoke:
             for p in range(n_prompt, n_prompt + n_steps):
                 tok = ids[None, p:p + 1]
                 want = model(tok, start_pos=p, cache=eager)[0, -1]
-                got = decoder.decode(model, graph, tok, p, decoder.bucket(True, p, graph.max_len), "flash")[0, -1]
+                got = decoder.decode(model, graph, tok, p, "flash")[0, -1]
                 assert not decoder.unavailable, f"graphs fell back to eager: {decoder.unavailable}"
                 errors.append(rel_error(got, want))
                 agree += int(got.argmax() == want.argmax())
         ran = dispatch.since(before).get("decode step", {})
         assert decoder.replays == n_steps, f"{decoder.replays} of {n_steps} steps through the graph path ({ran})"
-        launches = _graph_launches(lambda: decoder.decode(model, graph, ids[None, -1:], n_prompt + n_steps,
-                                                           decoder.bucket(True, n_prompt + n_steps, graph.max_len),
-                                                           "flash"))
+        launches = _graph_launches(lambda: decoder.decode(model, graph, ids[None, -1:], n_prompt + n_steps, "flash"))
         assert not decoder.unavailable, f"graphs fell back to eager: {decoder.unavailable}"
         assert launches != 0, "a replayed step launched no CUDA graph (the profiler saw no cudaGraphLaunch)"
         seen = f"{launches} cudaGraphLaunch in a profiled step" if launches > 0 else \
@@ -258,8 +255,8 @@ class Smoke:
     CHECKS = ("static_step_matches_forward", "graph_matches_eager", "graph_writes_cache_in_place",
               "engine_uses_graphs", "batched_matches_solo", "speculation_matches_plain")
 
-    def run(self) -> int:
-        for name in self.CHECKS:
+    def run(self, checks: tuple[str, ...] = CHECKS) -> int:
+        for name in checks:
             t0 = time.perf_counter()
             try:
                 detail, status = getattr(self, name)(), "ok"
@@ -276,6 +273,13 @@ class Smoke:
         print(f"smoke: {counts['ok']} ok, {counts['FAILED']} failed, {counts['skipped']} skipped"
               + (f" (failed: {', '.join(failed)})" if failed else ""))
         return 1 if failed else 0
+
+
+# scripts/gpu_check.sh's passes: the first compiles one small model (the graph checks share its
+# compile); the second adds the in-place check, which compiles two more (two cache capacities)
+PASS_CHECKS = {1: ("static_step_matches_forward", "graph_matches_eager", "engine_uses_graphs", "batched_matches_solo",
+                   "speculation_matches_plain"),
+               2: ("graph_matches_eager", "graph_writes_cache_in_place")}
 
 
 def _graph_launches(step) -> int:
@@ -297,13 +301,12 @@ def _graph_step_seconds(model, cache, start: int, replays: int = 50) -> float:
     """Median seconds of a graph decode step over `cache` (CUDA events), after its capture."""
     decoder = GraphDecoder("cuda")
     tok = torch.ones((1, 1), dtype=torch.long, device="cuda")
-    kv_len = decoder.bucket(True, start, cache.max_len)
     times = []
     with torch.inference_mode():
         for i in range(CAPTURE_CALLS + 3 + replays):
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record()
-            decoder.decode(model, cache, tok, start, kv_len, "flash")
+            decoder.decode(model, cache, tok, start, "flash")
             end.record()
             end.synchronize()
             assert not decoder.unavailable, decoder.unavailable
@@ -316,9 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--tiny", action="store_true", help="toy shapes (the dry run)")
+    p.add_argument("--pass", dest="pass_", type=int, choices=[1, 2], help="only that pass's checks (default: all)")
     args = p.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = False
-    return Smoke(args.device, args.tiny).run()
+    return Smoke(args.device, args.tiny).run(PASS_CHECKS[args.pass_] if args.pass_ else Smoke.CHECKS)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from engine.options import EngineOptions
+
 VERSION = "0.3.36"  # llama-cpp-python's version; its sdist vendors llama.cpp's source
-CACHE_ROOT = Path(os.environ.get("MEMBOUND_CACHE", Path.home() / ".cache" / "membound")) / "llama-server"
+CACHE_ROOT = EngineOptions.from_environ().cache_dir / "llama-server"
 # the server and llama.cpp's own benchmarks: the batched one (parallel sequences' aggregate tok/s) and
 # llama-bench (one sequence's prompt and generation speed)
 TOOLS = ("llama-server", "llama-batched-bench", "llama-bench")

@@ -9,7 +9,7 @@ import functools
 import statistics
 from dataclasses import replace
 
-import engine.engine as engine_module
+import engine.steps.batched as batched_module
 from engine.bench.prompts import bench_prompt_ids
 from engine.engine import Engine
 from engine.events import DoneEvent
@@ -41,11 +41,11 @@ def main() -> None:
     for _ in range(20):  # the users' requests are running when the person's turns arrive
         eng.serve_step()
     text = bench_prompt_ids(eng.tokenizer, args.prompt_tokens + 64)
-    request = engine_module.Request
+    request = batched_module.Request
     ttft: dict[bool, list[float]] = {True: [], False: []}
     for i in range(args.rounds):
         for reuse in (True, False):
-            engine_module.Request = request if reuse else functools.partial(forget, request)
+            batched_module.Request = request if reuse else functools.partial(forget, request)
             prompt = text[: args.prompt_tokens + i]
             first = reply(eng, prompt)
             for _ in range(5):
@@ -56,7 +56,7 @@ def main() -> None:
             print(f"round {i}, reuse {'on ' if reuse else 'off'}: follow-up of {len(follow)} tokens, "
                   f"TTFT {1e3 * done.ttft_s:,.0f} ms", flush=True)
             eng.reset()
-    engine_module.Request = request
+    batched_module.Request = request
     on, off = (statistics.median(ttft[k]) for k in (True, False))
     print(f"median TTFT beside {args.users} users: {1e3 * on:,.0f} ms with reuse, {1e3 * off:,.0f} ms without "
           f"({off / on:.1f}x)")

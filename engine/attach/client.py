@@ -172,10 +172,11 @@ class ChatDone:
     text: str
     n_tokens: int  # the server's completion token count (usage), else content chunks counted
     n_prompt_tokens: int | None
-    ttft_s: float  # request sent -> first content
-    stream_s: float  # first content -> last content
+    ttft_s: float  # request sent -> first streamed token (reasoning or content)
+    stream_s: float  # first streamed token -> last
     finish_reason: str
     counted_from: str  # "usage" | "chunks"
+    reasoning_chunks: int = 0  # chunks of thinking (a reasoning model's), timed but not in `text`
 
     @property
     def tokens_per_s(self) -> float:
@@ -225,7 +226,7 @@ def stream_chat(base_url: str, messages: list[dict], *, model: str | None = None
         if response.status != 200:
             raise AttachError(f"{where}: HTTP {response.status} {response.reason}: {_error_text(response.read())}")
         pieces: list[str] = []
-        chunks = 0
+        chunks = thinking = 0  # streamed chunks, and those of them that were reasoning
         first = last = None
         usage: dict = {}
         finish = ""
@@ -249,13 +250,20 @@ def stream_chat(base_url: str, messages: list[dict], *, model: str | None = None
                 raise AttachError(f"{where}: {_error_text(json.dumps(event).encode())}")
             usage = event.get("usage") or usage
             for choice in event.get("choices") or []:
-                text = (choice.get("delta") or {}).get("content") or ""
+                delta = choice.get("delta") or {}
+                text = delta.get("content") or ""
+                # a reasoning model streams its thinking first, as tokens of the reply: vLLM in
+                # `reasoning` (older: `reasoning_content`), SGLang in `reasoning_content`
+                thought = delta.get("reasoning") or delta.get("reasoning_content") or ""
                 finish = choice.get("finish_reason") or finish
-                if text:
+                if text or thought:
                     now = clock()
                     first = now if first is None else first
                     last = now
                     chunks += 1
+                if thought:
+                    thinking += 1
+                if text:
                     pieces.append(text)
                     yield text
     except (OSError, http.client.HTTPException) as error:
@@ -267,4 +275,4 @@ def stream_chat(base_url: str, messages: list[dict], *, model: str | None = None
                    n_prompt_tokens=usage.get("prompt_tokens"),
                    ttft_s=(first - sent) if first is not None else math.nan,
                    stream_s=(last - first) if first is not None else 0.0, finish_reason=finish or "unknown",
-                   counted_from="usage" if counted is not None else "chunks")
+                   counted_from="usage" if counted is not None else "chunks", reasoning_chunks=thinking)

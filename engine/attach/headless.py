@@ -23,7 +23,8 @@ def summary_line(record: ScrapeRecord, t0_s: float) -> str:
     if record.status in ("down", "bad answer"):
         return head + f"{record.status}: {record.message}"
     parts = [f"gen {_fmt(record.generation_tokens_per_s, ',.1f')} tok/s",
-             f"prompt {_fmt(record.prompt_tokens_per_s, ',.1f')} tok/s",
+             f"prompt {_fmt(record.prompt_tokens_per_s, ',.1f')} tok/s"
+             + (f" ({record.prompt_tokens_meaning})" if record.prompt_tokens_meaning else ""),
              f"running {_fmt(record.running, '.0f')}", f"waiting {_fmt(record.waiting, '.0f')}"]
     if math.isfinite(record.kv_cache_usage):
         parts.append(f"KV {100 * record.kv_cache_usage:.0f}%")

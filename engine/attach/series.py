@@ -31,6 +31,7 @@ class ScrapeRecord:
     generation_tokens: float = NAN  # generated in the interval, every request together
     generation_tokens_per_s: float = NAN
     prompt_tokens_per_s: float = NAN
+    prompt_tokens_meaning: str = ""  # what the server's prompt counter counts (cache hits or not)
     running: float = NAN
     waiting: float = NAN
     kv_cache_usage: float = NAN  # fraction of the KV cache in use
@@ -127,15 +128,28 @@ def _restarted(previous: Scrape, scrape: Scrape) -> bool:
 
 def _pick(scrape: Scrape, refs: tuple[str, ...], replica_labels: tuple[str, ...] = ()) -> dict[Labels, float] | None:
     """The series of the first ref the scrape has (label filter applied; of ranks that repeat one
-    engine's figures, the lowest only), or None."""
+    engine's figures, the lowest only; of per-priority series, the total), or None."""
+    return _pick_ref(scrape, refs, replica_labels)[1]
+
+
+def _pick_ref(scrape: Scrape, refs: tuple[str, ...],
+              replica_labels: tuple[str, ...] = ()) -> tuple[str, dict[Labels, float] | None]:
+    """(the ref, its series) as `_pick` chooses them; ("", None) when the scrape has none."""
     for ref in refs:
         name, selector = split_ref(ref)
         series = scrape.series(name)
         if selector is not None:
             series = {labels: v for labels, v in series.items() if dict(labels).get(selector[0]) == selector[1]}
         if series:
-            return _dedupe(series, replica_labels)
-    return None
+            return ref, _dedupe(totals_only(series), replica_labels)
+    return "", None
+
+
+def totals_only(series: dict[Labels, float]) -> dict[Labels, float]:
+    """SGLang with --enable-priority-scheduling publishes a series per request priority beside their
+    total, the `priority=""` series: the total alone, so nothing is counted twice."""
+    total = {labels: v for labels, v in series.items() if dict(labels).get("priority", None) == ""}
+    return total or series
 
 
 def _dedupe(series: dict[Labels, float], replica_labels: tuple[str, ...]) -> dict[Labels, float]:
@@ -165,9 +179,12 @@ def _by_engine(series: dict[Labels, float], engine_label: str | None) -> dict[st
 def _gauges(server: ServerMetrics, scrape: Scrape) -> dict:
     out: dict = {}
     engines: dict[str, dict[str, float]] = {}
+    speculating = _pick(scrape, server.spec_active_gauge, server.replica_labels)
+    acceptance = server.spec_acceptance_gauge if not server.spec_active_gauge or \
+        (speculating and any(v > 0 for v in speculating.values())) else ()  # SGLang's rate reads 0 when off
     for figure, refs, combine in (("running", server.running, sum), ("waiting", server.waiting, sum),
                                   ("kv_cache_usage", server.kv_cache_usage, _mean),
-                                  ("spec_acceptance", server.spec_acceptance_gauge, _mean)):
+                                  ("spec_acceptance", acceptance, _mean)):
         series = _pick(scrape, refs, server.replica_labels)
         if series is None:
             continue
@@ -193,11 +210,11 @@ def _latencies(server: ServerMetrics, oldest: Scrape, scrape: Scrape) -> dict:
     out = {}
     for figure, refs in (("ttft", server.ttft), ("itl", server.itl), ("e2e", server.e2e)):
         for base in refs:
-            now = bucket_counts(scrape.series(f"{base}_bucket"))
+            now = bucket_counts(totals_only(scrape.series(f"{base}_bucket")))
             if not now:
                 continue
             if oldest is not scrape:
-                before = bucket_counts(oldest.series(f"{base}_bucket"))
+                before = bucket_counts(totals_only(oldest.series(f"{base}_bucket")))
                 now = {bound: count - before.get(bound, 0.0) for bound, count in now.items()}
             out[f"{figure}_p50_s"] = histogram_quantile(0.50, now)
             out[f"{figure}_p95_s"] = histogram_quantile(0.95, now)
@@ -230,6 +247,7 @@ def _rates(server: ServerMetrics, previous: Scrape, scrape: Scrape, peak: GpuPea
     prompt = _delta(server, server.prompt_tokens, previous, scrape)
     if prompt is not None:
         out["prompt_tokens_per_s"] = sum(prompt.values()) / interval_s
+        out["prompt_tokens_meaning"] = server.prompt_label(_pick_ref(scrape, server.prompt_tokens)[0])
     preempted = _delta(server, server.preemptions, previous, scrape)
     if preempted is not None:
         out["preemptions"] = sum(preempted.values())
@@ -247,10 +265,22 @@ def _rates(server: ServerMetrics, previous: Scrape, scrape: Scrape, peak: GpuPea
     return out
 
 
+def _ever_counted(server: ServerMetrics, scrape: Scrape) -> bool:
+    """Whether the server's byte or FLOP counters have counted anything since it started: present at
+    0 they are switched off (or nothing ran yet), and 0 GB/s would be a figure the server never gave."""
+    for refs in (server.read_bytes, server.write_bytes, server.flops):
+        series = _pick(scrape, refs, server.replica_labels)
+        if series and any(value > 0 for value in series.values()):
+            return True
+    return False
+
+
 def _bandwidth(server: ServerMetrics, previous: Scrape, scrape: Scrape, interval_s: float,
                peak: GpuPeak | None) -> dict:
     """GB/s and TFLOP/s per GPU from the server's estimated byte and FLOP counters (one series per
     GPU, or per engine of per-GPU figures); MBU and MFU against the peak where one is known."""
+    if not _ever_counted(server, scrape):
+        return {}  # vLLM registers them without --enable-mfu-metrics too, and they stay at 0: no figure
     read = _delta(server, server.read_bytes, previous, scrape)
     write = _delta(server, server.write_bytes, previous, scrape)
     flops = _delta(server, server.flops, previous, scrape)

@@ -23,6 +23,7 @@ class ServerMetrics:
     spec_draft_tokens: tuple[str, ...] = ()  # counters: proposed and accepted draft tokens
     spec_accepted_tokens: tuple[str, ...] = ()
     spec_acceptance_gauge: tuple[str, ...] = ()  # where the server publishes the rate itself
+    spec_active_gauge: tuple[str, ...] = ()  # above 0 only while it speculates (the rate reads 0 when off)
     flops: tuple[str, ...] = ()  # counters, per GPU: the server's own estimate
     read_bytes: tuple[str, ...] = ()
     write_bytes: tuple[str, ...] = ()
@@ -31,6 +32,7 @@ class ServerMetrics:
     metrics_flag: str = ""  # how to start the server so that /metrics answers
     bytes_flag: str | None = None  # what adds the byte and FLOP counters; None: the server has none
     live_note: str = ""  # how live its token counter is, where it matters
+    prompt_meaning: tuple[tuple[str, str], ...] = ()  # prompt_tokens ref -> what its tok/s counts
 
     @property
     def bytes_hint(self) -> str:
@@ -38,6 +40,10 @@ class ServerMetrics:
         if self.bytes_flag is None:
             return f"{self.label} publishes no byte or FLOP counters: no GB/s, MBU or MFU"
         return f"start {self.label} with {self.bytes_flag} for GB/s, TFLOP/s, MBU and MFU (server's estimate)"
+
+    def prompt_label(self, ref: str) -> str:
+        """What 'prompt tok/s' counts on this server when read from `ref` ("" if unknown)."""
+        return dict(self.prompt_meaning).get(ref, "")
 
 
 SERVERS: dict[str, ServerMetrics] = {
@@ -59,7 +65,8 @@ SERVERS: dict[str, ServerMetrics] = {
         write_bytes=("vllm:estimated_write_bytes_per_gpu_total",),
         engine_label="engine",
         metrics_flag="(on by default: /metrics on the API port)",
-        bytes_flag="--enable-mfu-metrics",
+        bytes_flag="--enable-mfu-metrics",  # (the counters are there without it, at 0)
+        prompt_meaning=(("vllm:prompt_tokens_total", "prefix-cache hits included"),),
     ),
     "sglang": ServerMetrics(
         label="SGLang",
@@ -74,6 +81,7 @@ SERVERS: dict[str, ServerMetrics] = {
         itl=("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
         e2e=("sglang:e2e_request_latency_seconds",),
         spec_acceptance_gauge=("sglang:spec_accept_rate",),
+        spec_active_gauge=("sglang:spec_accept_length",),  # tokens per step: >= 1 while speculating, else 0
         flops=("sglang:estimated_flops_per_gpu_total",),
         read_bytes=("sglang:estimated_read_bytes_per_gpu_total",),
         write_bytes=("sglang:estimated_write_bytes_per_gpu_total",),
@@ -81,6 +89,8 @@ SERVERS: dict[str, ServerMetrics] = {
         replica_labels=("tp_rank", "pp_rank", "moe_ep_rank"),
         metrics_flag="--enable-metrics",
         bytes_flag="--enable-mfu-metrics",
+        prompt_meaning=(("sglang:realtime_tokens_total{mode=prefill_compute}", "computed: cache hits excluded"),
+                        ("sglang:prompt_tokens_total", "per finished request, cache hits included")),
     ),
     "llamacpp": ServerMetrics(
         label="llama.cpp",
@@ -94,6 +104,7 @@ SERVERS: dict[str, ServerMetrics] = {
         spec_draft_tokens=("llamacpp:spec_decode_num_draft_tokens_total",),
         spec_accepted_tokens=("llamacpp:spec_decode_num_accepted_tokens_total",),
         metrics_flag="--metrics",
+        prompt_meaning=(("llamacpp:prompt_tokens_total", "evaluated: reused cache excluded"),),
         live_note="tokens/s from decode calls x busy slots (llama.cpp counts a reply's tokens when it ends)",
     ),
 }

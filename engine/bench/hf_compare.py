@@ -40,6 +40,9 @@ def hf_rope_parameters(cfg: ModelConfig) -> dict:
 
 
 def hf_config(cfg: ModelConfig):
+    if cfg.arch not in _HF_CLASSES:
+        raise ValueError(f"--compare hf builds {', '.join(c[1] for c in _HF_CLASSES.values())} from the weights; "
+                         f"{cfg.family} is not among them (its transformers class is checked in the tests)")
     if cfg.rope_freq_factors:
         raise ValueError("--compare hf: transformers has no form for a GGUF file's rope_freqs factors "
                          "(Llama 3.1+): compare the model's HF folder instead")

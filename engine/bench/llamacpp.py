@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -22,30 +21,32 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.bench.single import BenchResult
+from engine.options import EngineOptions
 
 TOOLS = ("llama-server", "llama-batched-bench", "llama-bench")
-TOOL_ENV = {tool: "MEMBOUND_" + tool.upper().replace("-", "_") for tool in TOOLS}
-SERVER_ENV = TOOL_ENV["llama-server"]
 KV_ELEM_BYTES = 2  # llama.cpp's default KV cache type is f16
 START_TIMEOUT_S = 120.0
 BENCH_TIMEOUT_S = 1800.0  # one llama-bench or llama-batched-bench run, at most
 
 
+def tool_env(tool: str) -> str:
+    """The environment variable naming a tool's binary: MEMBOUND_LLAMA_SERVER, ... (engine/options.py)."""
+    return "MEMBOUND_" + tool.upper().replace("-", "_")
+
+
 def how_to_get(missing: list[str]) -> str:
     return (f"--compare llamacpp needs llama.cpp's {', '.join(missing)}: run `make peers` (builds llama-server, "
             "llama-batched-bench and llama-bench once into ~/.cache/membound/llama-server/, minutes) or set "
-            + ", ".join(TOOL_ENV[t] for t in missing))
-
-
-HOW_TO_GET = how_to_get(list(TOOLS))
+            + ", ".join(map(tool_env, missing)))
 
 
 def find_tool(tool: str) -> Path | None:
     """A llama.cpp binary: $MEMBOUND_<TOOL>, else the newest one `make peers` built, else PATH."""
-    named = os.environ.get(TOOL_ENV[tool])
+    options = EngineOptions.from_environ()
+    named = getattr(options, tool.replace("-", "_"))  # llama_server, llama_batched_bench, llama_bench
     if named:
         return Path(named) if Path(named).is_file() else None
-    root = Path(os.environ.get("MEMBOUND_CACHE", Path.home() / ".cache" / "membound")) / "llama-server"
+    root = options.cache_dir / "llama-server"
     built = sorted(root.glob(f"*/{tool}"), key=lambda p: p.stat().st_mtime, reverse=True)
     if built:
         return built[0]

@@ -60,7 +60,8 @@ def run_overhead_sweep(args, progress) -> int:
                        progress=progress if hardware is None else None)
         hardware = eager.hardware
         captured = Engine(loaded, device=args.device, hardware=hardware, settings=base)
-        captured.graphs = GraphDecoder(args.device, cpu_compile=True)  # on a CPU too: this is what is measured
+        # compiled on a CPU too: this is what is measured
+        captured.graphs = GraphDecoder(args.device, cpu_compile=True, kernels=captured.context.kernels)
         captured.apply(base)
         prompt = bench_prompt_ids(eager.tokenizer, args.prompt_tokens)
         progress(i / len(shapes), f"{shape}: compiling and warming up the captured step")

@@ -49,7 +49,7 @@ def profile_step(engine, settings, prompt_ids: list[int], steps: int = PROFILE_S
     cfg = model.cfg
     cache = ContiguousKVCache(cfg, 1, len(prompt_ids) + steps + 1, model.dtype, "cpu")
     token = torch.tensor([[prompt_ids[-1]]])
-    why = cpu_step.refusal(model, token, cache, settings.attention) or cpu_step.unavailable_reason()
+    why = cpu_step.refusal(model, token, cache, settings.attention) or cpu_step.unavailable_reason(engine.context)
     if why:
         return {"skipped": why}
     model(torch.tensor([prompt_ids]), start_pos=0, cache=cache)

@@ -238,7 +238,7 @@ def run_bench(args, progress) -> int:
     print(f"device: {describe(engine.hardware)}", file=sys.stderr)
     if engine.device == "cpu":
         from engine.model.cpu_step import fallback_line
-        if line := fallback_line():
+        if line := fallback_line(engine.context):
             print(line, file=sys.stderr)
     report = JsonReport(args.json, model=engine.loaded.label, device=engine.hardware.to_dict(), dtype=dtype,
                         workload={"prompt_tokens": args.prompt_tokens, "decode_tokens": args.decode_tokens,

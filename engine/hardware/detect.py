@@ -2,11 +2,11 @@
 from the datasheet table, NVML and a short benchmark, engine/hardware/spec.py)."""
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable
 
 import torch
 
+from engine.context import EngineContext, default_context
 from engine.hardware.nvml import _as_str, _import_pynvml, _nvml_call
 from engine.hardware.probe import (  # noqa: F401  (the benchmarks lived here; callers still find them here)
     _best_seconds_per_call,
@@ -36,8 +36,6 @@ def _nvml_index_for_cuda(nvml: Any, cuda_index: int) -> int:
 # ---------------------------------------------------------------------------------------------
 # Detection
 
-_SPEC_CACHE: dict[tuple[str, int, bool], DeviceSpec] = {}
-_SPEC_CACHE_LOCK = threading.Lock()  # the GUI worker and the CLI may both ask; measure once
 
 
 def _detect_cpu(measure: bool, progress: Callable[[str], None], remeasure: bool = False) -> DeviceSpec:
@@ -134,10 +132,11 @@ def _detect_cuda(cuda_index: int, measure: bool, progress: Callable[[str], None]
     )
 
 
-def detect_device(device: str = "auto", measure: bool = True,
-                  progress: Callable[[str], None] | None = None) -> DeviceSpec:
+def detect_device(device: str = "auto", measure: bool = True, progress: Callable[[str], None] | None = None,
+                  context: EngineContext | None = None) -> DeviceSpec:
     """The DeviceSpec for "auto" (a GPU if visible, else the CPU), "cpu", "cuda" or "cuda:N".
-    Measured once per process; later calls return the cached spec."""
+    Measured once per context (engine/context.py; None: the process's default); later calls return
+    the spec kept there."""
     requested = device.strip().lower()
     kind, _, index_text = requested.partition(":")
     if requested == "auto":
@@ -155,9 +154,10 @@ def detect_device(device: str = "auto", measure: bool = True,
     else:
         cuda_index = 0
     key = (kind, cuda_index, measure)
-    with _SPEC_CACHE_LOCK:
-        if key not in _SPEC_CACHE:
+    context = context or default_context()
+    with context.devices_lock:  # the GUI worker and the CLI may both ask; measure once
+        if key not in context.devices:
             report = progress or (lambda message: None)
-            _SPEC_CACHE[key] = (_detect_cuda(cuda_index, measure, report) if kind == "cuda"
-                                else _detect_cpu(measure, report))
-        return _SPEC_CACHE[key]
+            context.devices[key] = (_detect_cuda(cuda_index, measure, report) if kind == "cuda"
+                                    else _detect_cpu(measure, report))
+        return context.devices[key]

@@ -22,6 +22,7 @@ import torch
 
 from engine.hardware.roof import MeasuredRoof
 from engine.hardware.spec import GB, dtype_name
+from engine.options import EngineOptions
 
 # ---------------------------------------------------------------------------------------------
 # Benchmarks (the GPU's copy, the CPU's fallback and its GEMM)
@@ -159,11 +160,9 @@ FALLBACK_LLC_BYTES = 32 * 2**20  # where the cache size cannot be read
 
 
 def cache_file() -> Path:
-    """Where the roofs are kept: MEMBOUND_ROOF_CACHE, else the user's cache dir (membound/roof.json)."""
-    override = os.environ.get("MEMBOUND_ROOF_CACHE")
-    if override:
-        return Path(override)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "membound" / "roof.json"
+    """Where the roofs are kept: MEMBOUND_ROOF_CACHE, else the user's cache dir (membound/roof.json);
+    the environment is read at each call (engine/options.py), so a test's temporary file is seen."""
+    return EngineOptions.from_environ().roof_cache
 
 
 def llc_bytes() -> int:

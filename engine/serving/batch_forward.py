@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 
 import torch
-import torch.nn.functional as F
 
 from engine.kv.cache import PagedKV, PagedKVCache, PageLayout
 from engine.metrics import StepCost, StepMetrics, step_cost
@@ -53,10 +52,11 @@ def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledS
     decode_layout = _layout(decodes, bs) if decodes and gather is None else None
     prefill_layouts = [_layout([s], bs) for s in prefills]
 
-    x = F.embedding(tokens, model.embed)  # (1, N, dim)
-    cos, sin = model.rope_cos[pos], model.rope_sin[pos]  # (N, hd): each token at its own position
+    x = model.embed_tokens(tokens)  # (1, N, dim)
     n_dec = len(decodes)
-    for i, layer in enumerate(model.layers):
+    # (N, rd) rows per layer: each token at its own position (Gemma 3's sliding layers: their own base)
+    for i, (layer, (cos, sin)) in enumerate(zip(model.layers, model.rope_rows(pos))):
+        options = layer.attend_options  # the layer's window, query scale, soft cap
         q, k, v = layer._qkv(x, cos, sin)  # q (1, H, N, hd); k, v (1, n_kv, N, hd)
         cache.k[i].index_copy_(1, slots, k[0])  # pool (n_kv, slots, hd)
         cache.v[i].index_copy_(1, slots, v[0])
@@ -67,16 +67,17 @@ def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledS
                 blocks, kv_lens, width = gather
                 kd = _gather_blocks(cache.k[i], blocks, n_dec, width, bs)  # (B_dec, n_kv, S, hd)
                 vd = _gather_blocks(cache.v[i], blocks, n_dec, width, bs)
-                yd = attend(qd, kd, vd, attention, kv_lens)  # padded keys past each row's length masked
+                # padded keys past each row's length masked; the model's context: its engine's kernel switches
+                yd = attend(qd, kd, vd, attention, kv_lens, context=model.context, **options)
             else:
                 yd = attend(qd.contiguous(), PagedKV(cache.k[i], decode_layout), PagedKV(cache.v[i], decode_layout),
-                            attention)
+                            attention, context=model.context, **options)
             parts.append(yd[:, :, 0].transpose(0, 1)[None])  # (1, H, B_dec, hd)
         offset = n_dec
         for s, lay in zip(prefills, prefill_layouts):
             T = len(s.token_ids)
             parts.append(attend(q[:, :, offset:offset + T], PagedKV(cache.k[i], lay), PagedKV(cache.v[i], lay),
-                                attention))  # (1, H, T, hd)
+                                attention, context=model.context, **options))  # (1, H, T, hd)
             offset += T
         y = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
         x = layer._out_and_ffn(x, y)
@@ -90,8 +91,7 @@ def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledS
     if not ids:
         return [], torch.empty(0, model.cfg.vocab_size, device=device)
     last = x[0, [ends[r] for r in ids]]  # (n, dim)
-    last = F.rms_norm(last, (model.cfg.dim,), model.norm, model.cfg.norm_eps)
-    return ids, model.head(last[None])[0].float()
+    return ids, model.logits(last[None])[0]
 
 
 def _slot(table, pos: int, block_size: int) -> int:

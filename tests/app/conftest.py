@@ -74,14 +74,9 @@ def leak_finder():
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread():
-    """The test machines share two cores among several jobs: with two OpenMP threads a tiny model's
-    step waits on a descheduled thread (100+ ms instead of 0.5 ms). One thread keeps these tests
-    fast; it is put back after each, so the engine tests keep their threads."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def one_torch_thread(one_torch_thread):
+    """Every app test runs the engine on one torch thread (tests/conftest.py)."""
     yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(autouse=True)

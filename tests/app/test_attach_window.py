@@ -24,6 +24,7 @@ FLOPS_PER_TOKEN = 2e12
 class FakeVllm(BaseHTTPRequestHandler):
     t0 = time.monotonic()
     api_key = "secret"  # required on /keyed/metrics, as a server started with --api-key does
+    mfu = True  # --enable-mfu-metrics; without it vLLM still has the byte and FLOP counters, at 0
 
     def log_message(self, *args) -> None:  # quiet
         pass
@@ -40,13 +41,14 @@ class FakeVllm(BaseHTTPRequestHandler):
         if self.path != "/metrics":
             return self._send(404, "text/plain", "not found")
         tokens = GEN_TPS * (time.monotonic() - self.t0)
+        counted = tokens if self.mfu else 0.0
         lines = []
         for family, kind, value in (
                 ("vllm:num_requests_running", "gauge", 3), ("vllm:num_requests_waiting", "gauge", 1),
                 ("vllm:kv_cache_usage_perc", "gauge", 0.4), ("vllm:generation_tokens", "counter", tokens),
                 ("vllm:prompt_tokens", "counter", 0.0),
-                ("vllm:estimated_flops_per_gpu", "counter", tokens * FLOPS_PER_TOKEN),
-                ("vllm:estimated_read_bytes_per_gpu", "counter", tokens * BYTES_PER_TOKEN),
+                ("vllm:estimated_flops_per_gpu", "counter", counted * FLOPS_PER_TOKEN),
+                ("vllm:estimated_read_bytes_per_gpu", "counter", counted * BYTES_PER_TOKEN),
                 ("vllm:estimated_write_bytes_per_gpu", "counter", 0.0)):
             suffix = "_total" if kind == "counter" else ""
             lines += [f"# TYPE {family} {kind}", f'{family}{suffix}{{engine="0",model_name="fake-model"}} {value}']
@@ -75,9 +77,13 @@ class FakeVllm(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
+class FakeVllmWithoutMfu(FakeVllm):
+    mfu = False
+
+
 @pytest.fixture
-def fake_vllm():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeVllm)
+def fake_vllm(request):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), getattr(request, "param", FakeVllm))
     thread = threading.Thread(target=server.serve_forever, name="fake-vllm")
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -173,3 +179,19 @@ def test_api_key_is_sent_as_a_bearer_token(fake_vllm):
     refused = Scraper(fake_vllm + "/keyed").poll()
     assert refused.status == "bad answer" and "HTTP 401 Unauthorized: Unauthorized" in refused.message
     assert Scraper(fake_vllm + "/keyed", api_key="secret").poll().status == "baseline"
+
+
+@pytest.mark.parametrize("fake_vllm", [FakeVllmWithoutMfu], indirect=True)
+def test_a_vllm_started_without_the_flag_shows_the_hint_not_zero_gbs(qtbot, tiny_model, fake_vllm):
+    """vLLM's byte and FLOP counters are there without --enable-mfu-metrics, at 0: the memory,
+    compute and roofline plots say which flag fills them, and show no 0 GB/s or MBU 0%."""
+    from app.window import MainWindow
+
+    window = MainWindow(model=tiny_model, hardware=fake_cpu(), autoload=False)
+    qtbot.addWidget(window)
+    assert window.attach.attach(fake_vllm, gpu="H100 SXM", interval_s=0.2)
+    qtbot.waitUntil(lambda: np.isfinite(window.data.steps.column("tokens_per_s")).sum() >= 2, timeout=10_000)
+    assert not np.isfinite(window.data.steps.column("gbs")).any()
+    assert not np.isfinite(window.data.steps.column("mfu_pct")).any()
+    assert "--enable-mfu-metrics" in window.data.notes["memory"] and "--enable-mfu-metrics" in window.data.notes["roofline"]
+    window.attach.detach()

@@ -66,6 +66,19 @@ def test_the_contracts_catch_an_indirect_import_of_torch(tmp_path):
     assert "app.chat -> engine.serving.server" in out.stdout
 
 
+def test_the_contracts_catch_the_app_reaching_past_the_engines_contract(tmp_path):
+    """A torch-free module of the engine that is not its contract (fault injection) is
+    still out of the app's reach: the app speaks to the engine through the contract alone."""
+    for name in ("app", "engine", "kernels"):
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    chat = tmp_path / "app" / "chat.py"
+    chat.write_text(chat.read_text() + "\n\ndef _pending():\n    from engine import faults\n    return faults\n")
+    out = lint_imports(tmp_path)
+    assert out.returncode != 0 and "the app imports from the engine only its torch-free contract" in out.stdout
+    assert "app.chat -> engine.faults" in out.stdout
+
+
 @pytest.mark.skipif(sys.version_info >= (3, 12), reason="None is immortal from Python 3.12")
 def test_qt_binding_keeps_none_alive():
     from app.main import pyside_drops_none_references

@@ -12,7 +12,8 @@ FOUND = [
     FoundModel("Qwen/Qwen2.5-0.5B-Instruct", "/hub/snapshots/abc", "hf cache", "hf", "Qwen2", QWEN.n_params,
                988_000_000, "bf16", cfg=QWEN),
     FoundModel("gemma:2b", "/ollama/blobs/sha256-x", "ollama", "gguf", "gemma", 2_500_000_000, 1_600_000_000, "Q4_0",
-               reason="unsupported architecture 'gemma': membound runs Llama 1-3.x, Mistral, Qwen2/2.5, Qwen3"),
+               reason="unsupported architecture 'gemma': membound runs Llama 1-3.x, Mistral, Qwen2/2.5, Qwen3, "
+                      "Gemma 2/3 (text), Phi-3/3.5/4-mini"),
 ]
 
 

@@ -11,10 +11,10 @@ import pytest
 from app_test_helpers import GREEDY, activate, confirmed, fake_cpu, send_and_wait
 from PySide6.QtCore import Qt
 
-from engine.engine import Engine
 from engine.events import DoneEvent, TokenEvent
 from engine.metrics import StepMetrics
 from engine.settings import Settings
+from engine.steps.plain import PlainSteps
 
 
 def test_a_prompt_streams_a_reply_into_the_chat_panel(make_window, qtbot):
@@ -122,7 +122,7 @@ def test_a_failing_step_shows_a_message_and_the_app_survives(make_window, qtbot,
     window = make_window(max_new_tokens=20)
     send_and_wait(window, qtbot, "first turn")
     kept = list(window.worker.engine.messages)
-    real_step = Engine._step
+    real_step = PlainSteps.run  # the batch-1 step (engine/steps/plain.py)
     calls = {"n": 0}
 
     def failing_step(self, *args, **kwargs):
@@ -131,14 +131,14 @@ def test_a_failing_step_shows_a_message_and_the_app_survives(make_window, qtbot,
             raise RuntimeError("simulated kernel failure")
         return real_step(self, *args, **kwargs)
 
-    monkeypatch.setattr(Engine, "_step", failing_step)
+    monkeypatch.setattr(PlainSteps, "run", failing_step)
     with qtbot.waitSignal(window.error_shown, timeout=10_000):
         window.send("this one breaks")
     qtbot.waitUntil(lambda: not window.replying)
     assert "simulated kernel failure" in window.last_error and window.error_bar.isVisibleTo(window)
     assert "simulated kernel failure" in window.chat.plain_text()
     assert window.worker.engine.messages == kept  # the failed turn is not part of the conversation
-    monkeypatch.setattr(Engine, "_step", real_step)
+    monkeypatch.setattr(PlainSteps, "run", real_step)
     done = send_and_wait(window, qtbot, "and again")
     assert done.n_new_tokens == 20 and not window.error_bar.isVisibleTo(window)
     assert len(window.worker.engine.messages) == len(kept) + 2
@@ -302,14 +302,14 @@ def test_a_planted_over_count_shows_above_the_roof_in_the_window_and_the_recordi
     a step above the measured roof is now drawn past it, said in the chat and the strip, and logged."""
     from app.recording import Recorder, read_recording
     from app.window import MainWindow
-    from engine import engine as engine_module
     from engine.hardware.roof import ABOVE_ROOF
+    from engine.steps import plain as plain_steps  # the batch-1 step, where the cost model is charged
 
-    real = engine_module.step_cost
+    real = plain_steps.step_cost
 
     def over_counted(*args, **kwargs):  # the cost model charges 10^5 x the weights the step reads
         return dataclasses.replace(real(*args, **kwargs), weight_bytes=10**5 * kwargs["weight_bytes"])
-    monkeypatch.setattr(engine_module, "step_cost", over_counted)
+    monkeypatch.setattr(plain_steps, "step_cost", over_counted)
     recorder = Recorder(tmp_path / "talk.membound")
     window = MainWindow(model=tiny_model, hardware=fake_cpu(), settings=Settings(max_new_tokens=8, sampling=GREEDY),
                         recorder=recorder)

@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+from server_exposition import SglangMetrics, VllmMetrics
 
 from engine.attach.client import Scraper, normalise_url
 from engine.attach.exposition import MetricsError, bucket_counts, histogram_quantile, parse_metrics
@@ -292,3 +293,149 @@ def test_attach_imports_neither_torch_nor_qt():
             "print(sorted(m for m in ('torch', 'PySide6', 'gguf') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# ---- as the servers ship: exposition made with prometheus_client, as vLLM and SGLang make it ----
+
+def scrape_twice(make_text, step, t=(0.0, 2.0), peak=None):
+    """A baseline scrape, `step()` (what the server did meanwhile), a second scrape: its record."""
+    builder = SeriesBuilder(peak)
+    builder.add(parse_metrics(make_text(), t[0]))
+    step()
+    return builder.add(parse_metrics(make_text(), t[1]))
+
+
+def test_vllm_byte_counters_present_at_zero_without_the_flag_give_the_hint_not_zero():
+    """vLLM registers estimated_*_per_gpu_total without --enable-mfu-metrics: present, at 0, forever."""
+    server = VllmMetrics(mfu=False)
+    text = server.text()
+    assert 'vllm:estimated_read_bytes_per_gpu_total{engine="0",model_name="m"} 0.0' in text
+    assert "# TYPE vllm:generation_tokens_created gauge" in text and "process_start_time_seconds" in text
+    peak, _ = resolve_peak("http://10.0.0.5:8000", "H100 SXM")
+    record = scrape_twice(server.text, lambda: server.decode(200), peak=peak)
+    assert record.ok and record.generation_tokens_per_s == pytest.approx(100.0)
+    assert math.isnan(record.gbs) and math.isnan(record.mbu) and math.isnan(record.mfu)
+    assert math.isnan(record.tflops) and math.isnan(record.ceiling_tokens_per_s)
+    assert "0 GB/s" not in summary_line(record, 0.0)
+
+
+def test_vllm_with_the_flag_gives_the_servers_bytes():
+    server = VllmMetrics(mfu=True)
+    peak, _ = resolve_peak("http://10.0.0.5:8000", "H100 SXM")
+    record = scrape_twice(server.text, lambda: server.decode(200, read_bytes_per_token=1e9), peak=peak)
+    assert record.gbs == pytest.approx((200 * 1e9 + 200 * 1e6) / 2 / 1e9)
+    assert record.mbu == pytest.approx(record.gbs / 3350.0)
+
+
+def test_headless_says_the_flag_when_vllms_counters_stay_at_zero(tmp_path, capsys, monkeypatch):
+    """The terminal ends with the hint, and the JSON has no GB/s (not 0) for a flag-off server."""
+    from types import SimpleNamespace
+
+    from engine.attach import client, headless
+
+    server = VllmMetrics(mfu=False)
+
+    def fetch_metrics(url, timeout_s, api_key, clock):
+        server.decode(50)  # the server keeps decoding between scrapes
+        return parse_metrics(server.text(), clock())
+    monkeypatch.setattr(client, "fetch_metrics", fetch_metrics)
+    args = SimpleNamespace(url="http://10.0.0.5:8000", gpu="H100 SXM", interval=0.02, api_key=None, seconds=0.1,
+                           json=str(tmp_path / "s.json"))
+    assert headless.run_headless(args) == 0
+    err = capsys.readouterr().err
+    assert "start vLLM with --enable-mfu-metrics" in err
+    records = json.loads((tmp_path / "s.json").read_text())["records"]
+    assert len(records) >= 2 and any(r["generation_tokens_per_s"] for r in records)
+    assert all(r["gbs"] is None and r["mbu"] is None for r in records)
+
+
+def test_sglang_priority_scheduling_counts_the_total_series_once():
+    """--enable-priority-scheduling: a series per priority beside the total (priority="")."""
+    server = SglangMetrics(priorities=("0", "1"))
+    server.log_stats(running={"": 5, "0": 2, "1": 3}, queue={"": 4, "0": 1, "1": 3})
+    text = server.text()
+    assert 'sglang:num_running_reqs{engine_type="unified",model_name="m",pp_rank="0",priority="",tp_rank="0"} 5.0' \
+        in text and "_created" not in text and "process_start_time_seconds" not in text
+    record = scrape_twice(server.text, lambda: server.decode(300, prompt=100))
+    assert record.running == 5 and record.waiting == 4  # not 10 and 8, and tp_rank 1 counted once
+    assert record.generation_tokens_per_s == pytest.approx(150.0)
+
+
+def test_sglang_without_priority_scheduling_reads_its_plain_series():
+    server = SglangMetrics()
+    server.log_stats(running={"": 3}, queue={"": 2})
+    record = scrape_twice(server.text, lambda: server.decode(10))
+    assert record.running == 3 and record.waiting == 2
+
+
+def test_sglang_acceptance_is_shown_only_while_it_speculates():
+    """SGLang sets spec_accept_rate (and spec_accept_length) to 0 when speculation is off."""
+    off = SglangMetrics()
+    off.log_stats(running={"": 1}, queue={"": 0})
+    record = scrape_twice(off.text, lambda: off.decode(10))
+    assert 'sglang:spec_accept_rate{engine_type="unified",model_name="m",pp_rank="0",tp_rank="0"} 0.0' in off.text()
+    assert math.isnan(record.spec_acceptance)
+    on = SglangMetrics(speculative=True)
+    on.log_stats(running={"": 1}, queue={"": 0}, accept_length=2.6, accept_rate=0.4)
+    record = scrape_twice(on.text, lambda: on.decode(10))
+    assert record.spec_acceptance == pytest.approx(0.4)
+
+
+def test_prompt_rate_says_what_each_server_counts():
+    vllm = VllmMetrics()
+    record = scrape_twice(vllm.text, lambda: vllm.decode(10, prompt=40))
+    assert record.prompt_tokens_per_s == pytest.approx(20.0)
+    assert record.prompt_tokens_meaning == "prefix-cache hits included"
+    assert "prompt 20.0 tok/s (prefix-cache hits included)" in summary_line(record, 0.0)
+    sglang = SglangMetrics()
+    record = scrape_twice(sglang.text, lambda: sglang.decode(10, prompt=40))
+    assert record.prompt_tokens_meaning == "computed: cache hits excluded"
+    builder = SeriesBuilder()
+    _, record = feed(builder, (0.0, llamacpp_text(0, 0, 0, prompt=0)), (1.0, llamacpp_text(0, 0, 0, prompt=12)))
+    assert record.prompt_tokens_meaning == "evaluated: reused cache excluded"
+
+
+class FakeStream:
+    """An HTTP response streaming OpenAI chunks, each at its own time on `clock` (set as it is read)."""
+
+    def __init__(self, chunks: list[tuple[float, dict]], clock: list[float]):
+        self.status, self.reason, self.chunks, self.clock = 200, "OK", chunks, clock
+
+    def __iter__(self):
+        for t, chunk in self.chunks:
+            self.clock[0] = t
+            yield f"data: {json.dumps(chunk)}\n".encode()
+            yield b"\n"
+        yield b"data: [DONE]\n"
+
+
+@pytest.mark.parametrize("server,field", [("vllm", "reasoning"), ("sglang", "reasoning_content")])
+def test_a_reasoning_models_thinking_is_timed_for_ttft_and_tokens_per_s(monkeypatch, server, field):
+    """vLLM streams thinking as delta.reasoning, SGLang as delta.reasoning_content, before the
+    answer's delta.content: the first token is the first thought, and tok/s spans all of them."""
+    from engine.attach import client
+
+    clock = [0.0]
+    role = {"role": "assistant", "content": ""} if server == "vllm" else {"role": "assistant", "content": None}
+    chunks = [(0.5, {"choices": [{"index": 0, "delta": role, "finish_reason": None}]})]
+    chunks += [(0.5 + 0.1 * i, {"choices": [{"index": 0, "delta": {field: f"think {i} "}, "finish_reason": None}]})
+               for i in range(1, 21)]  # 20 thoughts, 0.6 .. 2.5 s
+    chunks += [(2.5 + 0.1 * i, {"choices": [{"index": 0, "delta": {"content": f"word{i} "}, "finish_reason": None}]})
+               for i in range(1, 6)]  # 5 answer tokens, 2.6 .. 3.0 s
+    chunks.append((3.0, {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 25}}))
+
+    class Connection:
+        def request(self, *args, **kwargs):
+            pass
+
+        def getresponse(self):
+            return FakeStream(chunks, clock)
+
+        def close(self):
+            pass
+    monkeypatch.setattr(client, "_connection", lambda url, timeout: (Connection(), ""))
+    *pieces, done = client.stream_chat("http://x:1", [{"role": "user", "content": "why?"}], clock=lambda: clock[0])
+    assert "".join(pieces) == done.text == "word1 word2 word3 word4 word5 "  # the answer alone is the reply
+    assert done.ttft_s == pytest.approx(0.6)  # the first thought, not the answer's first word (2.6 s)
+    assert done.stream_s == pytest.approx(2.4) and done.n_tokens == 25 and done.reasoning_chunks == 20
+    assert done.tokens_per_s == pytest.approx(24 / 2.4)

@@ -117,8 +117,8 @@ def test_model_logits_are_the_same_with_either_backend_cached_or_not():
                 torch.testing.assert_close(step[:, 0], full[:, pos], rtol=1e-5, atol=1e-5)
             static = ContiguousKVCache(CFG, 1, CFG.max_seq_len, torch.float32, "cpu")
             model(tokens[:, :16], 0, static, attention=backend)
-            for pos in range(16, 24):  # the graph-capturable step over a masked bucket
-                got = model.forward_decode_static(tokens[:, pos:pos + 1], torch.tensor([pos]), static, kv_len=32,
+            for pos in range(16, 24):  # the graph-capturable step over the whole buffer
+                got = model.forward_decode_static(tokens[:, pos:pos + 1], torch.tensor([pos]), static,
                                                   attention=backend)
                 torch.testing.assert_close(got[:, 0], full[:, pos], rtol=1e-5, atol=1e-5)
 

@@ -168,11 +168,95 @@ def test_models_lists_what_is_on_disk_with_fit_and_ceiling(capsys, tmp_path, mon
     assert "Llama" in smol and "135 M" in smol and "Q4_1" in smol and "fp32" in smol and "tok/s" in smol
     assert smol.rstrip().endswith(str(mine / "smol.gguf"))
     broken = lines.index(next(line for line in lines if line.startswith("broken.gguf")))
-    assert lines[broken + 1].strip().startswith("why:") and "2 found, 1 membound can run" in out
+    assert lines[broken + 1].strip().startswith("why:") and "3 found, 2 membound can run" in out
+    assert any(line.startswith("SmolLM2-135M-Instruct") for line in lines)  # the bundled default model
     code, out, _ = run_cli(capsys, "models", "--device", "cpu", "--supported")  # the folder was remembered
     assert "smol.gguf" in out and "broken.gguf" not in out
     code, _, err = run_cli(capsys, "models", "--add-folder", str(tmp_path / "nowhere"))
     assert_one_line_error(code, err, "is not a folder")
+
+
+@pytest.mark.parametrize("kind", ["not-gguf", "truncated-header", "unsupported-gguf", "unsupported-hf"])
+def test_a_bad_or_unsupported_file_is_refused_before_torch_and_the_bandwidth_probe(tmp_path, kind):
+    """The file's header and architecture are read first: the one line comes before torch is
+    imported and before the bandwidth probe (~20 s on a CPU), so it answers at once."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import gguf
+
+    if kind == "not-gguf":
+        model = tmp_path / "notes.gguf"
+        model.write_text("these are not weights")
+        needle = "is not a GGUF file"
+    elif kind == "truncated-header":
+        model = tmp_path / "cut.gguf"
+        model.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x05\x00" * 20)
+        needle = "cut.gguf"
+    elif kind == "unsupported-gguf":
+        model = tmp_path / "mamba.gguf"
+        writer = gguf.GGUFWriter(str(model), "mamba")
+        writer.add_block_count(1)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        needle = "mamba.gguf: unsupported architecture 'mamba'"
+    else:
+        model = tmp_path / "mamba-hf"
+        model.mkdir()
+        (model / "config.json").write_text(json.dumps({"architectures": ["MambaForCausalLM"]}))
+        needle = "unsupported architecture 'MambaForCausalLM'"
+    code = ("import sys, types\n"  # the probe's module, replaced by one that fails the test if it is used
+            "probe = types.ModuleType('engine.hardware.detect')\n"
+            "def detect_device(*a, **k): raise SystemExit('the bandwidth probe ran')\n"
+            "probe.detect_device = detect_device\n"
+            "sys.modules['engine.hardware.detect'] = probe\n"
+            "from engine.cli import main\n"
+            f"rc = main(['chat', '--prompt', 'hi', '--model', {str(model)!r}])\n"
+            "print('torch imported' if 'torch' in sys.modules else 'no torch', rc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.split() == ["no", "torch", "2"], out.stderr
+    assert_one_line_error(2, out.stderr, needle)
+
+
+def test_a_base_model_chats_as_plain_text_and_raw_completes_a_prompt_as_written(capsys, tmp_path, monkeypatch):
+    """A GGUF with no chat template and no turn tokens (a base model): the chat says so in one line
+    and feeds the conversation as plain text; --raw continues the prompt exactly as written, with
+    the BOS its SentencePiece vocabulary asks for: transformers' greedy continuation, token for token."""
+    import torch
+    from model_files import hf_greedy, tiny_hf, write_gguf
+    from test_engine import fake_cpu
+
+    from engine.engine import Engine
+    from engine.events import TokenEvent
+    from engine.hardware import detect
+    from engine.settings import SamplingParams, Settings
+
+    monkeypatch.setattr(detect, "_detect_cpu", lambda measure, report, remeasure=False: fake_cpu())  # no probe here
+    torch.manual_seed(0)
+    hf = tiny_hf("llama", seed=5, vocab_size=400)
+    path = write_gguf(hf, tmp_path / "base.gguf", sentencepiece=True)
+    code, out, err = run_cli(capsys, "chat", "--model", str(path), "--prompt", "hello world", "--greedy",
+                             "--max-tokens", "6", "--quiet")
+    assert code == 0, err
+    assert "no chat template in the file (a base model): the conversation is fed as plain text" in err
+    assert "base model: plain text, no chat template" in err  # on the model line too
+    code, out, err = run_cli(capsys, "chat", "--model", str(path), "--raw", "--prompt", "hello world", "--greedy",
+                             "--max-tokens", "6", "--quiet")
+    assert code == 0 and out.strip() and "raw completion" in err and "BOS first" in err
+    assert "no chat template" not in err.split("raw completion")[1]
+
+    greedy = Settings(max_new_tokens=8, sampling=SamplingParams(greedy=True, temperature=0.0))
+    engine = Engine(str(path), hardware=fake_cpu(), settings=greedy)
+    prompt = engine.tokenizer.encode("hello world")
+    assert prompt[0] == 1 and engine.tokenizer.render_chat([{"role": "user", "content": "hi"}]) == \
+        "User: hi\n\nAssistant:"
+    ids = [e.token_id for e in engine.complete("hello world") if isinstance(e, TokenEvent) and e.token_id >= 0]
+    assert ids == hf_greedy(hf, prompt, 8)
+    assert engine.messages == []  # a completion is not a conversation turn
 
 
 def test_chat_quantises_the_weights_it_is_asked_to(capsys):

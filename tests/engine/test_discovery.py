@@ -10,7 +10,6 @@ from pathlib import Path
 
 import gguf
 import pytest
-import torch
 from model_files import save_hf_folder, tiny_hf, write_gguf
 
 from engine.hardware.ceilings import Chip, fit_on
@@ -18,13 +17,7 @@ from engine.io.discovery import add_user_folder, discover, row_cells, scan_hf_ca
 from engine.io.loader import load_model
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models: one thread is faster than two waiting on each other on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models (tests/conftest.py)
 
 COMMIT = "a" * 40
 
@@ -125,7 +118,7 @@ def by_name(rows):
 
 def test_every_store_is_found_and_every_broken_entry_says_why(machine):
     home, env = machine
-    rows = by_name(discover(home=home, env=env))
+    rows = by_name(discover(home=home, env=env, bundled=False))
     good = {name for name, r in rows.items() if r.supported}
     assert good == {"org/tiny-llama", "org/tiny-gguf/tiny-llama.Q8_0.gguf", "tiny-qwen:latest",
                     "publisher/tiny-qwen-GGUF/tiny-qwen.F32.gguf", "org_tiny-llama_tiny-llama.Q8_0.gguf"}
@@ -202,7 +195,7 @@ def test_fit_and_the_seed_formula_ceiling(machine):
 
 
 def test_a_missing_or_unreadable_cache_is_no_crash(tmp_path):
-    assert discover(home=tmp_path / "nobody", env={}) == []
+    assert discover(home=tmp_path / "nobody", env={}, bundled=False) == []
     assert scan_ollama(tmp_path / "no-ollama") == []
     weird = tmp_path / "hub"
     weird.write_text("a file where the cache should be")
@@ -245,5 +238,17 @@ def test_a_folder_that_cannot_be_read_is_a_row_not_a_crash(tmp_path, monkeypatch
 
     monkeypatch.setattr(discovery, "scan_folder", scan_folder)
     monkeypatch.setattr(Path, "is_dir", is_dir)
-    rows = discover([locked, behind], home=tmp_path / "home", env={"OLLAMA_MODELS": str(tmp_path / "none")})
+    rows = discover([locked, behind], home=tmp_path / "home", env={"OLLAMA_MODELS": str(tmp_path / "none")},
+                    bundled=False)
     assert [(r.name, r.reason) for r in rows] == [(str(locked), "cannot read: Permission denied")]
+
+
+def test_the_bundled_default_model_is_listed_first(tmp_path):
+    """A machine with nothing but membound on it has the model membound ships with."""
+    from engine.io.default_model import find_default_model
+
+    rows = discover(home=tmp_path / "nobody", env={})
+    assert len(rows) == 1
+    row = rows[0]
+    assert (row.source, row.path, row.supported) == ("bundled", str(find_default_model()), True)
+    assert row.architecture == "Llama" and row.file_type == "Q4_1" and row.cfg.dim == 576

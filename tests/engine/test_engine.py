@@ -26,11 +26,11 @@ def fake_cpu() -> DeviceSpec:
                       memory_total_bytes=None, source="CPU — measured bandwidth", nvml=False)
 
 
-def make_engine(settings=GREEDY, seed=0) -> Engine:
+def make_engine(settings=GREEDY, seed=0, context=None) -> Engine:
     w = synthetic_weights(CFG, torch.float32, "cpu", seed=seed)
     w = {k: (v * 20 if "norm" not in k else v) for k, v in w.items()}  # sharper logits: fewer near-ties
     loaded = LoadedWeights(CFG, w, ByteTokenizer(CFG.vocab_size), "synthetic", "tiny", "fp32")
-    return Engine(loaded, device="cpu", hardware=fake_cpu(), settings=settings)
+    return Engine(loaded, device="cpu", hardware=fake_cpu(), settings=settings, context=context)
 
 
 def run(events):
@@ -208,3 +208,21 @@ def test_masked_tokens_are_never_sampled_on_any_path(how):
     assert done.n_new_tokens == 40 and tokens.count(common[0]) >= 2
     masked, _, done, _ = run(make_engine(settings).generate(prompt, ignore_eos=True, masked_ids=frozenset(common)))
     assert done.n_new_tokens == 40 and not set(masked) & set(common)
+
+
+def test_a_model_no_int4_group_fits_chats_at_fp32_with_int4_refused_and_why(tmp_path):
+    """intermediate_size 200: no INT4 group (32, 64, 128) divides w_down's inputs. That refuses INT4
+    alone; the group size is not in use at fp weights, so the model loads and chats."""
+    from model_files import save_hf_folder, tiny_llama
+
+    folder = save_hf_folder(tiny_llama(intermediate_size=200), tmp_path / "ffn200")
+    eng = Engine(str(folder), device="cpu", hardware=fake_cpu(), settings=GREEDY)
+    tokens, _, done, _ = run(eng.chat("hello"))
+    assert done.n_new_tokens == len(tokens) > 0
+    caps, running = eng.capabilities(), eng.settings
+    assert caps.refusal(running) == "" and caps.refusal(replace(running, group_size=64)) == ""
+    reason = caps.refusal(replace(running, weights="int4"))
+    assert reason == "int4 group size 32 does not divide w_down (ffn_dim) = 200 of ffn200: this model cannot run int4"
+    assert caps.refusal(replace(running, weights="int8")) == ""
+    with pytest.raises(EngineError, match="cannot run int4"):
+        eng.apply(replace(running, weights="int4"))

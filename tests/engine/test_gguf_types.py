@@ -10,13 +10,7 @@ from engine.io.gguf_file import open_gguf
 from engine.io.loader import load_model, unpermute_qk
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models: one thread is faster than two waiting on each other on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models (tests/conftest.py)
 
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 # byte offsets of the fp16 scales in each K-quant block (ggml's block layouts)
@@ -88,3 +82,21 @@ def test_mixed_file_says_what_it_held(tmp_path):
     loaded = load_model(path, dtype=torch.bfloat16)
     assert loaded.file_format == "Q4_K_M" and "Qwen2, Q4_K_M → bf16" in loaded.label
     assert loaded.weights["layers.0.wqkv"].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+def test_our_k_quant_encoders_decode_with_gguf_to_the_weights(name):
+    """The test files' Q4_K/Q6_K blocks (tests/engine/kquants.py) are real K-quants: gguf's own
+    dequantiser reads them back to the weights within the type's step."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+    from kquants import ENCODERS
+
+    w = np.random.default_rng(3).normal(0.0, 0.2, size=(8, 512)).astype(np.float32)
+    w[0, :256] = 0.0  # an all-zero block
+    back = dequantize(ENCODERS[name](w), GGMLQuantizationType[name])
+    assert back.shape == w.shape and np.isfinite(back).all()
+    step = {"Q4_K": 1 / 15, "Q6_K": 1 / 31}[name]  # one code step of each sub-block's range
+    assert np.abs(back - w).max() <= 1.1 * step * 2 * np.abs(w).max()
+    assert np.abs(back - w).mean() < 0.25 * step * np.abs(w).max()
+    assert np.all(back[0, :256] == 0.0)

@@ -11,7 +11,8 @@ from engine.io.loader import synthetic_weights
 from engine.kv.cache import ContiguousKVCache
 from engine.model.config import ModelConfig
 from engine.model.transformer import Transformer
-from kernels import registry as kernel_registry
+from engine.context import EngineContext
+from engine.options import EngineOptions
 
 CFG = ModelConfig(name="tiny", dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, vocab_size=97, max_seq_len=64)
 
@@ -37,12 +38,12 @@ def model(seed=0):
 def decode(decoder, m, cache, pos):
     tok = torch.tensor([[pos % CFG.vocab_size]])
     with torch.inference_mode():
-        return decoder.decode(m, cache, tok, pos, decoder.bucket(True, pos, cache.max_len), "flash")
+        return decoder.decode(m, cache, tok, pos, "flash")
 
 
 def test_steps_count_as_captures_then_replays_and_match_eager(compiles):
-    kernel_registry.disable("cpu_step", "the reference is PyTorch's eager step")
     m, decoder = model(), GraphDecoder("cuda")
+    m.bind(EngineContext(EngineOptions(cpu_step=False)))  # the reference is PyTorch's eager step
     cache = ContiguousKVCache(CFG, 1, CFG.max_seq_len, torch.float32, "cpu")
     eager = ContiguousKVCache(CFG, 1, CFG.max_seq_len, torch.float32, "cpu")
     before = dispatch.counts()
@@ -56,7 +57,10 @@ def test_steps_count_as_captures_then_replays_and_match_eager(compiles):
     torch.testing.assert_close(cache.k[:, :, :, :5], eager.k[:, :, :, :5])
     ran = dispatch.since(before)
     assert ran["decode step"] == {"compiled, capturing the cuda graph": CAPTURE_CALLS, "cuda graph": 5 - CAPTURE_CALLS}
-    assert ran["attention decode"]["torch SDPA (in the CUDA graph)"] == 5 * CFG.n_layers
+    # as on a GPU with the flash kernel: its loop reads the live keys (these CPU tensors take the op's CPU branch)
+    assert ran["attention decode"]["triton flash_decode (in the CUDA graph)"] == 5 * CFG.n_layers
+    assert decoder.kv_read_tokens(m, 4, cache.max_len, "flash") is None
+    assert decoder.kv_read_tokens(m, 4, cache.max_len, "naive") == cache.max_len  # naive: the whole buffer, masked
 
 
 def test_compiled_steps_are_kept_per_model_and_dropped_with_the_cache(compiles):
@@ -79,7 +83,7 @@ def test_a_failed_compile_switches_graphs_off_with_the_reason(monkeypatch):
     logits = decode(decoder, m, cache, 0)  # still answered, eagerly
     assert logits.shape == (1, 1, CFG.vocab_size) and cache.length == 1
     assert decoder.unavailable == "capture failed: RuntimeError: Triton is missing" and decoder.replays == 0
-    assert decoder.bucket(True, 1, cache.max_len) is None  # eager from now on
+    assert not decoder.active(True)  # eager from now on
 
 
 def test_a_graph_inductor_skipped_switches_graphs_off(compiles, monkeypatch):
@@ -113,3 +117,32 @@ def test_the_cpu_compiled_step_for_the_overhead_sweep(compiles, monkeypatch):
         decode(decoder, m, cache, pos)
     assert decoder.replays == 3 and not decoder.unavailable and len(compiles) == 1
     assert dispatch.since(before)["decode step"] == {"compiled step (Inductor C++)": 3}
+
+
+@pytest.mark.parametrize("on_gpu", [False, True])
+def test_the_captured_step_keeps_each_layers_attention_options(monkeypatch, on_gpu):
+    """Gemma 2's soft-capped scores and 8-key window on every other layer, through the capturable step
+    over the whole buffer: the same logits as eager decoding, token by token, on the CPU's branch (the
+    live keys sliced) and the GPU's (the buffer masked, as no kernel takes these options: the cost
+    model is told the whole buffer is read)."""
+    from engine.model import attention
+    monkeypatch.setattr(attention, "_on_gpu", lambda q: on_gpu)
+    cfg = ModelConfig.from_gguf_metadata({
+        "general.architecture": "gemma2", "gemma2.embedding_length": 64, "gemma2.attention.head_count": 4,
+        "gemma2.block_count": 2, "gemma2.feed_forward_length": 96, "gemma2.vocab_size": 97,
+        "gemma2.attention.key_length": 16, "gemma2.attention.sliding_window": 8, "gemma2.context_length": 64,
+        "gemma2.attn_logit_softcapping": 50.0, "gemma2.final_logit_softcapping": 30.0})
+    m = Transformer(cfg, synthetic_weights(cfg, torch.float32, "cpu", seed=4),
+                    EngineContext(EngineOptions(cpu_step=False)))  # the reference is PyTorch's eager step
+    tokens = torch.randint(0, cfg.vocab_size, (1, 30), generator=torch.Generator().manual_seed(4))
+    eager = ContiguousKVCache(cfg, 1, cfg.max_seq_len, torch.float32, "cpu")
+    static = ContiguousKVCache(cfg, 1, cfg.max_seq_len, torch.float32, "cpu")
+    with torch.inference_mode():
+        m(tokens[:, :10], 0, eager)
+        m(tokens[:, :10], 0, static)
+        for pos in range(10, 30):  # past the window: it slides
+            want = m(tokens[:, pos:pos + 1], pos, eager)
+            got = m.forward_decode_static(tokens[:, pos:pos + 1], torch.tensor([pos]), static)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert GraphDecoder("cuda").kv_read_tokens(m, 29, cfg.max_seq_len, "flash") == cfg.max_seq_len
+    assert GraphDecoder("cuda").kv_read_tokens(model(), 29, CFG.max_seq_len, "flash") is None  # Llama: the kernel

@@ -10,6 +10,7 @@ import types
 import pytest
 import torch
 
+from engine.context import EngineContext, reset_default_context
 from engine.hardware import detect as hardware
 from engine.hardware.detect import detect_device
 from engine.hardware.nvml import HardwareSample, NvmlSampler, nvml_status
@@ -124,18 +125,18 @@ def test_device_spec_is_frozen_plain_data():
 
 @pytest.fixture(scope="module")
 def cpu_spec_and_progress(tmp_path_factory):
-    hardware._SPEC_CACHE.pop(("cpu", 0, True), None)  # measure here, so progress is reported
-    messages: list[str] = []
+    messages: list[str] = []  # a context of its own: measured here, so progress is reported
+    context = EngineContext()
     saved = os.environ["MEMBOUND_ROOF_CACHE"]
     os.environ["MEMBOUND_ROOF_CACHE"] = str(tmp_path_factory.mktemp("roof") / "roof.json")  # nothing cached yet
     try:
-        yield detect_device("cpu", progress=messages.append), messages
+        yield detect_device("cpu", progress=messages.append, context=context), messages, context
     finally:
         os.environ["MEMBOUND_ROOF_CACHE"] = saved
 
 
 def test_detect_cpu_measures_the_cpu(cpu_spec_and_progress):
-    spec, messages = cpu_spec_and_progress
+    spec, messages, _ = cpu_spec_and_progress
     assert spec.kind == "cpu"
     assert 1 < spec.measured_bandwidth_gbs < 1000
     assert spec.peak_bandwidth_gbs == spec.measured_bandwidth_gbs
@@ -149,15 +150,15 @@ def test_detect_cpu_measures_the_cpu(cpu_spec_and_progress):
 
 
 def test_detect_cpu_is_cached(cpu_spec_and_progress):
-    spec, _ = cpu_spec_and_progress
+    spec, _, context = cpu_spec_and_progress
     again: list[str] = []
-    assert detect_device("cpu", progress=again.append) is spec
+    assert detect_device("cpu", progress=again.append, context=context) is spec  # measured once per context
     assert again == []
 
 
 def test_detect_auto_without_gpu_is_cpu(cpu_spec_and_progress, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert detect_device("auto") is cpu_spec_and_progress[0]
+    assert detect_device("auto", context=cpu_spec_and_progress[2]) is cpu_spec_and_progress[0]
 
 
 @pytest.mark.parametrize("device", ["cuda", "cuda:0"])
@@ -448,7 +449,7 @@ def fake_cuda(fake_nvml, monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: device.name)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=0: device)
-    monkeypatch.setattr(hardware, "_SPEC_CACHE", {})
+    reset_default_context()  # nothing measured before the fake GPU came (tests/conftest.py resets it after)
     return device
 
 

@@ -7,58 +7,60 @@ from dataclasses import replace
 import pytest
 import torch
 
-from engine import faults
+from engine.context import EngineContext
 from engine.events import TokenEvent
+from engine.faults import Faults, InjectedFault
 from engine.graphs import GraphDecoder
 from engine.host import EngineHost
 from engine.kernel_checks import CHECKS, check_graphs, check_kernels, mismatch, run_checks
 from engine.protocol import Load
-from kernels import registry
+from kernels.registry import KERNELS, KernelSwitches
 from tests.engine.test_engine import GREEDY, fake_cpu, make_engine
 
 
 @pytest.fixture
 def inject(monkeypatch):
-    """inject("kernel_check:int4"): MEMBOUND_FAULTS as a spawned engine process would read it."""
+    """inject("kernel_check:int4"): MEMBOUND_FAULTS as a spawned engine process would read it (an
+    engine's context reads it when it is made)."""
     def set_faults(text: str) -> None:
         monkeypatch.setenv("MEMBOUND_FAULTS", text)
-        monkeypatch.setattr(faults, "_faults", None)
-        monkeypatch.setattr(faults, "_reached", {})
-    yield set_faults
-    faults._faults = None  # re-read (unset) after monkeypatch has put the environment back
+    return set_faults
 
 
-def test_the_registry_keeps_the_first_reason_and_knows_its_kernels():
-    assert all(registry.enabled(name) and registry.reason(name) == "" for name in registry.KERNELS)
-    registry.disable("int4", "max error 0.3")
-    registry.disable("int4", "a later reason")
-    assert not registry.enabled("int4") and registry.reason("int4") == "max error 0.3"
-    assert registry.enabled("int8") and registry.disabled() == {"int4": "max error 0.3"}
+def test_the_switches_keep_the_first_reason_and_know_their_kernels():
+    switches = KernelSwitches()
+    assert all(switches.enabled(name) and switches.reason(name) == "" for name in KERNELS)
+    switches.disable("int4", "max error 0.3")
+    switches.disable("int4", "a later reason")
+    assert not switches.enabled("int4") and switches.reason("int4") == "max error 0.3"
+    assert switches.enabled("int8") and switches.disabled() == {"int4": "max error 0.3"}
     with pytest.raises(ValueError, match="unknown kernel 'int2'"):
-        registry.disable("int2", "no such kernel")
-    registry.reset()
-    assert registry.enabled("int4")
-    assert {check.kernel for check in CHECKS} == set(registry.KERNELS)
+        switches.disable("int2", "no such kernel")
+    assert KernelSwitches().disabled() == {}  # each engine's context has its own
+    switches.reset()
+    assert switches.enabled("int4")
+    assert {check.kernel for check in CHECKS} == set(KERNELS)
 
 
-def test_a_named_kernel_check_fault_fails_that_check_only(inject):
-    inject("kernel_check:int4+paged")
+def test_a_named_kernel_check_fault_fails_that_check_only():
+    named = Faults("kernel_check:int4+paged")
     for name in ("int4", "paged"):
-        with pytest.raises(faults.InjectedFault, match=f"the {name} kernel's check"):
-            faults.inject_kernel_check(name)
-    faults.inject_kernel_check("int8")  # not named: nothing happens
-    inject("kernel_check@2")  # a plain kind: the second check reached fails
-    faults.inject_kernel_check("int8")
-    with pytest.raises(faults.InjectedFault):
-        faults.inject_kernel_check("int4")
+        with pytest.raises(InjectedFault, match=f"the {name} kernel's check"):
+            named.inject_kernel_check(name)
+    named.inject_kernel_check("int8")  # not named: nothing happens
+    second = Faults("kernel_check@2")  # a plain kind: the second check reached fails
+    second.inject_kernel_check("int8")
+    with pytest.raises(InjectedFault):
+        second.inject_kernel_check("int4")
+    Faults("").inject("load")  # none asked for: nothing happens
 
 
 def test_on_a_cpu_only_the_cpu_step_check_runs_and_no_kernel_is_switched_off():
     engine = make_engine()
     results = run_checks(engine)
-    assert [r.kernel for r in results] == list(registry.KERNELS)
+    assert [r.kernel for r in results] == list(KERNELS)
     assert [r.kernel for r in results if r.ran] == ["cpu_step"] and not any(r.problem for r in results)
-    assert check_kernels(engine) == {} and registry.disabled() == {}
+    assert check_kernels(engine) == {} and engine.context.kernels.disabled() == {}
     assert engine.graphs.unavailable == "not on a GPU"
 
 
@@ -69,12 +71,14 @@ def test_an_injected_failure_switches_its_kernel_off_with_a_note_for_its_option(
     note = engine.kernel_notes["weights=int4"]
     assert note.startswith("INT4 Triton kernel failed its check (InjectedFault: injected fault in the int4")
     assert note.endswith("— using the PyTorch path") and "\n" not in note
-    assert list(engine.kernel_notes) == ["weights=int4"] and not registry.enabled("int4")
+    assert list(engine.kernel_notes) == ["weights=int4"] and not engine.context.kernels.enabled("int4")
     capabilities = engine.capabilities()
     assert capabilities.note("weights", "int4") == note and capabilities.note("weights", "int8") == ""
-    # switched off for the process: a later load does not check it again, and says so again
-    assert check_kernels(make_engine()) == {"weights=int4": note}
-    assert all(r.kernel != "int4" for r in run_checks(make_engine()))
+    # switched off in the context: a later engine of it (the host's next load) does not check it
+    # again, and says so again; an engine of its own context checks it afresh
+    assert check_kernels(make_engine(context=engine.context)) == {"weights=int4": note}
+    assert all(r.kernel != "int4" for r in run_checks(make_engine(context=engine.context)))
+    assert any(r.kernel == "int4" for r in run_checks(make_engine()))
 
 
 def test_a_failed_graph_check_tells_the_graph_decoder_why(inject):
@@ -84,8 +88,9 @@ def test_a_failed_graph_check_tells_the_graph_decoder_why(inject):
     assert notes["cuda_graphs=True"].startswith("CUDA-graph decode failed its check")
     assert notes["cuda_graphs=True"].endswith("— decoding without graphs")
     assert engine.graphs.unavailable.startswith("failed its check at load: InjectedFault")
-    later = GraphDecoder("cuda")  # an engine made later in this process never tries graphs
-    assert later.unavailable == registry.reason("graphs") and later.bucket(True, 10, 4096) is None
+    later = GraphDecoder("cuda", kernels=engine.context.kernels)  # a later engine of its context never tries graphs
+    assert later.unavailable == engine.context.kernels.reason("graphs") and not later.active(True)
+    assert not GraphDecoder("cuda", kernels=EngineContext().kernels).unavailable  # another engine's: its own
 
 
 def test_the_host_publishes_the_notes_with_the_model(inject, tiny_weights):
@@ -107,7 +112,7 @@ def stand_in_graphs(engine, broken: str = "", cuda_graphs: bool = True):
     graphs.unavailable = ""
     engine.settings = replace(engine.settings, cuda_graphs=cuda_graphs)  # a CPU engine's say False
 
-    def decode(model, cache, tokens, start, kv_len, attention):
+    def decode(model, cache, tokens, start, attention):
         if broken == "capture":
             graphs.unavailable = "capture failed: BackendCompilerFailed: inductor"
             return model(tokens, start_pos=start, cache=cache, attention=attention)
@@ -116,9 +121,9 @@ def stand_in_graphs(engine, broken: str = "", cuda_graphs: bool = True):
         if broken == "stale":
             return model(tokens, attention=attention)
         if broken == "rounding":  # a fused graph rounds differently, by about bf16's step
-            logits = model.forward_decode_static(tokens, torch.tensor([start]), cache, kv_len, attention)
+            logits = model.forward_decode_static(tokens, torch.tensor([start]), cache, attention)
             return logits + 0.02 * logits.abs().max() * torch.sign(torch.randn_like(logits))
-        return model.forward_decode_static(tokens, torch.tensor([start]), cache, kv_len, attention)
+        return model.forward_decode_static(tokens, torch.tensor([start]), cache, attention)
     graphs.decode = decode
     return graphs
 
@@ -189,11 +194,12 @@ def test_a_cpu_step_that_disagrees_with_pytorch_is_switched_off_and_pytorch_deco
     engine = make_engine()
     notes = check_kernels(engine)
     assert notes["attention=flash"].startswith("C++ CPU decode step failed its check (max error")
-    assert notes["attention=flash"].endswith("— using PyTorch's step") and not registry.enabled("cpu_step")
+    assert notes["attention=flash"].endswith("— using PyTorch's step")
+    assert not engine.context.kernels.enabled("cpu_step")
     monkeypatch.undo()
     ids = engine.tokenizer.encode("hello")
     steps = [e for e in engine.generate(ids, max_new_tokens=3) if type(e).__name__ == "StepMetrics"]
-    assert len(steps) == 3 and cpu_step.unavailable_reason().startswith("max error")
+    assert len(steps) == 3 and cpu_step.unavailable_reason(engine.context).startswith("max error")
 
 
 def test_the_cpu_step_passes_its_check_on_the_default_model_in_bf16():
@@ -204,4 +210,4 @@ def test_the_cpu_step_passes_its_check_on_the_default_model_in_bf16():
     engine = Engine("default", device="cpu", dtype="bf16", max_context=64, hardware=fake_cpu(),
                     settings=Settings(dtype="bf16"))
     results = {r.kernel: r for r in run_checks(engine)}
-    assert results["cpu_step"].ran and results["cpu_step"].problem == "" and registry.enabled("cpu_step")
+    assert results["cpu_step"].ran and results["cpu_step"].problem == "" and engine.context.kernels.enabled("cpu_step")

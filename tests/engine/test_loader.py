@@ -12,13 +12,7 @@ from engine.io.loader import fuse_layers, load_model, synthetic_weights, unpermu
 from engine.model.config import ConfigError, ModelConfig
 from engine.model.transformer import Transformer
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models: one thread is faster than two waiting on each other on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models (tests/conftest.py)
 
 
 CFG = ModelConfig(name="tiny", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=300,

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from engine.bench.hf_compare import build_hf_model
+from engine.context import default_context
 from engine.io.loader import synthetic_weights
 from engine.kv.cache import ContiguousKVCache
 from engine.model.config import ModelConfig
@@ -85,7 +86,7 @@ def test_cpu_gemv_path_equals_plain_linear(rows, monkeypatch):
     from engine.model import transformer as model
     from engine.model.transformer import linear
     monkeypatch.setattr(model, "CPU_GEMV_MAX_ROWS", 8)  # the chunked bmm for every row count here
-    monkeypatch.setattr(model, "chunked_gemv_is_faster", lambda chunks: True)  # whatever this CPU measures
+    monkeypatch.setattr(model, "chunked_gemv_is_faster", lambda chunks, context=None: True)  # whatever this CPU measures
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(96, 40, generator=gen)
     x = torch.randn(rows, 40, generator=gen)
@@ -95,11 +96,13 @@ def test_cpu_gemv_path_equals_plain_linear(rows, monkeypatch):
 
 
 def test_the_gemv_path_is_the_one_this_cpu_measures_faster():
+    from engine.context import EngineContext
     from engine.model import transformer as model
-    model._CHUNKED_FASTER.clear()
-    faster = model.chunked_gemv_is_faster(3)  # a thread count that does not divide 8192
-    assert isinstance(faster, bool) and model._CHUNKED_FASTER == {3: faster}  # measured once, then kept
-    assert model.chunked_gemv_is_faster(3) is faster
+    context = EngineContext()
+    faster = model.chunked_gemv_is_faster(3, context)  # a thread count that does not divide 8192
+    assert isinstance(faster, bool) and context.chunked_gemv_faster == {3: faster}  # measured once, then kept
+    assert model.chunked_gemv_is_faster(3, context) is faster
+    assert EngineContext().chunked_gemv_faster == {}  # each engine's context measures its own
 
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
@@ -117,7 +120,7 @@ def test_linear_takes_the_packed_copy_for_batched_rows_and_matches_matmul(rows, 
     assert y.shape == (1, rows, 96) and y.dtype == dtype
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(y.float(), (x.float() @ lin.weight.float().t()), **tol)
-    packed = model._PACKED.get(lin.weight) is not None
+    packed = default_context().packed_weights.get(lin.weight) is not None  # a layer of no engine's: the default
     assert packed == (rows > model.CPU_GEMV_MAX_ROWS)  # batch-1 decode keeps its GEMV path
 
 
@@ -144,7 +147,7 @@ def test_no_packed_copy_when_memory_is_short(monkeypatch):
     lin = model.Linear(torch.randn(48, 16))
     x = torch.randn(7, 16)
     torch.testing.assert_close(lin(x), x @ lin.weight.t())
-    assert model._PACKED.get(lin.weight) is None
+    assert default_context().packed_weights.get(lin.weight) is None
 
 
 def test_context_longer_than_the_model_is_refused():
@@ -168,7 +171,7 @@ def test_static_decode_path_matches_the_dynamic_one():
         ours(tokens[:, :6], 0, b)
         for pos in range(6, 12):
             expect = ours(tokens[:, pos:pos + 1], pos, a)
-            got = ours.forward_decode_static(tokens[:, pos:pos + 1], torch.tensor([pos]), b, kv_len=32)
+            got = ours.forward_decode_static(tokens[:, pos:pos + 1], torch.tensor([pos]), b)
             torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(a.k[:, :, :, :12], b.k[:, :, :, :12])
 

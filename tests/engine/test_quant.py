@@ -175,10 +175,10 @@ def test_switch_to_int8_then_int4_between_steps_of_one_reply():
         n_steps = sum(isinstance(e, StepMetrics) for e in seen)
         if isinstance(event, StepMetrics) and n_steps == 3:
             eng.apply(Settings(dtype="fp32", max_new_tokens=12, sampling=GREEDY, weights="int8"))
-            eng._quantised.wait(("fp32", "int8", 32))  # make the switch land at the next boundary
+            eng.variants.quantised.wait(("fp32", "int8", 32))  # make the switch land at the next boundary
         if isinstance(event, StepMetrics) and n_steps == 6:
             eng.apply(Settings(dtype="fp32", max_new_tokens=12, sampling=GREEDY, weights="int4", group_size=32))
-            eng._quantised.wait(("fp32", "int4", 32))
+            eng.variants.quantised.wait(("fp32", "int4", 32))
     applied = [e for e in seen if isinstance(e, SettingsApplied)]
     assert [a.changes for a in applied] == [("int8",), ("int4 g32",)]
     steps = [e for e in seen if isinstance(e, StepMetrics)]
@@ -192,13 +192,13 @@ def test_switch_to_int8_then_int4_between_steps_of_one_reply():
 def test_the_reply_keeps_streaming_while_weights_are_made_and_switches_when_ready():
     eng = tiny_engine()
     release = threading.Event()
-    source = eng._fp_model
+    source = eng.variants.fp
 
     def slow_source(name):
         release.wait(10)
         return source(name)
 
-    eng._fp_model = slow_source
+    eng.variants.fp = slow_source
     stream = eng.generate(list(range(1, 20)), max_new_tokens=8, ignore_eos=True)
     seen = [next(stream), next(stream)]  # prefill: metrics, token
     eng.apply(Settings(dtype="fp32", max_new_tokens=12, sampling=GREEDY, weights="int8"))
@@ -208,11 +208,11 @@ def test_the_reply_keeps_streaming_while_weights_are_made_and_switches_when_read
     # a second switch while int8 is being made: int4 is queued behind it, and is what runs
     eng.apply(Settings(dtype="fp32", max_new_tokens=12, sampling=GREEDY, weights="int4"), request_id=9)
     release.set()
-    eng._quantised.wait(("fp32", "int4", 32))
+    eng.variants.quantised.wait(("fp32", "int4", 32))
     seen += list(stream)
     applied = [e for e in seen if isinstance(e, SettingsApplied)]
     assert len(applied) == 1 and applied[0].changes == ("int4 g32",) and applied[0].step >= 3
-    assert applied[0].request_ids == (9,) and eng._quantised.get(("fp32", "int8", 32)) is not None
+    assert applied[0].request_ids == (9,) and eng.variants.quantised.get(("fp32", "int8", 32)) is not None
     assert eng.weights_building is None and eng.model is eng.model_for(eng.settings)
 
 

@@ -13,13 +13,7 @@ from engine.model.rope import inv_frequencies
 from engine.model.transformer import Transformer
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models: one thread is faster than two waiting on each other on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models (tests/conftest.py)
 
 
 def test_rope_base_from_a_transformers_5_config_gives_transformers_greedy_text(tmp_path):

@@ -99,7 +99,7 @@ def test_the_next_turn_takes_over_the_conversation_cached_in_the_batch_pool():
     warm_up(eng)
     first, _, done, _ = run(eng.generate(PROMPT))
     assert done.reason == "max_tokens"
-    scheduler = eng._server.runner.scheduler
+    scheduler = eng.batch.server.runner.scheduler
     assert scheduler.retained_tokens == len(PROMPT) + len(first) - 1  # the last token never ran
     follow = PROMPT + first + [5, 6, 7]
     tokens, _, done, _ = run(eng.generate(follow))
@@ -192,7 +192,7 @@ def test_serve_step_without_users_runs_nothing_but_takes_a_pending_change_at_onc
     assert not eng.serving
     for _ in range(1000):
         assert eng.serve_step() == []
-    assert eng._server is None
+    assert eng.batch.server is None
     eng.apply(replace(GREEDY, attention="naive"), request_id=7)  # between replies: confirmed at once
     [applied] = eng.serve_step()
     assert isinstance(applied, SettingsApplied) and applied.changes == ("naive attention",)
@@ -204,14 +204,14 @@ def test_serve_step_without_users_runs_nothing_but_takes_a_pending_change_at_onc
 def test_users_off_lets_their_requests_finish_then_serving_stops_and_frees_the_pool():
     eng = users_engine(users=4)
     warm_up(eng, steps=3)
-    server = eng._server
+    server = eng.batch.server
     eng.apply(replace(eng.settings, users=0))
     drained = []
     for _ in range(200):
         if not eng.serving:
             break
         drained += eng.serve_step()
-    assert not eng.serving and eng._server is None
+    assert not eng.serving and eng.batch.server is None
     assert any(isinstance(e, StepMetrics) for e in drained)  # in-flight requests were finished, not dropped
     pool = server.runner.cache.manager.pool
     assert pool.num_free == pool.num_blocks and not server.has_unfinished
@@ -225,13 +225,13 @@ def test_a_dtype_switch_while_serving_recomputes_every_request_and_drops_none():
     eng.on_request = lambda event, req: (finished.update([req.request_id]) if event == "finished"
                                          else submitted.add(req.request_id))
     warm_up(eng, steps=4)
-    running = len(eng._server.runner.scheduler.running)
+    running = len(eng.batch.server.runner.scheduler.running)
     eng.apply(replace(eng.settings, dtype="bf16"))
     events = eng.serve_step()
     assert isinstance(events[0], SettingsApplied) and events[0].changes == ("bf16",)
     stats = next(e for e in events if isinstance(e, BatchStats))
     assert stats.preempted_total >= running > 0
-    assert eng._server.runner.cache.k.dtype == torch.bfloat16
+    assert eng.batch.server.runner.cache.k.dtype == torch.bfloat16
     eng.apply(replace(eng.settings, users=0))
     while eng.serving:
         eng.serve_step()
@@ -245,7 +245,7 @@ def test_a_failed_batched_step_ends_the_batch_with_every_request_cancelled_once(
     eng.on_request = lambda event, req: (finished.update([req.request_id]) if event == "finished"
                                          else submitted.add(req.request_id))
     warm_up(eng, steps=3)
-    runner = eng._server.runner
+    runner = eng.batch.server.runner
 
     def broken_step():
         runner.scheduler.schedule()  # the scheduler is left mid-step, as a real failure would
@@ -254,7 +254,7 @@ def test_a_failed_batched_step_ends_the_batch_with_every_request_cancelled_once(
     runner.step = broken_step
     with pytest.raises(RuntimeError, match="device lost"):
         eng.serve_step()
-    assert eng._server is None and set(finished) == submitted and set(finished.values()) == {1}
+    assert eng.batch.server is None and set(finished) == submitted and set(finished.values()) == {1}
     assert eng.serving  # users are still asked for: the next step starts a fresh batch
     assert any(isinstance(e, StepMetrics) for _ in range(3) for e in eng.serve_step())
     eng.apply(replace(eng.settings, users=0))
@@ -373,7 +373,7 @@ def test_soak_1000_simulated_requests_under_random_setting_changes():
                 if event.index == stop_at:
                     eng.stop()
                 if event.index == change_at:
-                    eng.apply(random_change(eng._pending or eng.settings))
+                    eng.apply(random_change(eng.requested_settings))
         done = [e for e in events if isinstance(e, DoneEvent)]
         tokens = [e for e in events if isinstance(e, TokenEvent)]
         assert len(done) == 1 and done[0].n_new_tokens == len(tokens)  # no EOS: every token streamed
@@ -394,12 +394,12 @@ def test_soak_1000_simulated_requests_under_random_setting_changes():
                 preempted = max(preempted, event.preempted_total)
         steps += 1
         if steps % 4 == 0:
-            eng.apply(random_change(eng._pending or eng.settings))
+            eng.apply(random_change(eng.requested_settings))
         if steps % 15 == 0:
             person_reply()
         if not eng.serving and steps % 4 == 2:
             eng.apply(replace(eng.settings, users=rng.choice([3, 8]), kv_layout="paged"))
-        server = eng._server
+        server = eng.batch.server
         if server is not None and steps % 10 == 0:  # the blocks held are the live requests' (and the
             manager = server.runner.cache.manager  # person's last turn, kept for the next one)
             held = sum(len(t) for t in manager.block_tables.values())
@@ -417,9 +417,9 @@ def test_soak_1000_simulated_requests_under_random_setting_changes():
             python_bytes = sum(stat.size for stat in snapshot.statistics("filename"))
     # the users leave: what they asked is answered, then the pool is all free
     eng.apply(replace(eng.settings, users=0))
-    last_server = eng._server
+    last_server = eng.batch.server
     while eng.serving:
-        last_server = eng._server or last_server
+        last_server = eng.batch.server or last_server
         eng.serve_step()
     if last_server is not None:  # only the person's last turn may be kept (the pool goes with the server)
         scheduler, manager = last_server.runner.scheduler, last_server.runner.cache.manager

@@ -27,13 +27,12 @@ PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 40, 41, 42, 43] * 3 + list(range(60, 256)) 
 
 
 @pytest.fixture(autouse=True)
-def pytorch_steps_only():
+def pytorch_steps_only(monkeypatch):
     """Plain decode and verify steps in the same arithmetic (PyTorch's): the C++ CPU step
     (engine/model/cpu_step.py) rounds int8 and int4 products differently from PyTorch's multi-token
     verify step, which flips a near-tie of these random models (int8, token 9): that is the two
     kernels disagreeing, not speculation losing tokens."""
-    from kernels import registry as kernel_registry
-    kernel_registry.disable("cpu_step", "test_speculative compares PyTorch's steps")  # (tests/conftest.py resets)
+    monkeypatch.setenv("MEMBOUND_CPU_STEP", "0")  # read by each engine's context as it is made
 
 
 def make_engine(settings=GREEDY, seed=0) -> Engine:
@@ -173,7 +172,7 @@ def test_a_draft_with_another_vocabulary_is_refused(tmp_path):
     eng.apply(replace(GREEDY, speculate="draft", draft_model="synthetic:smollm2-135m", draft_weights="fp"))
     # (a 30-layer random model is too slow for a unit test: its loading alone is checked)
     assert isinstance(eng.take_settings(wait=True)[0], SettingsApplied)
-    assert eng._draft.model.cfg.vocab_size == CFG.vocab_size and eng._draft.model.cfg.n_layers == 30
+    assert eng.speculative.draft.model.cfg.vocab_size == CFG.vocab_size and eng.speculative.draft.model.cfg.n_layers == 30
 
 
 # ---- KV rollback under random accept/reject patterns -------------------------------------------
@@ -209,7 +208,7 @@ def test_random_accept_reject_patterns_leave_no_position_or_block_behind(layout,
     plain.reset()
     eng.reset()
     truth = prompt + tokens_of(plain, prompt)[0]
-    eng._lookup = Scripted(truth, patterns)
+    eng.speculative.lookup = Scripted(truth, patterns)
     out = []
     for event in eng.generate(prompt):
         if isinstance(event, TokenEvent):

@@ -249,11 +249,25 @@ def test_tiny_vocabulary():
     assert ids == [260, 257, 259, 257, 258]  # BOS added: the file asks for it
     assert tok.decode(ids, skip_special_tokens=True) == " hi<think> hi"  # <think> is not special
     assert tok.eos_ids == {260, 258}  # <|eot_id|> ends a turn
-    assert tok.chat_template is None
-    assert tok.render_chat([{"role": "user", "content": "hi"}]) == render_chatml([{"role": "user", "content": "hi"}])
+    assert tok.chat_template is None and tok.chat_format == "plain"  # no template, no ChatML tokens: a base model
+    assert tok.render_chat([{"role": "user", "content": "hi"}]) == "User: hi\n\nAssistant:"
+    assert "fed as plain text" in tok.template_note and "\n" not in tok.template_note
 
 
-@pytest.mark.parametrize("pre", ["default", "smollm", "llama-bpe", "qwen2"])
+def test_no_template_but_chatml_tokens_renders_chatml():
+    """A vocabulary with ChatML's turn tokens and no template (an instruct model whose template is
+    missing) keeps ChatML; the turn tokens are single ids."""
+    meta = tiny_meta()
+    tokens = meta["tokenizer.ggml.tokens"] + ["<|im_start|>", "<|im_end|>"]
+    types = meta["tokenizer.ggml.token_type"] + [3, 3]
+    tok = Tokenizer.from_gguf_metadata({**meta, "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types})
+    assert tok.chat_format == "chatml" and tok.template_note == ""
+    messages = [{"role": "user", "content": "hi"}]
+    assert tok.render_chat(messages) == render_chatml(messages)
+    assert tok.encode_chat(messages)[1] == len(tokens) - 2
+
+
+@pytest.mark.parametrize("pre", ["default", "smollm", "llama-bpe", "qwen2", "gpt-4o"])
 def test_each_pre_tokenizer_round_trips(pre):
     tok = Tokenizer.from_gguf_metadata(tiny_meta(**{"tokenizer.ggml.pre": pre}))
     text = "Hi  there 12345\n\n 😀 <|eot_id|>"
@@ -331,3 +345,16 @@ def test_gguf_sentencepiece_vocabulary_tokenises_as_transformers_does(tmp_path):
 def test_sentencepiece_without_scores_is_refused():
     with pytest.raises(TokenizerError, match="without scores"):
         Tokenizer.from_gguf_metadata(tiny_meta(**{"tokenizer.ggml.model": "llama"}))
+
+
+def test_gpt4o_split_keeps_cased_words_and_numbers_in_threes():
+    """Phi-4-mini's GGUF vocabulary ("gpt-4o", o200k's split): words keep their capitals and
+    contractions, numbers split in threes, a slash joins a punctuation run."""
+    import tokenizers
+    from tokenizers import pre_tokenizers
+
+    from engine.io.tokenizer import GPT4O_SPLIT
+
+    split = pre_tokenizers.Split(tokenizers.Regex(GPT4O_SPLIT), behavior="isolated")
+    pieces = [p for p, _ in split.pre_tokenize_str("I'm HTTPServer 12345/x\n\nDON'T")]
+    assert pieces == ["I'm", " HTTPServer", " ", "123", "45", "/x", "\n\n", "DON'T"]

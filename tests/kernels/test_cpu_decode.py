@@ -8,14 +8,15 @@ import copy
 import pytest
 import torch
 
+from engine.context import EngineContext
 from engine.io.loader import synthetic_weights
 from engine.kv.cache import ContiguousKVCache, PagedKVCache
 from engine.model import cpu_step
 from engine.model.config import ModelConfig
 from engine.model.quant import Int4Linear, Int8Linear, quantize_model
 from engine.model.transformer import Linear, Transformer
+from engine.options import EngineOptions
 from kernels import cpu_decode
-from kernels import registry as kernel_registry
 from kernels.int4_pack import unpack_int4
 
 GQA = ModelConfig(name="gqa", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=250,
@@ -62,10 +63,7 @@ def decode(model: Transformer, tokens: list[int], use_cpp: bool) -> tuple[list[t
     or PyTorch); the logits of each step."""
     cache = ContiguousKVCache(model.cfg, 1, model.cfg.max_seq_len, model.dtype, "cpu")
     reference_of(model)(torch.tensor([tokens[:PROMPT]]), 0, cache)  # the same cached prompt for both
-    if use_cpp:
-        kernel_registry.reset()
-    else:
-        kernel_registry.disable("cpu_step", "the reference run")
+    model.bind(EngineContext(EngineOptions(cpu_step=use_cpp)))  # the reference run: PyTorch's step
     out = [model(torch.tensor([[t]]), pos, cache)[0, 0].float() for pos, t in enumerate(tokens[PROMPT:], PROMPT)]
     return out, cache
 
@@ -236,8 +234,10 @@ def test_a_failed_build_is_one_line_and_the_engine_decodes_in_pytorch(monkeypatc
 def test_the_environment_can_switch_the_cpp_step_off(monkeypatch):
     monkeypatch.setenv("MEMBOUND_CPU_STEP", "0")
     monkeypatch.setattr(cpu_step, "_unavailable", "")  # built and loaded: the switch still wins
-    assert cpu_step.unavailable_reason() == "switched off by MEMBOUND_CPU_STEP=0"
-    model = model_of(GQA, "fp32", "fp")
+    context = EngineContext()  # an engine's context reads the environment as it is made
+    assert cpu_step.unavailable_reason(context) == "switched off by MEMBOUND_CPU_STEP=0"
+    assert cpu_step.unavailable_reason(EngineContext(EngineOptions(cpu_step=True))) == ""
+    model = model_of(GQA, "fp32", "fp").bind(context)
     cache = ContiguousKVCache(GQA, 1, GQA.max_seq_len, torch.float32, "cpu")
     with torch.inference_mode():
         assert cpu_step.decode_step(model, torch.tensor([[5]]), 0, cache) is None

@@ -96,3 +96,24 @@ def test_bad_inputs_are_refused_with_a_message():
         paged_flash_decode(q, k[0], v[0], torch.zeros(2, 1, dtype=torch.int64, device=DEVICE), lens, 16)
     with pytest.raises(ValueError, match="no keys"):
         reference_decode(q, k, v, [8, 0])
+
+
+@pytest.mark.parametrize("pos", [0, 70, 199])
+def test_the_captured_steps_attention_reads_the_live_keys_of_the_whole_buffer(monkeypatch, pos):
+    """engine/graphs.py's step hands attention the whole cache buffer and the position as a tensor
+    (one graph for every length). On a GPU the op runs this kernel, whose loop stops at pos + 1:
+    keys past it are NaN here and never read. Without the kernel the op masks the whole buffer and
+    reads it (the NaN comes through): what the cost model is told (captured_reads_whole_buffer)."""
+    from engine.model import attention
+    monkeypatch.setattr(attention, "_on_gpu", lambda q: True)  # the GPU's branch, on these CPU tensors
+    g = torch.Generator().manual_seed(pos)
+    B, H, n_kv, S, hd = 1, 4, 2, 200, 16
+    q = torch.randn(B, H, 1, hd, generator=g).to(DEVICE)
+    k, v = torch.randn(B, n_kv, S, hd, generator=g).to(DEVICE), torch.randn(B, n_kv, S, hd, generator=g).to(DEVICE)
+    k[:, :, pos + 1:], v[:, :, pos + 1:] = float("nan"), float("nan")
+    at = torch.tensor([pos], device=DEVICE)
+    got = attention.decode_attention(q, k, v, at, "flash")
+    assert not attention.captured_reads_whole_buffer(True, "flash")
+    check(got[:, :, 0], reference_decode(q[:, :, 0], k, v, [pos + 1]), torch.float32)
+    assert attention.captured_reads_whole_buffer(True, "naive")
+    assert pos == S - 1 or torch.isnan(attention.decode_attention(q, k, v, at, "naive")).all()

@@ -19,7 +19,7 @@ from engine.kernel_checks import CHECKS, check_flash, check_int4, check_int8, ch
 from engine.model import attention, quant  # noqa: E402
 from engine.model.config import ModelConfig  # noqa: E402
 from engine.model.quant import Int4Linear, Int8Linear  # noqa: E402
-from kernels import registry  # noqa: E402
+from engine.context import EngineContext  # noqa: E402
 from tests.engine.test_attention import paged_handles, qkv  # noqa: E402
 
 # the shapes the checks take from a model: its heads, head size and a layer's weight (w_down)
@@ -60,7 +60,7 @@ def test_a_kernel_that_raises_fails_its_check_in_one_line(monkeypatch):
         raise RuntimeError("PassManager::run failed\nwith a long compiler log")
     monkeypatch.setattr(flash_module, "paged_flash_decode", broken)
     paged = next(c for c in CHECKS if c.kernel == "paged")
-    engine = type("Engine", (), {"cfg": CFG, "device": DEVICE, "progress": None,
+    engine = type("Engine", (), {"cfg": CFG, "device": DEVICE, "progress": None, "context": EngineContext(),
                                  "model": type("Model", (), {"dtype": torch.float32})()})()
     result = run_check(paged, engine)
     assert result.ran and result.problem == "RuntimeError: PassManager::run failed" and result.seconds >= 0
@@ -86,10 +86,11 @@ def test_a_switched_off_matmul_kernel_leaves_the_layer_on_its_reference(monkeypa
         layer = Int4Linear.from_weight(w, 32)
         monkeypatch.setattr(quant, "_int4_op", lambda *args: calls.append(kind) or int4_module.int4_matmul(*args))
     layer.backend = "triton"  # what a CUDA device chooses; the kernel runs interpreted here
+    layer.context = EngineContext()  # its engine's (Transformer.bind does this for a model's layers)
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(3))
     torch.testing.assert_close(layer(x), layer.reference(x), rtol=1e-4, atol=1e-4)
     assert calls == [kind]
-    registry.disable(kind, "failed its check")
+    layer.context.kernels.disable(kind, "failed its check")
     assert torch.equal(layer(x), layer.reference(x)) and calls == [kind]
 
 
@@ -97,11 +98,13 @@ def test_a_switched_off_flash_kernel_leaves_decode_to_sdpa(monkeypatch):
     monkeypatch.setattr(attention, "_on_gpu", lambda q: True)  # the GPU's branch, with CPU tensors
     calls = spy(monkeypatch, flash_module, "flash_decode")
     q, k, v = qkv(2, 6, 2, 1, 23)
-    with_kernel = attention.attend(q, k, v, "flash")
+    context = EngineContext()
+    with_kernel = attention.attend(q, k, v, "flash", context=context)
     assert calls == ["flash_decode"]
-    registry.disable("flash", "failed its check")
-    without = attention.attend(q, k, v, "flash")
-    assert calls == ["flash_decode"]
+    context.kernels.disable("flash", "failed its check")
+    assert attention.attend(q, k, v, "flash", context=EngineContext()) is not None and len(calls) == 2  # another's
+    without = attention.attend(q, k, v, "flash", context=context)
+    assert calls == ["flash_decode", "flash_decode"]
     torch.testing.assert_close(without, with_kernel, rtol=1e-5, atol=1e-5)
 
 
@@ -110,10 +113,11 @@ def test_a_switched_off_paged_kernel_leaves_decode_to_the_gathered_keys(monkeypa
     paged_calls = spy(monkeypatch, flash_module, "paged_flash_decode")
     k, v, _, _ = paged_handles([21, 7, 13], block_size=16)
     q = torch.randn(3, 6, 1, 24, generator=torch.Generator().manual_seed(4))
-    with_kernel = attention.attend(q, k, v, "flash")
+    context = EngineContext()
+    with_kernel = attention.attend(q, k, v, "flash", context=context)
     assert paged_calls == ["paged_flash_decode"]
-    registry.disable("paged", "failed its check")
+    context.kernels.disable("paged", "failed its check")
     flash_calls = spy(monkeypatch, flash_module, "flash_decode")
-    without = attention.attend(q, k, v, "flash")
+    without = attention.attend(q, k, v, "flash", context=context)
     assert paged_calls == ["paged_flash_decode"] and flash_calls == ["flash_decode"]  # the dense keys' kernel
     torch.testing.assert_close(without, with_kernel, rtol=1e-5, atol=1e-5)

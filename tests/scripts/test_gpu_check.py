@@ -1,8 +1,11 @@
-"""scripts/gpu_check.sh, the prepared GPU run, in its dry-run mode on this CPU: every step runs on toy
-shapes and writes its files, the CUDA-only checks say why they were skipped; and its deadline: a step
-that hangs is cut at its share of the budget while the later steps still run."""
+"""scripts/gpu_check.sh, the prepared GPU run, in its dry-run mode on this CPU: both passes run every
+step on toy shapes and write their files; each step's status is asserted by name (so a step that
+silently stops running fails here), and so is each CUDA-only check's "skipped: needs CUDA"; the
+summary says what to run next. And its deadline: a planted hang is cut at its share of the budget
+while the later steps still run; the nvidia-smi step makes few calls; no C++ build on the GPU host."""
 import json
 import os
+import stat
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -11,66 +14,90 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = ("env", "nvidia-smi", "nvml-probe", "kernel-tests", "smoke", "bench", "batch", "attention", "overhead",
-         "speculative", "weights")
-FILES = {"summary.txt", "gpu_check.log", "checks.json", "kernel-tests.xml", "bench-bf16.json", "sweep-batch.json",
-         "sweep-attention.json", "sweep-weights.json"}
+sys.path.insert(0, str(ROOT / "scripts"))
+import gpu_steps  # noqa: E402
+
+# What each step must say on a CPU. "ok": it ran (on toy shapes); "skipped: needs CUDA": only a GPU
+# can run it. In the order the pass runs them.
+PASS_1 = {"env": "ok", "nvidia-smi": "skipped: needs CUDA", "nvml-probe": "skipped: needs CUDA", "kernel-tests": "ok",
+          "smoke": "ok", "bench": "ok", "weights": "ok", "batch": "ok", "flash-decode": "ok", "speculative": "ok"}
+PASS_2 = {"smoke-2": "ok", "overhead": "ok", "batch-sweep": "ok", "attention": "ok", "weights-1b": "ok"}
+# the checks inside the steps, by name: what a CPU runs and what it leaves to a GPU
+SMOKE_1 = {"static_step_matches_forward": "ok", "graph_matches_eager": "skipped: needs CUDA",
+           "engine_uses_graphs": "skipped: needs CUDA", "batched_matches_solo": "ok", "speculation_matches_plain": "ok"}
+SMOKE_2 = {"graph_matches_eager": "skipped: needs CUDA", "graph_writes_cache_in_place": "skipped: needs CUDA"}
+FILES_1 = {"summary.txt", "gpu_check.log", "checks.json", "kernel-tests.xml", "bench-bf16.json", "sweep-weights.json",
+           "sweep-batch.json"}
+FILES_2 = {"summary.txt", "gpu_check.log", "checks.json", "sweep-batch.json", "sweep-attention.json",
+           "sweep-weights.json"}
 MAX_FILES_BACK = 8  # the device tool returns at most 8 files from $OUT
+# A CPU shared by several sessions runs the toy steps far slower than a GPU host runs the real ones:
+# the dry run's caps are the pass's shares of a larger budget (the deadline tests below use small ones)
+DRY_BUDGET_S = "1500"
 
 
-def gpu_check(out: Path, timeout_s: float, **env) -> tuple[int, str, dict[str, list[str]]]:
-    """Run the dry run; (exit code, stdout, {step: its summary row's columns})."""
-    run = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run"], cwd=ROOT, capture_output=True, text=True,
+def gpu_check(out: Path, timeout_s: float, *args: str, **env) -> tuple[int, str, dict[str, dict]]:
+    """Run the dry run; (exit code, output, {step: its summary row})."""
+    run = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run", *args], cwd=ROOT, capture_output=True, text=True,
                          timeout=timeout_s, env={**os.environ, "OUT": str(out), "PYTHON": sys.executable, **env})
-    rows = {}
-    for line in (out / "summary.txt").read_text().split("\nfigures")[0].splitlines():
-        cols = line.split(None, 5)
-        if cols and cols[0] in STEPS and not line[0].isspace():
-            rows[cols[0]] = cols[1:]
-    return run.returncode, run.stdout + run.stderr, rows
+    return run.returncode, run.stdout + run.stderr, gpu_steps.read_rows((out / "summary.txt").read_text())
+
+
+def said(row: dict) -> str:
+    """A row as the tables above spell it: "ok", or "skipped: " and the reason's first words."""
+    if row["status"] == "skipped" and row["note"].startswith(gpu_steps.NEEDS_CUDA):
+        return f"skipped: {gpu_steps.NEEDS_CUDA}"
+    return row["status"] if row["status"] != "skipped" else f"skipped: {row['note']}"
 
 
 @pytest.fixture(scope="module")
-def dry_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("gpu-check")
-    return out, *gpu_check(out, timeout_s=400, GPU_CHECK_BUDGET_S="300")
+def pass_1(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu-check-1")
+    return out, *gpu_check(out, 1800, "--pass", "1", GPU_CHECK_BUDGET_S=DRY_BUDGET_S)
 
 
-def test_dry_run_runs_every_step_and_lists_it(dry_run):
-    out, code, output, rows = dry_run
+@pytest.fixture(scope="module")
+def pass_2(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu-check-2")
+    return out, *gpu_check(out, 1800, "--pass", "2", GPU_CHECK_BUDGET_S=DRY_BUDGET_S)
+
+
+def test_pass_1_runs_every_step_in_order_and_says_which_need_cuda(pass_1):
+    out, code, output, rows = pass_1
     assert code == 0, output
-    assert list(rows) == list(STEPS), output
-    for step in ("env", "kernel-tests", "smoke", "bench", "batch", "attention", "overhead", "speculative", "weights"):
-        assert rows[step][0] == "ok", (step, rows[step])
-    for step, reason in (("nvidia-smi", "nvidia-smi not found"), ("nvml-probe", "NVML unavailable")):
-        status, *_, note = rows[step]
-        assert status == "ok" or (status == "skipped" and reason in note), (step, rows[step])
-    assert "engine imports ok without gguf, PySide6, pyqtgraph" in rows["env"][-1]
-    assert "3 skipped (needs CUDA" in rows["smoke"][-1]  # the graph checks, with their reason
-    summary = (out / "summary.txt").read_text()
-    assert "figures (measured in this run" in summary and "gpu_check: done in" in summary
-
-
-def test_dry_run_writes_the_files_the_device_run_returns(dry_run):
-    out = dry_run[0]
-    files = {p.name for p in out.iterdir()}
-    assert files == FILES and len(files) <= MAX_FILES_BACK  # flat: no folder, nothing the tool would drop
+    assert {step: said(row) for step, row in rows.items()} == PASS_1, output
+    assert list(rows) == list(PASS_1) == list(gpu_steps.PASSES[1])
+    assert "engine imports ok without gguf, PySide6, pyqtgraph" in rows["env"]["note"]
+    assert "kernel figures skipped: needs CUDA" in rows["flash-decode"]["note"]
     checks = json.loads((out / "checks.json").read_text())
-    assert set(checks) == {"env", "nvidia_smi", "nvml_probe", "smoke", "levers"}
-    # the levers' sweeps (issue 12): eager vs captured at batch 1, oracle k = 4 vs k = 0, greedy and sampled
-    overhead, speculative = checks["levers"]["overhead"], checks["levers"]["speculative"]
-    assert overhead["command"].startswith("membound bench") and len(overhead["results"]) == 1
+    assert {n: r["status"] + (f": {gpu_steps.NEEDS_CUDA}" if r["detail"].startswith(gpu_steps.NEEDS_CUDA) else "")
+            for n, r in checks["smoke"].items()} == SMOKE_1
+    assert checks["flash_decode"]["kernel"] == {"status": "skipped", "detail": "needs CUDA: no GPU here"}
+    assert checks["nvidia_smi"]["skipped"].startswith(gpu_steps.NEEDS_CUDA)
+
+
+def test_pass_1_writes_the_files_the_device_run_returns_and_says_what_is_next(pass_1):
+    out = pass_1[0]
+    files = {p.name for p in out.iterdir()}
+    assert files == FILES_1 and len(files) <= MAX_FILES_BACK  # flat: no folder, nothing the tool would drop
+    summary = (out / "summary.txt").read_text()
+    assert "figures (measured in this run" in summary and "gpu_check pass 1: steps done in" in summary
+    nexts = summary.split("\nnext:\n")[1].split("\n\n")[0].splitlines()
+    assert nexts == ["  pass 2: bash scripts/gpu_check.sh --pass 2   (device tool run: timeout_s 330); start it at "
+                     "once, while the machine is warm (a fresh start costs a minute or more of the loan)"]
+    checks = json.loads((out / "checks.json").read_text())
+    assert set(checks) == {"env", "nvidia_smi", "nvml_probe", "smoke", "flash_decode", "levers"}
+    speculative = checks["levers"]["speculative"]  # oracle k = 4 vs k = 0, greedy and sampled
     assert {(r["source"], r["k"], r["sampling"]) for r in speculative["results"]} == {
         (s, k, m) for s, k in (("none", 0), ("oracle", 4)) for m in ("greedy", "sampled")}
-    assert checks["smoke"]["static_step_matches_forward"]["status"] == "ok"
-    assert checks["smoke"]["graph_matches_eager"]["status"] == "skipped"
     suite = ET.parse(out / "kernel-tests.xml").getroot().find("testsuite")
     assert int(suite.get("tests")) >= 2 and int(suite.get("failures")) == 0
+    assert not [c for c in suite.iter("testcase") if "cpu_decode" in c.get("classname", "")]
 
 
-@pytest.mark.parametrize("name", ["bench-bf16.json", "sweep-batch.json", "sweep-attention.json", "sweep-weights.json"])
-def test_each_bench_json_says_which_path_ran(dry_run, name):
-    data = json.loads((dry_run[0] / name).read_text())
+@pytest.mark.parametrize("name", ["bench-bf16.json", "sweep-batch.json", "sweep-weights.json"])
+def test_each_bench_json_says_which_path_ran(pass_1, name):
+    data = json.loads((pass_1[0] / name).read_text())
     assert data["complete"] and data["torch"] and data["command"].startswith("membound bench")
     assert {"load", "warmup"} <= set(data["seconds"])  # compile and tuning time apart from the timed part
     assert data["clocks"]["before_timed"] == {"available": False, "reason": "not a GPU"}
@@ -83,36 +110,105 @@ def test_each_bench_json_says_which_path_ran(dry_run, name):
                    if impl != "eager")
     if name == "sweep-batch.json":  # batch 1 on the plain path too: the ratios against it
         assert data["single_stream"]["path"] == "eager: not on a GPU" and set(data["vs_single_stream"]) == {"1", "2"}
-    if name == "sweep-attention.json":
-        assert data["kernel"][0]["skipped"] == "needs a GPU"
+    if name == "sweep-weights.json":  # pass 1: INT8 and INT4 beside bf16, no perplexity (pass 2 has it)
+        assert [r["name"] for r in data["results"]] == ["bf16", "int8", "int4 g32"]
 
 
-def test_a_hung_step_is_cut_at_its_cap_and_the_next_steps_still_run(tmp_path):
-    # "stubborn" ignores SIGTERM: the kill 5 s later ends it
-    code, output, rows = gpu_check(tmp_path, timeout_s=200, GPU_CHECK_STEPS="bench,batch",
-                                   GPU_CHECK_FAULT="bench:stubborn", GPU_CHECK_CAPS="bench=2")
+def test_pass_2_runs_the_sweeps_and_the_1b_shape(pass_2):
+    out, code, output, rows = pass_2
+    assert code == 0, output
+    assert {step: said(row) for step, row in rows.items()} == PASS_2, output
+    assert list(rows) == list(gpu_steps.PASSES[2])
+    files = {p.name for p in out.iterdir()}
+    assert files == FILES_2 and len(files) <= MAX_FILES_BACK
+    checks = json.loads((out / "checks.json").read_text())
+    assert {n: r["status"] + (f": {gpu_steps.NEEDS_CUDA}" if r["detail"].startswith(gpu_steps.NEEDS_CUDA) else "")
+            for n, r in checks["smoke"].items()} == SMOKE_2
+    overhead = checks["levers"]["overhead"]  # eager vs captured at batch 1
+    assert overhead["command"].startswith("membound bench") and len(overhead["results"]) == 1
+    assert json.loads((out / "sweep-attention.json").read_text())["kernel"][0]["skipped"] == "needs a GPU"
+    summary = (out / "summary.txt").read_text()
+    assert "nothing: both passes ran" in summary.split("\nnext:\n")[1]
+
+
+def test_the_passes_fit_the_loan():
+    """Each pass's caps add up to its budget less the summary's reserve and one kill's grace; two
+    passes and a machine start fit 15 minutes with room to spare."""
+    for n in (1, 2):
+        caps = gpu_steps.nominal_caps(n)
+        assert tuple(caps) == gpu_steps.PASSES[n]
+        assert sum(caps.values()) <= 300 - 10 - 5
+    start_s = 120  # a machine start: "a minute or more"
+    assert start_s + 2 * (300 + gpu_steps.COMMAND_MARGIN_S) <= 15 * 60
+
+
+def test_a_hung_step_is_cut_at_its_share_of_the_budget_and_the_next_steps_still_run(tmp_path):
+    # budget 60 s: bench's share is 55/300 of it, 11 s
+    code, output, rows = gpu_check(tmp_path, 200, GPU_CHECK_STEPS="bench,batch", GPU_CHECK_FAULT="bench:hang",
+                                   GPU_CHECK_BUDGET_S="60", GPU_CHECK_CAPS="batch=120")
     assert code != 0  # a cut step makes the run fail
-    status, rc, seconds, allowed, note = rows["bench"]
-    assert (status, rc, allowed) == ("TIMED-OUT", "137", "2") and 2 <= float(seconds) < 15, rows["bench"]
-    assert note.startswith("cut at 2 s")
-    assert rows["batch"][0] == "ok", output
+    bench = rows["bench"]
+    assert (bench["status"], bench["rc"], bench["allowed"]) == ("TIMED-OUT", "124", 11), rows
+    assert 11 <= bench["seconds"] < 16 and bench["note"].startswith("cut at 11 s")
+    assert rows["batch"]["status"] in ("ok", "TIMED-OUT", "skipped"), output  # what the 60 s left it
+    summary = (tmp_path / "summary.txt").read_text()
+    assert "GPU_CHECK_STEPS=bench" in summary and "GPU_CHECK_CAPS=bench=22" in summary  # rerun with twice the time
+
+
+def test_a_step_that_ignores_sigterm_is_killed_and_the_next_one_runs(tmp_path):
+    code, output, rows = gpu_check(tmp_path, 300, GPU_CHECK_STEPS="bench,batch", GPU_CHECK_FAULT="bench:stubborn",
+                                   GPU_CHECK_CAPS="bench=2,batch=200", GPU_CHECK_BUDGET_S="300")
+    bench = rows["bench"]
+    assert (bench["status"], bench["rc"], bench["allowed"]) == ("TIMED-OUT", "137", 2) and bench["seconds"] < 15
+    assert rows["batch"]["status"] == "ok", output
     assert json.loads((tmp_path / "sweep-batch.json").read_text())["complete"]
     assert "1 ok, 0 failed, 1 timed out" in (tmp_path / "summary.txt").read_text()
 
 
 def test_a_short_budget_gives_a_step_what_is_left_and_skips_the_rest(tmp_path):
-    # budget 22 s: 15 kept for the summary, 5 for the kill: the hung step gets 2 s, not its 130
-    code, output, rows = gpu_check(tmp_path, timeout_s=60, GPU_CHECK_STEPS="bench,batch", GPU_CHECK_FAULT="bench:hang",
-                                   GPU_CHECK_BUDGET_S="22", GPU_CHECK_MIN_STEP_S="1")
-    status, rc, seconds, allowed, _ = rows["bench"]
-    assert (status, rc) == ("TIMED-OUT", "124") and int(allowed) <= 2 and float(seconds) < 6, rows["bench"]
-    assert rows["batch"][0] == "skipped" and "no time left" in rows["batch"][-1]
-    assert (tmp_path / "summary.txt").exists() and (tmp_path / "gpu_check.log").exists()
+    # budget 20 s: 10 kept for the summary, 5 for the kill: the hung step gets 5 s, not its share
+    code, output, rows = gpu_check(tmp_path, 60, GPU_CHECK_STEPS="bench,batch", GPU_CHECK_FAULT="bench:hang",
+                                   GPU_CHECK_BUDGET_S="20", GPU_CHECK_CAPS="bench=100", GPU_CHECK_MIN_STEP_S="1")
+    bench = rows["bench"]
+    assert (bench["status"], bench["rc"]) == ("TIMED-OUT", "124") and bench["allowed"] <= 5 and bench["seconds"] < 8
+    assert said(rows["batch"]).startswith("skipped: no time left")
+    assert "rerun what was cut or had no time: GPU_CHECK_STEPS=bench,batch" in (tmp_path / "summary.txt").read_text()
+
+
+def test_the_nvidia_smi_step_makes_few_calls(tmp_path, monkeypatch):
+    calls = tmp_path / "calls"
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n'
+                    'case "$1" in --query-gpu=*) n=$(echo "$1" | tr -cd , | wc -c); '
+                    'i=0; line=""; while [ $i -le $n ]; do line="$line${line:+, }v$i"; i=$((i+1)); done; '
+                    'echo "$line" ;; *) echo "Clocks: fine" ;; esac\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    run = subprocess.run([sys.executable, "scripts/gpu_steps.py", "nvidia-smi"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "OUT": str(tmp_path),
+                                                     "PATH": f"{fake.parent}:{os.environ['PATH']}"})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert len(calls.read_text().splitlines()) == 2  # every field in one call, then the clock report
+    assert json.loads((tmp_path / "checks.json").read_text())["nvidia_smi"]["name"] == "v0"
+
+
+def test_a_rerun_gives_a_cut_step_twice_its_time_and_a_starved_one_its_own_cap():
+    rows = {"bench": {"status": "TIMED-OUT", "rc": "124", "seconds": 55.2, "allowed": 55, "note": "cut at 55 s"},
+            "weights": {"status": "ok", "rc": "0", "seconds": 60.0, "allowed": 65, "note": ""},
+            "speculative": {"status": "skipped", "rc": "-", "seconds": 0.0, "allowed": 2, "note": "no time left (2 s)"}}
+    lines = gpu_steps.next_steps(1, rows)
+    assert lines[2].startswith("  pass 2: bash scripts/gpu_check.sh --pass 2")
+    assert lines[3] == ("  then rerun what was cut or had no time: GPU_CHECK_STEPS=bench,speculative "
+                        "GPU_CHECK_CAPS=bench=110,speculative=30 GPU_CHECK_BUDGET_S=155 bash scripts/gpu_check.sh "
+                        "--pass 1   (device tool run: timeout_s 185)")
+
+
+def test_the_kernel_tests_on_the_gpu_host_build_no_cpp():
+    args = gpu_steps.kernel_test_args(Path("x.xml"), dry_run=False, xdist=True)
+    assert "--ignore-glob=tests/kernels/test_cpu_decode*" in args and "-n" in args
 
 
 def test_the_probe_samples_a_matmul_phase_then_a_copy_phase():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import gpu_steps
     from engine.hardware.nvml import HardwareSample
 
     class Sampler:

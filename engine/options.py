@@ -1,0 +1,75 @@
+"""The environment, read in one place into typed options (torch-free: both processes read it).
+
+`EngineOptions.from_environ()` is read when an engine's context is made (engine/context.py), so an
+engine process spawned by the app sees what its parent's environment held then. The variables:
+
+    MEMBOUND_CPU_STEP=0                  the C++ CPU decode step off: PyTorch's step decodes
+    MEMBOUND_FAULTS=POINT[:KIND],...     fault injection for the reliability tests (engine/faults.py)
+    MEMBOUND_ENGINE_OMP_WAIT_POLICY=...  OpenMP's waiting in the engine process the app spawns alone
+    MEMBOUND_LLAMA_SERVER=PATH           the llama-server `bench --compare llamacpp` runs
+    MEMBOUND_CACHE=DIR                   where built and measured things are kept (default
+                                         $XDG_CACHE_HOME/membound, ~/.cache/membound): the llama-server
+                                         build, the C++ step, the measured roofs
+    MEMBOUND_ROOF_CACHE=FILE             the measured roofs' file (default roof.json there)
+    CXX                                  the C++ compiler for the CPU step (else g++, c++, clang++)
+
+Read elsewhere, each by what it belongs to: OMP_WAIT_POLICY by OpenMP itself (set for it by
+`passive_openmp_waits` and `openmp_wait_policy` below), TRITON_INTERPRET by triton (kernels ask it
+through kernels/triton_common.py), DISPLAY / WAYLAND_DISPLAY / QT_QPA_PLATFORM by Qt (the app asks
+app/launcher.py), and the model caches of other tools (HF_HOME, LLAMA_CACHE, …) by engine/io/discovery.py,
+which takes the environment as an argument."""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Mapping
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    cpu_step: bool = True  # MEMBOUND_CPU_STEP != "0"
+    faults: str = ""  # MEMBOUND_FAULTS, unparsed (engine/faults.py parses it)
+    engine_omp_wait_policy: str = ""  # MEMBOUND_ENGINE_OMP_WAIT_POLICY ("": OpenMP's default)
+    llama_server: str = ""  # MEMBOUND_LLAMA_SERVER ("": the one `make peers` built, else PATH)
+    llama_batched_bench: str = ""  # MEMBOUND_LLAMA_BATCHED_BENCH (likewise)
+    llama_bench: str = ""  # MEMBOUND_LLAMA_BENCH (likewise)
+    cache_dir: Path = Path.home() / ".cache" / "membound"  # MEMBOUND_CACHE
+    compiler: str = ""  # CXX
+    roof_cache: Path = Path.home() / ".cache" / "membound" / "roof.json"  # MEMBOUND_ROOF_CACHE
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "EngineOptions":
+        env = os.environ if environ is None else environ
+        xdg = env.get("XDG_CACHE_HOME")
+        cache = env.get("MEMBOUND_CACHE") or (Path(xdg) / "membound" if xdg else Path.home() / ".cache" / "membound")
+        return cls(cpu_step=env.get("MEMBOUND_CPU_STEP", "1") != "0",
+                   faults=env.get("MEMBOUND_FAULTS", ""),
+                   engine_omp_wait_policy=env.get("MEMBOUND_ENGINE_OMP_WAIT_POLICY", ""),
+                   llama_server=env.get("MEMBOUND_LLAMA_SERVER", ""),
+                   llama_batched_bench=env.get("MEMBOUND_LLAMA_BATCHED_BENCH", ""),
+                   llama_bench=env.get("MEMBOUND_LLAMA_BENCH", ""),
+                   cache_dir=Path(cache),
+                   compiler=env.get("CXX", ""),
+                   roof_cache=Path(env.get("MEMBOUND_ROOF_CACHE") or Path(cache) / "roof.json"))
+
+
+def passive_openmp_waits() -> None:
+    """OpenMP threads that sleep at a barrier rather than spin (OMP_WAIT_POLICY=PASSIVE), unless the
+    user chose; it must be set before torch loads. For an engine that shares its process with a GUI."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+@contextlib.contextmanager
+def openmp_wait_policy(policy: str) -> Iterator[None]:
+    """OMP_WAIT_POLICY=policy meanwhile (a process spawned inside inherits it), then as it was;
+    "" leaves it alone."""
+    saved = os.environ.get("OMP_WAIT_POLICY")
+    if policy:
+        os.environ["OMP_WAIT_POLICY"] = policy
+    try:
+        yield
+    finally:
+        if policy:
+            os.environ.pop("OMP_WAIT_POLICY", None) if saved is None else os.environ.update(OMP_WAIT_POLICY=saved)

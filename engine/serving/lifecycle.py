@@ -1,0 +1,81 @@
+"""The batch server's life beside the person's chat: made when simulated users come (or the
+person's reply joins them), handed each settings change, dropped (its KV pool freed) when the last
+user has left or a step failed. Also the pool's budget and the users' workload, made once."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from engine.model.config import ModelConfig
+from engine.model.transformer import Transformer
+from engine.serving.server import BatchServer, kv_budget_bytes, per_user_tokens, pool_size, user_workload
+from engine.settings import Settings
+
+
+class BatchLifecycle:
+    """`server` is the running BatchServer or None. `kv_pool_budget_bytes` and `user_workload` may
+    be set before the first server is made (tests, the bench); `on_request` is handed to each one."""
+
+    def __init__(self, cfg: ModelConfig, tokenizer, device: str, memory_total_bytes: int | None):
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.device = device
+        self.memory_total_bytes = memory_total_bytes
+        self.server: BatchServer | None = None
+        self.next_user_id = 1_000_000  # the person's requests count from 1; the users' far above
+        self.kv_pool_budget_bytes: int | None = None  # the batch KV pool's budget (None: from the device)
+        self.user_workload = None  # engine.serving.users.Workload the users send (None: bundled prompts)
+        self.on_request: Callable | None = None  # optional callback(event "submitted" | "finished", Request)
+
+    def max_users(self, kv_elem_bytes: int) -> int:
+        """Simulated users the KV budget holds beside a full-length chat (0..64)."""
+        _, users = pool_size(self.cfg, kv_elem_bytes, per_user_tokens(self.workload()), self.pool_budget())
+        return users
+
+    def pool_budget(self) -> int:
+        if self.kv_pool_budget_bytes is None:  # measured once: the pool itself then takes free memory
+            self.kv_pool_budget_bytes = kv_budget_bytes(self.device, self.memory_total_bytes)
+        return self.kv_pool_budget_bytes
+
+    def workload(self):
+        if self.user_workload is None:
+            self.user_workload = user_workload(self.tokenizer, self.cfg.max_seq_len)
+        return self.user_workload
+
+    def ensure(self, model: Transformer, settings: Settings, peak_bandwidth_bps: float,
+               peak_flops: float) -> BatchServer:
+        if self.server is None:
+            s = settings
+            self.server = BatchServer(
+                model, self.workload(), users=s.users, policy=s.policy, attention=s.attention,
+                budget_bytes=self.pool_budget(), peak_bandwidth_bps=peak_bandwidth_bps,
+                peak_flops=peak_flops, settings_label=batch_label(s),
+                first_user_id=self.next_user_id, seed=self.next_user_id, on_request=self.on_request)
+        return self.server
+
+    def step(self, step_index: int):
+        try:
+            return self.server.step(step_index)
+        except Exception:  # a failed step leaves the batch mid-step: end it, its requests cancelled
+            self.server.abort()
+            self._drop()
+            raise
+
+    def sync(self, model: Transformer, settings: Settings, peak_flops: float) -> None:
+        """Hand the current settings to the batch (between steps)."""
+        s = settings
+        self.server.configure(model=model, users=s.users, policy=s.policy, attention=s.attention,
+                              settings_label=batch_label(s), peak_flops=peak_flops)
+
+    def end_if_done(self, settings: Settings) -> None:
+        if not settings.users and not self.server.has_unfinished:  # the last user has left
+            self._drop()  # frees the pool
+
+    def _drop(self) -> None:
+        self.next_user_id = self.server.users.next_id
+        self.server = None
+
+
+def batch_label(settings: Settings) -> str:
+    s = settings
+    return s.label if s.users else replace(s, kv_layout="paged").label + " · batched"

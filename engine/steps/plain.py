@@ -1,0 +1,129 @@
+"""The plain step: batch 1 on the engine's own KV cache (contiguous or paged), eager or captured;
+also the verify step of speculative decoding (the context's tail plus the draft's guesses)."""
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterator
+
+import torch
+
+from engine.graphs import GraphDecoder
+from engine.kv.cache import DEFAULT_BLOCK_SIZE, ContiguousKVCache, PagedKVCache
+from engine.metrics import StepMetrics, step_cost
+from engine.model.config import ModelConfig
+from engine.model.sampling import mask_tokens, sample
+from engine.serving.scheduler import common_prefix
+from engine.serving.speculative import Draft, verify
+from engine.steps.reply import Reply, StepSetup
+from engine.steps.timing import StepCounter, StepTimer, elem_bytes
+
+
+class PlainSteps:
+    """Owns the batch-1 KV cache (`cache`) and the ids whose K/V it holds (`cached_ids`); a later
+    reply reuses whatever prefix of its context is cached."""
+
+    def __init__(self, cfg: ModelConfig, device: str, graphs: GraphDecoder, counter: StepCounter,
+                 on_capture_failed: Callable[[], None]):
+        self.cfg = cfg
+        self.device = device
+        self.graphs = graphs
+        self.counter = counter
+        self.on_capture_failed = on_capture_failed  # a capture failed and decode went eager for good
+        self.cache: ContiguousKVCache | PagedKVCache | None = None
+        self.cached_ids: list[int] = []  # token ids whose K/V are in self.cache
+
+    def step(self, reply: Reply, gen, setup: StepSetup) -> Iterator:
+        (token,), metrics = self.run(reply.ids, produced=reply.n_new, gen=gen, setup=setup, masked=reply.masked)
+        t_end = time.perf_counter()
+        self.counter.advance()
+        if reply.n_new == 0:
+            reply.n_cached = metrics.context_len  # the first step ran the prompt after its cached prefix
+        else:
+            reply.decode_s += metrics.step_s
+        yield metrics
+        event = reply.add_token(token, t_end)
+        if event is not None:
+            yield event
+
+    def reset(self) -> None:
+        """Forget the cached context (a new conversation)."""
+        self.cached_ids = []
+        if self.cache is not None:
+            self.cache.truncate(0)
+
+    def astype(self, dtype: torch.dtype) -> None:
+        """Keep the conversation across a precision switch: the cached K/V change precision."""
+        if self.cache is not None:
+            self.cache = self.cache.astype(dtype)
+
+    def new_cache(self, layout: str, dtype: torch.dtype):
+        """An empty cache in `layout`. Paged: a pool of blocks for one full-length sequence (the
+        same bytes as the contiguous buffer), filled on demand."""
+        if layout == "paged":
+            blocks = -(-self.cfg.max_seq_len // DEFAULT_BLOCK_SIZE)
+            return PagedKVCache(self.cfg, blocks, DEFAULT_BLOCK_SIZE, dtype, self.device)
+        return ContiguousKVCache(self.cfg, 1, self.cfg.max_seq_len, dtype, self.device)
+
+    @torch.inference_mode()
+    def run(self, ids: list[int], produced: int, gen, setup: StepSetup, draft: Draft | None = None,
+            masked: tuple[int, ...] = ()) -> tuple[list[int], StepMetrics]:
+        """Run the context's uncached tail (and the draft's guesses, if any) through the model;
+        returns the tokens it produced (one; or the accepted guesses and the target's own) and the
+        step's figures. Rejected guesses leave the KV cache (contiguous: its length; paged: their
+        blocks). `masked` token ids are never sampled."""
+        settings = setup.settings
+        model = setup.model
+        use_cache = settings.kv_cache
+        layout = settings.kv_layout
+        attention = settings.attention
+        guesses = draft.tokens if draft is not None else []
+        if use_cache:
+            if self.cache is None or self.cache.layout != layout:  # a new layout: prefill into it
+                self.cache = self.new_cache(layout, model.dtype)
+                self.cached_ids = []
+            common = common_prefix(self.cached_ids, ids)
+            start = min(common, len(ids) - 1)  # at least one token must run to get logits
+            self.cache.truncate(start)
+            feed = ids[start:] + guesses
+        else:
+            start = 0
+            feed = ids + guesses
+        phase = "verify" if draft is not None else "prefill" if produced == 0 else "decode"
+        tokens = torch.tensor([feed], dtype=torch.long, device=self.device)
+        captured = use_cache and layout == "contiguous" and len(feed) == 1 and \
+            self.graphs.active(settings.cuda_graphs)
+        timer = StepTimer(self.device)
+        timer.start()
+        if captured:
+            replays = self.graphs.replays
+            logits = self.graphs.decode(model, self.cache, tokens, start, attention)
+            if self.graphs.replays == replays:  # fell back to eager this step: it read only the context
+                captured = False
+                self.on_capture_failed()
+        else:
+            logits = model(tokens, start_pos=start, cache=self.cache if use_cache else None,
+                           attention=attention, logits_rows=len(guesses) + 1)
+        accepted = 0
+        mask_tokens(logits, masked)
+        if draft is None:
+            out = [int(sample(logits[:, -1], settings.sampling, gen).item())]
+        else:
+            accepted, out = verify(logits[0], draft, settings.sampling, gen)
+        step_s = timer.stop() + (draft.search_s if draft is not None else 0.0)
+        if use_cache:
+            self.cached_ids = list(ids) + guesses[:accepted]
+            self.cache.truncate(len(self.cached_ids))  # the rejected guesses' K/V go (paged: their blocks)
+        # a captured step without the flash kernel reads the whole cache buffer, masked (engine/graphs.py)
+        kv_read_tokens = self.graphs.kv_read_tokens(model, start, self.cache.max_len, attention) if captured else None
+        cost = step_cost(self.cfg, batch_size=1, new_tokens=len(feed), context_len=start,
+                         weight_bytes=model.linear_weight_bytes(rows=len(feed)), kv_elem_bytes=elem_bytes(model.dtype),
+                         act_elem_bytes=elem_bytes(model.dtype), kv_cache=use_cache,
+                         logits_rows=len(guesses) + 1, kv_read_tokens=kv_read_tokens, attention=attention,
+                         kv_layout=layout, block_size=getattr(self.cache, "block_size", DEFAULT_BLOCK_SIZE))
+        metrics = StepMetrics.from_cost(
+            cost, step=self.counter.value, phase=phase, batch_size=1, new_tokens=len(feed), tokens_out=len(out),
+            context_len=start, step_s=step_s, peak_bandwidth_bps=setup.peak_bandwidth_bps,
+            peak_flops=setup.peak_flops, t_s=time.monotonic(),
+            settings_label=settings.label, draft_tokens=len(guesses), accepted_tokens=accepted,
+            captured=captured)
+        return out, metrics

@@ -1,0 +1,188 @@
+"""The step runners (engine/steps/) on a tiny random model, without an Engine: the plain step's
+cache reuse and layouts, the speculative step's fallback and rollback, the batched step beside
+users, one reply's accounting, and the step counter every runner shares."""
+import time
+from dataclasses import replace
+
+import pytest
+import torch
+from test_engine import CFG, GREEDY, make_engine
+from test_serving import short_workload
+
+from engine.events import BatchStats, DoneEvent, TokenEvent
+from engine.graphs import GraphDecoder
+from engine.io.byte_tokenizer import ByteTokenizer
+from engine.metrics import StepMetrics
+from engine.serving.lifecycle import BatchLifecycle, batch_label
+from engine.serving.speculative import Draft
+from engine.settings import PromptError
+from engine.steps.batched import BatchedSteps
+from engine.steps.plain import PlainSteps
+from engine.steps.reply import Reply, StepSetup, check_prompt_length, make_generator
+from engine.steps.speculative import SpeculativeSteps
+from engine.steps.timing import StepCounter, StepTimer, elem_bytes
+
+PROMPT = list(range(1, 20))
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_engine().model
+
+
+def setup_for(model, **changes) -> StepSetup:
+    return StepSetup(replace(GREEDY, **changes), model, 20e9, 1e11)
+
+
+def new_reply(ids=PROMPT, budget=6) -> Reply:
+    return Reply(list(ids), budget, ByteTokenizer(CFG.vocab_size).stream(), frozenset())
+
+
+def plain_steps(counter=None) -> PlainSteps:
+    return PlainSteps(CFG, "cpu", GraphDecoder("cpu"), counter or StepCounter(), on_capture_failed=lambda: None)
+
+
+def test_a_plain_step_yields_its_metrics_then_its_token_and_counts_itself(model):
+    counter = StepCounter()
+    plain = plain_steps(counter)
+    reply = new_reply()
+    events = list(plain.step(reply, None, setup_for(model)))
+    assert [type(e) for e in events] == [StepMetrics, TokenEvent]
+    assert events[0].phase == "prefill" and events[0].step == 0 and counter.value == 1
+    assert reply.n_new == 1 and reply.ids[-1] == events[1].token_id and plain.cached_ids == PROMPT
+    events = list(plain.step(reply, None, setup_for(model)))
+    assert events[0].phase == "decode" and events[0].context_len == len(PROMPT) and events[0].new_tokens == 1
+    assert events[0].step == 1 and reply.decode_s == events[0].step_s > 0
+
+
+def test_the_cache_keeps_a_prefix_across_replies_and_starts_again_in_a_new_layout(model):
+    plain = plain_steps()
+    list(plain.step(new_reply(), None, setup_for(model)))
+    (metrics, _) = plain.step(new_reply(PROMPT + [7, 8]), None, setup_for(model))
+    assert metrics.context_len == len(PROMPT) and metrics.new_tokens == 2  # only what is new runs
+    paged = list(plain.step(new_reply(PROMPT + [7, 8]), None, setup_for(model, kv_layout="paged")))[0]
+    assert paged.context_len == 0 and plain.cache.layout == "paged"
+    plain.reset()
+    assert plain.cached_ids == [] and plain.cache.length == 0
+    plain.astype(torch.bfloat16)
+    assert plain.cache.k.dtype == plain.cache.v.dtype == torch.bfloat16
+
+
+def test_without_the_cache_every_step_runs_the_whole_context(model):
+    plain = plain_steps()
+    reply = new_reply()
+    steps = [e for _ in range(3) for e in plain.step(reply, None, setup_for(model, kv_cache=False))
+             if isinstance(e, StepMetrics)]
+    assert [m.new_tokens for m in steps] == [len(PROMPT), len(PROMPT) + 1, len(PROMPT) + 2]
+    assert plain.cache is None
+
+
+class Guesses:
+    def __init__(self, tokens):
+        self.tokens = tokens
+
+    def propose(self, ids, k, sampling, generator=None):
+        return Draft(self.tokens[:k])
+
+
+def test_a_speculative_step_without_a_guess_is_a_plain_step(model):
+    counter = StepCounter()
+    spec = SpeculativeSteps(plain_steps(counter), counter, CFG.max_seq_len)
+    spec.lookup = Guesses([])
+    reply = new_reply()
+    list(spec.plain.step(reply, None, setup_for(model)))
+    events = list(spec.step(reply, None, setup_for(model, speculate="ngram")))
+    assert events[0].phase == "decode" and counter.value == 2
+
+
+def test_a_verify_step_keeps_the_right_guesses_and_rolls_the_cache_back(model):
+    plain = plain_steps()
+    truth = new_reply(budget=8)
+    truth_tokens = [e.token_id for _ in range(5) for e in plain.step(truth, None, setup_for(model))
+                    if isinstance(e, TokenEvent)]
+    counter = StepCounter()
+    spec = SpeculativeSteps(plain_steps(counter), counter, CFG.max_seq_len)
+    reply = new_reply(budget=8)
+    list(spec.plain.step(reply, None, setup_for(model)))
+    wrong = (truth_tokens[3] + 1) % CFG.vocab_size
+    spec.lookup = Guesses(truth_tokens[1:3] + [wrong, 5])  # two right, then wrong ones
+    events = list(spec.step(reply, None, setup_for(model, speculate="ngram", draft_tokens=4)))
+    verify_step = events[0]
+    assert verify_step.phase == "verify" and verify_step.draft_tokens == 4 and verify_step.accepted_tokens == 2
+    tokens = [e for e in events if isinstance(e, TokenEvent)]
+    assert [t.token_id for t in tokens] == truth_tokens[1:4] and [t.drafted for t in tokens] == [True, True, False]
+    assert spec.plain.cached_ids == PROMPT + truth_tokens[:3]  # nothing guessed wrong stays cached
+
+
+def test_a_batched_step_runs_the_reply_beside_the_users(model):
+    counter = StepCounter()
+    batch = BatchLifecycle(CFG, ByteTokenizer(CFG.vocab_size), "cpu", None)
+    batch.user_workload = short_workload()
+    batched = BatchedSteps(batch, counter, CFG.max_seq_len)
+    setup = setup_for(model, users=2)
+    reply = new_reply(budget=4)
+    batched.submit(reply, None, setup)
+    assert reply.request is not None and reply.batched_from_start and batch.server is not None
+    events = []
+    while not reply.request.is_finished:
+        events += batched.step(reply, None, setup)
+    steps = [e for e in events if isinstance(e, StepMetrics)]
+    assert len(steps) == sum(isinstance(e, BatchStats) for e in events) == counter.value
+    assert [m.step for m in steps] == list(range(len(steps))) and max(m.batch_size for m in steps) > 1
+    assert reply.n_new == 4 and reply.ids[:len(PROMPT)] == PROMPT
+    *_, done = reply.closing_events()
+    assert isinstance(done, DoneEvent) and done.reason == "max_tokens" and done.n_new_tokens == 4
+
+
+def test_the_batch_is_dropped_when_the_last_user_has_left_and_after_a_failed_step(model):
+    batch = BatchLifecycle(CFG, ByteTokenizer(CFG.vocab_size), "cpu", None)
+    batch.user_workload = short_workload()
+    settings = replace(GREEDY, users=2)
+    server = batch.ensure(model, settings, 20e9, 1e11)
+    assert batch.ensure(model, settings, 20e9, 1e11) is server
+    batch.step(0)
+    batch.end_if_done(settings)
+    assert batch.server is server  # users on: it stays
+    batch.sync(model, replace(settings, users=0), 1e11)
+    for i in range(200):
+        batch.step(i + 1)
+        batch.end_if_done(replace(settings, users=0))
+        if batch.server is None:
+            break
+    assert batch.server is None and batch.next_user_id > 1_000_000  # ids go on where they stopped
+    batch.ensure(model, settings, 20e9, 1e11)
+    batch.server.step = lambda step: 1 / 0
+    with pytest.raises(ZeroDivisionError):
+        batch.step(0)
+    assert batch.server is None
+    assert batch_label(settings).endswith("2 users continuous")
+    assert batch_label(replace(settings, users=0)).endswith(" · batched")
+
+
+def test_a_reply_counts_its_first_token_time_and_ends_on_eos_budget_or_context():
+    reply = Reply([1, 2, 3], 2, ByteTokenizer(CFG.vocab_size).stream(), frozenset({0}))
+    assert reply.end_reason(False, 10) == ""
+    event = reply.add_token(72, time.perf_counter())
+    assert event.token_id == 72 and event.index == 0 and reply.ttft_s > 0
+    assert reply.end_reason(True, 10) == "stopped" and reply.end_reason(False, 4) == "context_full"
+    assert reply.add_token(0, time.perf_counter()) is None and reply.reason == "eos"
+    assert reply.end_reason(False, 10) == "max_tokens"
+    *_, done = reply.closing_events()
+    assert done.reason == "eos" and done.n_prompt_tokens == 3 and done.n_new_tokens == 2 and done.text == event.text != ""
+
+
+def test_the_counter_timer_and_helpers():
+    counter = StepCounter()
+    counter.advance()
+    assert counter.value == 1
+    timer = StepTimer("cpu")
+    timer.start()
+    time.sleep(0.01)
+    assert 0.005 < timer.stop() < 5
+    assert elem_bytes(torch.bfloat16) == 2 and elem_bytes(torch.float32) == 4
+    assert make_generator(None, "cpu") is None
+    a, b = make_generator(3, "cpu"), make_generator(3, "cpu")
+    assert torch.rand(2, generator=a).tolist() == torch.rand(2, generator=b).tolist()
+    check_prompt_length(9, 10)
+    with pytest.raises(PromptError, match="context window is 10"):
+        check_prompt_length(10, 10)
