@@ -72,6 +72,7 @@ def in_app(model: str, tokens: int, replies: int, engine_process: bool = True, d
 
     from app.plots.style import configure_pyqtgraph
     from app.window import MainWindow
+    from engine.metrics import reply_figures
     from engine.settings import SamplingParams, Settings
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
@@ -86,7 +87,7 @@ def in_app(model: str, tokens: int, replies: int, engine_process: bool = True, d
     loop.exec()
 
     probe = LatenessProbe(counting=lambda: window.replying)
-    decode_rates = []
+    decode_rates, figures = [], []
     gui_cpu_s = wall_s = 0.0
     for i in range(replies):
         done_loop = QEventLoop()
@@ -100,6 +101,7 @@ def in_app(model: str, tokens: int, replies: int, engine_process: bool = True, d
         probe.stop()
         window.reply_finished.disconnect(done_loop.quit)
         steps = [s for s in window._reply_steps if s.phase == "decode"]
+        figures.append(reply_figures(window._reply_steps))  # as the reply's summary line says it
         if steps:
             # wall clock from the first decode step's end to the last's: the host's own time
             # between steps (events through the pipe) counts, as it does in `membound bench`
@@ -112,6 +114,8 @@ def in_app(model: str, tokens: int, replies: int, engine_process: bool = True, d
             "timer_lateness_ms_p95": float(np.percentile(lateness, 95)),
             "timer_lateness_ms_max": float(lateness.max()), "timer_samples": len(lateness),
             "app_decode_tokens_per_s": float(np.mean(decode_rates)), "frames_drawn": frames,
+            "app_decode_mbu": [f.mbu for f in figures if f is not None],  # per reply, against the roof
+            "app_peak_gbs": [f.peak_gbs for f in figures if f is not None],
             "frames_per_s": frames / wall_s if wall_s else 0.0,
             # CPU the app's own process took while replies streamed, in cores (with the engine in its
             # own process: the GUI's share of the machine; on a thread: the engine's too)

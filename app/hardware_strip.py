@@ -41,6 +41,9 @@ def device_lines(spec) -> tuple[str, str, str]:
         bandwidth.append(f"{spec.spec_bandwidth_gbs:,.0f} GB/s ({spec_word})")
     if spec.measured_bandwidth_gbs:
         bandwidth.append(f"{spec.measured_bandwidth_gbs:,.1f} GB/s ({measured_word})")
+    if getattr(spec, "cache_bandwidth_gbs", None):  # the roof of a step whose bytes fit the last-level cache
+        bandwidth.append(translate("HardwareStrip", "{gbs} GB/s (last-level cache, {mib} MiB)").format(
+            gbs=f"{spec.cache_bandwidth_gbs:,.1f}", mib=f"{(spec.cache_bytes or 0) / 2**20:.0f}"))
     compute = []
     for dtype in ("fp32", "bf16", "fp16"):
         spec_value = spec.peak_flops.get(dtype)

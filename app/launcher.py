@@ -20,6 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command and args.command != "replay" and not (args.command == "attach" and not args.headless):
         return engine_main(argv)
+    if args.check:  # the tour checked against the engine, headless
+        return engine_main(argv)
     if not all(importlib.util.find_spec(name) for name in ("PySide6", "pyqtgraph")):
         return terminal_instead(args, NO_QT)
     from app.main import main as app_main  # an ImportError inside the app is a bug: let it show

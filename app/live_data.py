@@ -54,7 +54,6 @@ class LiveData:
         # what one row of `steps` is (attach mode: one scrape of the server)
         self.x_label = QT_TRANSLATE_NOOP("Plots", "step")
         self.notes: dict[str, str] = {}  # plot name -> why it shows nothing (e.g. the flag to start a server with)
-        self._draft = None  # the draft step whose verify step comes next
 
     def label_code(self, label: str) -> int:
         if label not in self.labels:
@@ -73,16 +72,11 @@ class LiveData:
         # batched steps carry other requests' prefills: the person's TTFT then comes with its reply
         if prefill and m.batch_size == 1 and self.reply_t0 is not None and self.ttft_s is None:
             self.ttft_s = m.t_s - self.reply_t0
-        draft, self._draft = (self._draft if m.phase == "verify" else None), (m if m.phase == "draft" else None)
-        tokens_per_s, ceiling = m.tokens_per_s, m.memory_ceiling_tokens_per_s
-        roof = _finite_or_none(m.predicted_ceiling_tokens_per_s)
+        # the engine's figures for the step's round (a verify step carries its draft's: engine/metrics.py)
+        tokens_per_s, ceiling = m.round_tokens_per_s, m.round_memory_ceiling_tokens_per_s
+        roof = _finite_or_none(m.round_ceiling_tokens_per_s)
         if m.phase == "draft":
             tokens_per_s = ceiling = roof = None
-        elif draft is not None:
-            tokens_per_s = m.tokens_out / (m.step_s + draft.step_s)
-            ceiling = m.tokens_out * m.peak_bandwidth_bps / (m.total_bytes + draft.total_bytes)
-            roof = _finite_or_none(m.tokens_out / (max(m.floor_s, m.flops / m.peak_flops)
-                                                   + max(draft.floor_s, draft.flops / draft.peak_flops)))
         self.steps.append(
             x=self.steps.total, t_s=m.t_s, start_s=m.t_s - m.step_s, prefill=1.0 if prefill else 0.0,
             mixed=1.0 if m.phase == "mixed" else 0.0,
@@ -142,7 +136,6 @@ class LiveData:
         return mask
 
     def clear(self) -> None:
-        self._draft = None
         self.steps.clear()
         self.hardware.clear()
         self.serving.clear()

@@ -224,6 +224,9 @@ def install(window, *, tour=None, lang: str = "en", keep_decoding: bool = False,
         talk.runner = TourRunner(window, tour, talk.presenter, talk.overlay, talk.keep, autoplay=autoplay)
         if tour.large_fonts and not window.theme.large:
             window.set_large_fonts(True)
+        for number, why in tour.skipped:  # checked on this machine (membound --tour … --check)
+            window.chat.add_notice(translate("Talk", "tour step {number} left out: on this machine {why}").format(
+                number=number, why=why), error=True)
         QTimer.singleShot(0, talk.runner, talk.runner.start)
     elif keep_decoding:
         talk.keep.start()

@@ -16,6 +16,10 @@ optional wait. `load_tour` reads and checks one (TourError: one line naming the 
     wait_tokens = 48                  # optional: the step is done when the engine has confirmed its settings
     wait_s = 5                        # and this many tokens have streamed / seconds passed
     requires = "speculate"            # optional: left out where the engine has no such setting
+    expect = { figure = "decode_tokens_per_s", direction = "higher", than = { weights = "fp" } }
+                                      # optional: the caption's direction, checked by `membound --tour
+                                      # FILE --check` (engine/tour_check.py); a step whose direction did
+                                      # not hold on this machine is left out here, saying why
 """
 from __future__ import annotations
 
@@ -33,10 +37,11 @@ from app.presenter import PLOT_NAMES
 from engine.events import TokenEvent
 from engine.protocol import with_changes
 from engine.settings import EngineError, SamplingParams, Settings
+from engine.tour_verdicts import failed_steps
 
 TOURS_DIR = Path(__file__).resolve().parents[1] / "assets" / "tours"
 LANGUAGES = ("en", "es")
-STEP_FIELDS = ("title", "caption", "settings", "prompt", "plots", "wait_tokens", "wait_s", "requires")
+STEP_FIELDS = ("title", "caption", "settings", "prompt", "plots", "wait_tokens", "wait_s", "requires", "expect")
 TOUR_FIELDS = ("title", "settings", "keep_decoding", "large_fonts", "optional")
 POLL_MS = 100
 
@@ -73,6 +78,8 @@ class Tour:
     keep_decoding: bool = True
     large_fonts: bool = True
     left_out: tuple[tuple[int, str], ...] = ()  # steps this engine cannot run: (step number, the setting it lacks)
+    # steps whose caption's direction did not hold when checked on this machine: (step number, why)
+    skipped: tuple[tuple[int, str], ...] = ()
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -98,9 +105,10 @@ def tour_path(spec: str) -> Path:
     return TOURS_DIR / "default.toml" if spec == "default" else Path(spec)
 
 
-def load_tour(spec: str, lang: str = "en", settings_type: type = Settings) -> Tour:
+def load_tour(spec: str, lang: str = "en", settings_type: type = Settings, checked: bool = True) -> Tour:
     """Read and check a tour: `spec` is "default" or a path. settings_type: the engine's Settings
-    (a test passes one without a field to see steps left out)."""
+    (a test passes one without a field to see steps left out). checked: leave out the steps whose
+    direction `membound --tour SPEC --check` found not to hold on this machine."""
     path = tour_path(spec)
     name = str(spec if spec != "default" else path)
     if lang not in LANGUAGES:
@@ -116,10 +124,10 @@ def load_tour(spec: str, lang: str = "en", settings_type: type = Settings) -> To
         raise TourError(f"{name}: not valid TOML: {error}") from None
     except UnicodeDecodeError:
         raise TourError(f"{name}: not valid TOML: not UTF-8 text") from None
-    return _parse(doc, name, lang, settings_type)
+    return _parse(doc, name, lang, settings_type, failed_steps(spec) if checked else {})
 
 
-def _parse(doc: dict, name: str, lang: str, settings_type: type) -> Tour:
+def _parse(doc: dict, name: str, lang: str, settings_type: type, failed: dict[int, str] | None = None) -> Tour:
     unknown = [k for k in doc if k not in ("tour", "step")]
     if unknown:
         raise TourError(f"{name}: unknown table [{unknown[0]}] (a tour has [tour] and [[step]])")
@@ -141,7 +149,7 @@ def _parse(doc: dict, name: str, lang: str, settings_type: type) -> Tour:
     raw_steps = doc.get("step")
     if not isinstance(raw_steps, list) or not raw_steps:
         raise TourError(f"{name}: no steps (add [[step]] tables)")
-    steps, left_out = [], []
+    steps, left_out, skipped = [], [], []
     current = with_changes(settings_type(), base)
     for number, raw in enumerate(raw_steps, 1):
         where = f"{name}: step {number}"
@@ -164,6 +172,9 @@ def _parse(doc: dict, name: str, lang: str, settings_type: type) -> Tour:
         if requires and requires not in known:
             left_out.append((number, requires))
             continue
+        if failed and number in failed:  # its caption's direction does not hold on this machine
+            skipped.append((number, failed[number]))
+            continue
         step_settings = _settings(raw.get("settings", {}), f"{where}: settings", known, optional)
         current = with_changes(current, step_settings)
         try:
@@ -183,7 +194,7 @@ def _parse(doc: dict, name: str, lang: str, settings_type: type) -> Tour:
             wait_s=_number(raw, "wait_s", where, whole=False)))
     if not steps:
         raise TourError(f"{name}: every step was left out: {left_out_line(*left_out[0])}")
-    return Tour(name, lang, title, tuple(steps), base, keep, large, tuple(left_out))
+    return Tour(name, lang, title, tuple(steps), base, keep, large, tuple(left_out), tuple(skipped))
 
 
 def _setting_paths(settings_type: type) -> set[str]:

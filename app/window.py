@@ -31,7 +31,7 @@ from app.serving_panel import ServingPanel
 from app.theme import SettingColours, stylesheet, themed
 from app.worker import EngineWorker
 from engine.events import BatchStats, DoneEvent, SettingsApplied, SettingsRefused, TokenEvent
-from engine.metrics import DECODE_PHASES, StepMetrics, decode_rate, speculation_figures
+from engine.metrics import DECODE_PHASES, StepMetrics, reply_figures, speculation_figures
 from engine.protocol import Apply, Chat, Load, MeasureQuality, ModelInfo, Reset, settings_delta
 from engine.settings import Settings, weights_label
 
@@ -551,20 +551,19 @@ class MainWindow(QMainWindow):
             self.data.version += 1
         how = translate("Window", DONE_WORDS[done.reason]) if done.reason in DONE_WORDS else done.reason
         parts = [translate("Window", "{n} tokens, {how}").format(n=done.n_new_tokens, how=how), ttft_note(done)]
-        decode = [m for m in self._reply_steps if m.phase in DECODE_PHASES]
-        if decode:
-            step_s = sum(m.step_s for m in decode)
-            gbs = sum(m.total_bytes for m in decode) / step_s / 1e9
-            peak = decode[-1].peak_bandwidth_bps / 1e9
+        figures = reply_figures(self._reply_steps)  # the engine's sums (engine/metrics.py), as the terminal's
+        if figures is not None:
+            decode = [m for m in self._reply_steps if m.phase in DECODE_PHASES]
             batched = max(m.batch_size for m in decode) > 1
             # batched, steps also serve other requests (and may run while this one waits): this
             # reply's own rate is the engine's count of its tokens over its decode time
-            rate = done.decode_tokens_per_s if batched else decode_rate(decode)
+            rate = done.decode_tokens_per_s if batched else figures.tokens_per_s
             decode_text = translate("Window", "decode {tps} tok/s (this reply, batched)") if batched else \
                 translate("Window", "decode {tps} tok/s")
             parts += [decode_text.format(tps=f"{rate:.1f}"),
                       translate("Window", "{gbs} GB/s (model) = {pct}% of {peak} GB/s peak").format(
-                          gbs=f"{gbs:.1f}", pct=f"{100 * gbs / peak:.0f}", peak=f"{peak:.0f}")]
+                          gbs=f"{figures.achieved_gbs:.1f}", pct=f"{100 * figures.mbu:.0f}",
+                          peak=f"{figures.peak_gbs:.0f}")]
             parts += speculation_summary(decode)
         self.chat.end_reply("— " + " · ".join(parts))
         self.messages = self.messages + [{"role": "user", "content": self._turn_text},

@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lang", choices=["en", "es"],
                         help="(app) the language of the window and the tour: en or es (default: the system's)")
     parser.add_argument("--autoplay", action="store_true", help="(app) the tour steps on by itself")
+    parser.add_argument("--check", action="store_true",
+                        help="(with --tour) no window: check each step's direction against the engine on this "
+                             "machine, printing its figure and verdict (a step that does not hold is left out "
+                             "of the tour here)")
     parser.add_argument("--keep-decoding", action="store_true",
                         help="(app) the model keeps talking until stopped (Ctrl+K in the app)")
     parser.add_argument("--record", metavar="FILE", help="(app) record the session to FILE (membound replay plays it)")
@@ -190,6 +194,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             from engine.bench.run import run_bench
             return run_bench(args, _progress_printer())
+        if args.check:
+            if not args.tour:
+                raise ValueError("--check checks a tour: give --tour FILE (or --tour default)")
+            from engine.tour_check import run_tour_check
+            return run_tour_check(args)
         return run_app(args)
     except KeyboardInterrupt:
         print(file=sys.stderr)
@@ -349,21 +358,18 @@ def run_models(args) -> int:
 
 
 def _turn_summary(done, metrics, engine) -> str:
-    from engine.metrics import DECODE_PHASES, decode_rate, speculation_summary
-    decode = [m for m in metrics if m.phase in DECODE_PHASES]
+    from engine.metrics import DECODE_PHASES, reply_figures, speculation_summary
     parts = [f"{done.n_new_tokens} tokens ({done.reason})", done.ttft_note]
-    if decode:
-        step_s = sum(m.step_s for m in decode)
-        moved = sum(m.total_bytes for m in decode)
-        gbs = moved / step_s / 1e9
-        peak = engine.hardware.peak_bandwidth_gbs
-        target = [m for m in decode if m.phase != "draft"]
-        parts += [f"decode {decode_rate(decode):.1f} tok/s", f"{gbs:.1f} GB/s (model)",
-                  f"MBU {100 * gbs / peak:.0f}% of {peak:.1f} GB/s",
-                  f"ceiling {sum(m.tokens_out for m in target) / sum(m.floor_s for m in target):.0f} tok/s"]
+    steps = [m for m in metrics if hasattr(m, "step_s")]  # the StepMetrics among the events
+    figures = reply_figures(steps)  # the window sums a reply up the same way
+    if figures is not None:
+        parts += [f"decode {figures.tokens_per_s:.1f} tok/s", f"{figures.achieved_gbs:.1f} GB/s (model)",
+                  f"MBU {100 * figures.mbu:.0f}% of {figures.peak_gbs:.1f} GB/s",
+                  f"ceiling {figures.ceiling_tokens_per_s:.0f} tok/s"]
+        decode = [m for m in steps if m.phase in DECODE_PHASES]
         parts += speculation_summary(decode)
         parts += sorted({m.settings_label for m in decode if m.settings_label})  # what the steps ran
-    if any(m.above_roof for m in metrics):  # shown, never absorbed into the peak (engine/hardware/roof.py)
+    if any(m.above_roof for m in steps):  # shown, never absorbed into the peak (engine/hardware/roof.py)
         from engine.hardware.roof import ABOVE_ROOF
         parts.append(ABOVE_ROOF)
     return "[" + " · ".join(parts) + "]"

@@ -46,6 +46,7 @@ from engine.events import (
 )
 from engine.graphs import GraphDecoder
 from engine.io.loader import LoadedWeights, load_model
+from engine.hardware.roof import Roof
 from engine.kv.cache import DEFAULT_BLOCK_SIZE
 from engine.model.config import ModelConfig
 from engine.model.transformer import Transformer
@@ -213,14 +214,17 @@ class Engine:
         setup = self._setup()
         self.speculative.use_draft(draft, setup)
         if self.batch.server is not None:
-            self.batch.sync(setup.model, new, setup.peak_flops)
+            self.batch.sync(setup.model, new, setup.roof)
         return applied(old, new, ids, self.step_count)
 
     def _setup(self) -> StepSetup:
-        """What the next step runs with: the settings, their model and the device's peaks now."""
-        s = self.settings
-        return StepSetup(s, self.model, self.hardware.peak_bandwidth_gbs * 1e9,
-                         self.hardware.peak_flops_for(s.dtype) or float("nan"))
+        """What the next step runs with: the settings, their model and the device's roof now."""
+        return StepSetup(self.settings, self.model, self.roof)
+
+    @property
+    def roof(self) -> Roof:
+        """The roofs every step is measured against (engine/hardware/roof.py), from `hardware`."""
+        return Roof.of(self.hardware)
 
     # ---- simulated users ---------------------------------------------------------------------
     @property
@@ -249,7 +253,7 @@ class Engine:
         if not self.serving:
             return events
         setup = self._setup()
-        self.batch.ensure(setup.model, setup.settings, setup.peak_bandwidth_bps, setup.peak_flops)
+        self.batch.ensure(setup.model, setup.settings, setup.roof)
         metrics, stats = self.batch.step(self.step_count)
         if metrics is not None:
             self.counter.advance()

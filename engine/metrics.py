@@ -1,11 +1,16 @@
-"""The cost model: bytes moved and FLOPs of one forward step from the model's shape and the
-settings; with the step's measured time, achieved GB/s, FLOP/s, MBU, MFU, arithmetic
-intensity and the predicted ceiling. One immutable `StepMetrics` per step."""
+"""The cost model, in one module: what one forward step moves and computes (`step_cost`, `plan_cost`),
+charging what each implementation does ("What each implementation moves" below: dequantised
+copies, naive attention's passes over its score matrix, K/V gathered out of a paged pool, a graph's
+bucket); with the step's measured time, `StepMetrics` (a `StepCost` and its time) gives achieved
+GB/s, MBU, MFU, arithmetic intensity and the ceilings. Torch-free, and the only place that counts a
+step's bytes: a new kernel or model family adds its charge here, with a hand count in
+tests/engine/test_cost.py."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
+from types import MappingProxyType
 
-from engine.hardware.roof import above_roof
+from engine.hardware.roof import Roof, above_roof
 from engine.model.config import ModelConfig
 
 # Phases whose rate counts the tokens they produce (tokens_out): plain decode, a speculative step's
@@ -14,22 +19,72 @@ from engine.model.config import ModelConfig
 DECODE_PHASES = ("decode", "verify", "draft")
 
 
+# ---- What each implementation moves, beyond the model's own bytes ---------------------------------
+# Bytes per weight that a dequantising path writes and reads beyond the stored ones
+# (engine/model/quant.py picks the path; `dequantised_copy_bytes` charges it). CPU int8: the bf16
+# copy written and read by the GEMM (2 + 2). CPU int4: the nibbles split (0.5 + 0.5 read, 0.5 + 0.5
+# written), stacked (1 + 1), made bf16 (1 + 2), scaled (2 + 2), read by the GEMM (2). Reference (any
+# device, the dtype's 2 bytes; fp32 costs more, counted as 2): int8 q.float() (1 + 4), * scale
+# (4 + 4), .to (4 + 2), matmul (2); int4 unpacked (0.5 + 1 + 1 + 1), .float() (1 + 4), * scale + min
+# (4 + 4 + 4), .to (4 + 2), matmul (2). Prefill-sized steps only: a decode step takes none of these.
+DEQUANTISED_COPY_BYTES = MappingProxyType({("int8", "cpu"): 4, ("int4", "cpu"): 13, ("int8", "reference"): 21,
+                                           ("int4", "reference"): 32.5})
+
+
+def dequantised_copy_bytes(fmt: str, path: str | None, n_weights: int) -> int:
+    """The copy a dequantising `path` ("cpu", "reference"; None: the kernel reads the codes) writes
+    and reads back for `n_weights` weights of format `fmt` ("int8", "int4")."""
+    return int(DEQUANTISED_COPY_BYTES[fmt, path] * n_weights) if path else 0
+
+
+def naive_score_passes(masked: bool, captured: bool = False) -> int:
+    """Passes over naive attention's score matrix, as engine/model/attention.py's naive_attention
+    runs: the QK product writes it (1); a mask, where the step has one (a prompt, ragged rows, a
+    graph's bucket), is applied in place (read and written: 2); softmax reads it and writes the
+    probabilities (2); the value product reads them (1). A captured step (torch.compile) folds the
+    mask into the softmax: 4 passes, with or without one."""
+    return 6 if masked and not captured else 4
+
+
+def naive_mask_bytes(mask_rows: int, queries: int, keys: int) -> int:
+    """The eager boolean mask (rows, T, S): built and read once a layer (one byte a cell)."""
+    return 2 * mask_rows * queries * keys
+
+
+@dataclass(frozen=True)
+class KVCopy:
+    """K/V positions a step copies out of the paged pool into a dense buffer, per layer (K and V
+    alike): batched decode rows gathered on a CPU (whole blocks, the longest row's width), or a
+    sequence whose blocks are not consecutive (PagedKV.dense: a zeroed buffer, filled)."""
+    read: int = 0  # positions read from the pool beyond the live ones the KV charge counts (padding)
+    written: int = 0  # positions written into the copy (its zeros included)
+    read_back: int = 0  # positions attention reads back from it
+
+    def __add__(self, other: "KVCopy") -> "KVCopy":
+        return KVCopy(self.read + other.read, self.written + other.written, self.read_back + other.read_back)
+
+    def bytes(self, cfg: ModelConfig, kv_elem_bytes: int) -> int:
+        return (self.read + self.written + self.read_back) * cfg.kv_bytes_per_token_per_elem * kv_elem_bytes
+
+
 @dataclass(frozen=True)
 class StepCost:
     """What one forward step moves and computes, for `batch_size` sequences of `new_tokens`
     tokens each, appended after `context_len` tokens already in the KV cache."""
-    weight_bytes: int  # every matmul weight once, at its storage precision (+ norms and biases)
-    kv_read_bytes: int  # cached K and V read by attention
-    kv_write_bytes: int  # new K and V written into the cache
-    other_bytes: int  # embedding rows gathered, logits written
-    flops: int  # matmul FLOPs + attention FLOPs (2 per multiply-add)
-    matmul_flops: int
-    attention_flops: int
-    attention_bytes: int = 0  # naive attention: the score matrix written, then read back
+    weight_bytes: int = 0  # every matmul weight once, at its storage precision (+ norms, biases, dequantised copies)
+    kv_read_bytes: int = 0  # cached K and V read by attention
+    kv_write_bytes: int = 0  # new K and V written into the cache
+    other_bytes: int = 0  # embedding rows gathered, logits written
+    flops: int = 0  # matmul FLOPs + attention FLOPs (2 per multiply-add)
+    matmul_flops: int = 0
+    attention_flops: int = 0
+    attention_bytes: int = 0  # naive attention: its passes over the score matrix (and its mask)
+    copy_bytes: int = 0  # K/V copied out of a paged pool, written and read back (KVCopy)
 
     @property
     def total_bytes(self) -> int:
-        return self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes + self.other_bytes + self.attention_bytes
+        return (self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes + self.other_bytes + self.attention_bytes
+                + self.copy_bytes)
 
     @property
     def kv_bytes(self) -> int:
@@ -41,27 +96,38 @@ def sum_costs(costs: list[StepCost]) -> StepCost:
     return StepCost(**{f.name: sum(getattr(c, f.name) for c in costs) for f in fields(StepCost)})
 
 
+def cost_of(step: StepCost) -> StepCost:
+    """The StepCost part of a step (a StepMetrics is one)."""
+    return StepCost(**{f.name: getattr(step, f.name) for f in fields(StepCost)})
+
+
 def step_cost(cfg: ModelConfig, *, batch_size: int, new_tokens: int, context_len: int,
               weight_bytes: int, kv_elem_bytes: int, act_elem_bytes: int = 4, kv_cache: bool = True,
               logits_rows: int | None = None, kv_read_tokens: int | None = None,
-              attention: str = "flash", kv_layout: str = "contiguous", block_size: int = 16) -> StepCost:
+              attention: str = "flash", kv_layout: str = "contiguous", block_size: int = 16,
+              attention_keys: int | None = None, ragged: bool = False, captured: bool = False,
+              kv_copy: KVCopy | None = None) -> StepCost:
     """Cost of one step.
 
-    weight_bytes: bytes of all matmul weights as stored (quantised weights count their
-    packed bytes and scales); the caller knows the storage format.
+    weight_bytes: bytes of all matmul weights as the step reads them (Transformer.linear_weight_bytes:
+    as stored, plus any dequantised copy its path makes); the caller knows the storage format.
     kv_cache=False: the step recomputes the whole context (new_tokens is then the context
     length plus the new token, context_len must be 0) and nothing is cached.
     logits_rows: rows the head is evaluated on (default one per sequence).
     kv_read_tokens: cache positions attention actually reads, when it reads more than the
     live context (a captured step without the flash kernel reads the whole buffer, masked).
-    attention="naive": the (B, n_heads, T, S) score matrix is written to memory and read back
-    in the activation dtype, S = every key of the step (the masked half included: it is computed
-    and stored too), and its FLOPs are the full T x S product; "flash" keeps it on chip and skips
-    the masked half. kv_layout="paged": attention also reads each sequence's block table (int32,
-    once per KV head and layer); the positions it reads are the live ones, as contiguous.
-    Sliding-window layers (Gemma, Phi-3-mini) read and attend to their window's keys only; Gemma 2's
-    soft-capped scores are written to memory and read back as naive attention's are (no fused
-    kernel here takes them)."""
+    attention_keys: keys each query's attention is computed over, masked ones included, when that is
+    not the causal live context: a graph's bucket (the default when kv_read_tokens is given), the
+    longest row of a padded batch. ragged: rows of different lengths, masked by length.
+    attention="naive": the (B, n_heads, T, S) score matrix is in memory in the activation dtype,
+    S = every key of the step (the masked half included: it is computed and stored too), and its
+    FLOPs are the full T x S product; its passes over it: `naive_score_passes` (eager or `captured`),
+    and an eager step's mask. "flash" keeps it on chip and skips the masked half of a prompt.
+    kv_layout="paged": attention also reads each sequence's block table (int32, once per KV head and
+    layer); the positions it reads are the live ones, as contiguous. kv_copy: K/V copied out of the
+    pool (`KVCopy`). Sliding-window layers (Gemma, Phi-3-mini) read and attend to their window's keys
+    only; Gemma 2's soft-capped scores are written to memory and read back (no fused kernel here
+    takes them)."""
     B, T, C = batch_size, new_tokens, context_len
     logits_rows = B if logits_rows is None else logits_rows
     kv_elems_per_token = cfg.kv_bytes_per_token_per_elem  # K and V, all layers
@@ -76,13 +142,23 @@ def step_cost(cfg: ModelConfig, *, batch_size: int, new_tokens: int, context_len
     layer_matmul = 2 * cfg.layer_linear_params * B * T * cfg.n_layers
     head_matmul = 2 * cfg.vocab_size * cfg.dim * logits_rows
     # attention: QK^T and PV, 2 FLOPs per MAC each, q_dim wide; query i of T sees C + i + 1 keys
-    # (causal), so the keys seen sum to T*C + T(T+1)/2 a layer (a sliding layer: its window's)
+    # (causal), so the keys seen sum to T*C + T(T+1)/2 a layer (a sliding layer: its window's) ...
     keys_seen = cfg.keys_seen(C, T)
+    padded_keys = attention_keys if attention_keys is not None else kv_read_tokens if kv_cache else None
+    if padded_keys is not None:  # ... unless attention runs over a bucket or a padded width: all of it
+        keys_seen = cfg.n_layers * T * padded_keys
     score_bytes = 0
     if attention == "naive" or cfg.attn_softcap:
-        S = kv_read_tokens if kv_cache and kv_read_tokens is not None else C + T  # keys in the matrix
+        S = padded_keys if padded_keys is not None else C + T  # keys in the matrix
         keys_seen = cfg.n_layers * T * S
-        score_bytes = 2 * cfg.n_layers * B * cfg.n_heads * T * S * act_elem_bytes  # written, then read
+        if attention == "naive":
+            masked = T > 1 or ragged or padded_keys is not None
+            score_bytes = cfg.n_layers * naive_score_passes(masked, captured) * B * cfg.n_heads * T * S * act_elem_bytes
+            if masked and not captured:
+                mask_rows = B if ragged or padded_keys is not None else 1  # (B or 1, T, S)
+                score_bytes += cfg.n_layers * naive_mask_bytes(mask_rows, T, S)
+        else:  # Gemma 2's soft-capped scores beside a fused kernel: written, then read back
+            score_bytes = 2 * cfg.n_layers * B * cfg.n_heads * T * S * act_elem_bytes
     if kv_cache and kv_layout == "paged":
         blocks = -(-(C + T) // block_size)
         kv_read += cfg.n_layers * B * cfg.n_kv_heads * blocks * 4
@@ -96,12 +172,58 @@ def step_cost(cfg: ModelConfig, *, batch_size: int, new_tokens: int, context_len
         matmul_flops=layer_matmul + head_matmul,
         attention_flops=flops_attention,
         attention_bytes=score_bytes,
+        copy_bytes=kv_copy.bytes(cfg, kv_elem_bytes) if kv_copy is not None else 0,
     )
 
 
-@dataclass(frozen=True)
-class StepMetrics:
-    """One step, measured. Plain data: safe to hand across threads and to JSON."""
+def plan_cost(cfg: ModelConfig, seqs, *, weight_bytes: int, elem_bytes: int, attention: str = "flash",
+              block_size: int = 16, decode_width: int | None = None, kv_copy: KVCopy | None = None) -> StepCost:
+    """The cost model for a ragged plan (engine/serving/batch_forward.py): the weights once for the
+    whole step; KV traffic, attention and matmul FLOPs per sequence (each its own context and chunk
+    length). decode_width: the decode rows' attention runs over one padded width (their keys gathered
+    into one buffer, masked by length), else each over its own; kv_copy: what the step copied."""
+    decodes = [s for s in seqs if len(s.token_ids) == 1]
+    ragged = decode_width is not None and any(s.start_pos + 1 != decode_width for s in decodes)
+    parts = [step_cost(cfg, batch_size=1, new_tokens=len(s.token_ids), context_len=s.start_pos, weight_bytes=0,
+                       kv_elem_bytes=elem_bytes, act_elem_bytes=elem_bytes, logits_rows=int(s.samples),
+                       attention=attention, kv_layout="paged", block_size=block_size,
+                       attention_keys=decode_width if len(s.token_ids) == 1 else None,
+                       ragged=ragged and len(s.token_ids) == 1) for s in seqs]
+    total = sum_costs(parts)
+    norm_bytes = parts[0].weight_bytes if parts else 0  # the norms: read once per step too
+    copy_bytes = kv_copy.bytes(cfg, elem_bytes) if kv_copy is not None else 0
+    return StepCost(**{**{f.name: getattr(total, f.name) for f in fields(StepCost)},
+                       "weight_bytes": weight_bytes + norm_bytes, "copy_bytes": copy_bytes})
+
+
+def phase_bytes(model, context_len: int) -> dict[str, int]:
+    """Bytes each phase of the C++ decode step moves after `context_len` cached positions
+    (`membound bench --profile`): step_cost's terms (weights as stored, norms and biases, the K/V
+    read and written, the embedding row, the logits), split by phase; they add up to its total."""
+    cfg = model.cfg
+    elem = model.embed.element_size()
+    layers = model.layers
+    kv_token = cfg.kv_bytes_per_token_per_elem * elem  # K and V of one position, all layers
+    ffn_norms = cfg.n_layers * cfg.dim
+    final_norm = cfg.dim
+    return {
+        "embedding": cfg.dim * elem,
+        "norm + q/k/v": sum(b.wqkv.weight_bytes for b in layers)
+        + (cfg.vector_elems_per_step - ffn_norms - final_norm) * elem,  # attention norms, biases, q/k norms
+        "k/v into the cache": kv_token,
+        "attention": kv_token * context_len,
+        "output projection": sum(b.wo.weight_bytes for b in layers),
+        "norm + gate/up + SiLU": sum(b.w_gate_up.weight_bytes for b in layers) + ffn_norms * elem,
+        "down projection": sum(b.w_down.weight_bytes for b in layers),
+        "norm + head": model.head.weight_bytes + final_norm * elem + cfg.vocab_size * 4,  # fp32 logits
+        "waiting at barriers": 0,
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepMetrics(StepCost):
+    """One step, measured: its cost (the StepCost fields) and its time. Plain data: safe to hand
+    across threads and to JSON."""
     step: int
     phase: str  # "prefill", "decode", "mixed" (a batched step of prompt chunks and decode rows), or a
     # speculative step's two parts: "draft" (the draft model's forwards) and "verify" (the target's one)
@@ -110,22 +232,25 @@ class StepMetrics:
     tokens_out: int  # tokens produced (sampled) this step, all sequences
     context_len: int  # tokens already cached before the step
     step_s: float  # measured wall time (CUDA events on a GPU)
-    weight_bytes: int
-    kv_read_bytes: int
-    kv_write_bytes: int
-    other_bytes: int
-    flops: int
-    peak_bandwidth_bps: float  # bytes/s the device can move (spec or measured)
+    peak_bandwidth_bps: float  # bytes/s of the roof the step sits under (engine/hardware/roof.py Roof)
     peak_flops: float  # FLOP/s for the step's dtype
     t_s: float = 0.0  # monotonic time at the end of the step
     settings_label: str = ""  # e.g. "fp32 · kv on"
-    attention_bytes: int = 0  # naive attention's score matrix written and read back (0 for flash)
     tokens_in: int = 0  # tokens fed this step, all sequences; 0: batch_size x new_tokens (a ragged
     # batched step's new_tokens is a rounded mean, so it carries the exact count here)
     draft_tokens: int = 0  # speculative steps: guesses made (draft) or checked (verify)
     accepted_tokens: int = 0  # verify: guesses the target kept (it also adds one token of its own)
     captured: bool = False  # the step ran from a captured graph or a compiled step, not eagerly
     roof: str = "memory"  # the bandwidth roof it sits under: "memory", or "cache" (its bytes fit the last-level cache)
+    # a verify step after a draft model's step: that step's time, bytes and floor, so the round's
+    # rate and ceilings (`round_*`) count both, as the engine ran them
+    draft_s: float = 0.0
+    draft_bytes: int = 0
+    draft_floor_s: float = 0.0
+
+    @classmethod
+    def from_cost(cls, cost: StepCost, **measured) -> "StepMetrics":
+        return cls(**{f.name: getattr(cost, f.name) for f in fields(StepCost)}, **measured)
 
     @property
     def above_roof(self) -> bool:
@@ -138,27 +263,6 @@ class StepMetrics:
     @property
     def tokens_fed(self) -> int:
         return self.tokens_in or self.batch_size * self.new_tokens
-
-    @classmethod
-    def from_cost(cls, cost: StepCost, *, step: int, phase: str, batch_size: int, new_tokens: int,
-                  tokens_out: int, context_len: int, step_s: float, peak_bandwidth_bps: float,
-                  peak_flops: float, t_s: float = 0.0, settings_label: str = "", tokens_in: int = 0,
-                  draft_tokens: int = 0, accepted_tokens: int = 0, captured: bool = False) -> "StepMetrics":
-        return cls(step=step, phase=phase, batch_size=batch_size, new_tokens=new_tokens, tokens_out=tokens_out,
-                   context_len=context_len, step_s=step_s, weight_bytes=cost.weight_bytes,
-                   kv_read_bytes=cost.kv_read_bytes, kv_write_bytes=cost.kv_write_bytes,
-                   other_bytes=cost.other_bytes, flops=cost.flops, peak_bandwidth_bps=peak_bandwidth_bps,
-                   peak_flops=peak_flops, t_s=t_s, settings_label=settings_label,
-                   attention_bytes=cost.attention_bytes, tokens_in=tokens_in, draft_tokens=draft_tokens,
-                   accepted_tokens=accepted_tokens, captured=captured)
-
-    @property
-    def total_bytes(self) -> int:
-        return self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes + self.other_bytes + self.attention_bytes
-
-    @property
-    def kv_bytes(self) -> int:
-        return self.kv_read_bytes + self.kv_write_bytes
 
     @property
     def achieved_bandwidth_bps(self) -> float:
@@ -232,11 +336,34 @@ class StepMetrics:
         return self.peak_bandwidth_bps / self.bytes_per_token
 
     @property
+    def roofline_floor_s(self) -> float:
+        """The least time the step takes by the roofline: its bytes at peak bandwidth, or its FLOPs
+        at peak FLOP/s, whichever is longer."""
+        return max(self.floor_s, self.flops / self.peak_flops)
+
+    @property
     def predicted_ceiling_tokens_per_s(self) -> float:
         """Roofline bound: the step cannot finish before its bytes at peak bandwidth nor before
         its FLOPs at peak FLOP/s."""
-        floor_s = max(self.total_bytes / self.peak_bandwidth_bps, self.flops / self.peak_flops)
-        return self._tokens / floor_s
+        return self._tokens / self.roofline_floor_s
+
+    # a speculative round (the draft model's step, then this verify step) as the plots show it: the
+    # tokens the verify produced over both steps' time and bytes; any other step is its own round
+    @property
+    def round_tokens_per_s(self) -> float:
+        return self._tokens / (self.step_s + self.draft_s)
+
+    @property
+    def round_memory_ceiling_tokens_per_s(self) -> float:
+        return self._tokens * self.peak_bandwidth_bps / (self.total_bytes + self.draft_bytes)
+
+    @property
+    def round_ceiling_tokens_per_s(self) -> float:
+        return self._tokens / (self.roofline_floor_s + self.draft_floor_s)
+
+    def with_draft(self, draft: "StepMetrics") -> "StepMetrics":
+        """This verify step carrying the draft model's step before it (the round's figures)."""
+        return replace(self, draft_s=draft.step_s, draft_bytes=draft.total_bytes, draft_floor_s=draft.roofline_floor_s)
 
     @property
     def bound(self) -> str:
@@ -248,7 +375,8 @@ class StepMetrics:
         d = asdict(self)
         for name in ("total_bytes", "achieved_gbs", "achieved_tflops", "mbu", "mfu", "arithmetic_intensity",
                      "tokens_per_s", "bytes_per_token", "memory_ceiling_tokens_per_s",
-                     "predicted_ceiling_tokens_per_s", "bound", "acceptance_rate", "overhead_s", "above_roof"):
+                     "predicted_ceiling_tokens_per_s", "bound", "acceptance_rate", "overhead_s", "above_roof",
+                     "round_tokens_per_s", "round_memory_ceiling_tokens_per_s", "round_ceiling_tokens_per_s"):
             d[name] = getattr(self, name)
         return d
 
@@ -280,6 +408,37 @@ def speculation_summary(steps: list[StepMetrics]) -> list[str]:
         return []
     pct, per_step, tokens = figures
     return [f"speculation: {pct:.0f}% of guesses kept ({per_step:.2f} a step), {tokens:.2f} tokens per weight read"]
+
+
+def measured(cost: StepCost, roof: Roof, dtype: str, **figures) -> StepMetrics:
+    """A step's cost against the roof it sits under (the one policy: engine/hardware/roof.py Roof),
+    with its measured figures (step_s, phase, tokens, ...)."""
+    return StepMetrics.from_cost(cost, peak_bandwidth_bps=roof.bandwidth_for(cost.total_bytes),
+                                 peak_flops=roof.flops_for(dtype), roof=roof.level_for(cost.total_bytes), **figures)
+
+
+@dataclass(frozen=True)
+class ReplyFigures:
+    """A reply's decoding as the window and the terminal sum it up."""
+    tokens_per_s: float  # every token produced over every decode, draft and verify step's time
+    achieved_gbs: float  # the cost model's bytes of those steps over their time
+    peak_gbs: float  # the roof of the last of them
+    mbu: float
+    ceiling_tokens_per_s: float  # the target's tokens over its steps' bytes at the roof (drafts excluded)
+    above_roof: bool  # some step beat its roof (engine/hardware/roof.py ABOVE_ROOF)
+
+
+def reply_figures(steps: list[StepMetrics]) -> ReplyFigures | None:
+    """The decoding steps of a reply summed up; None when it decoded nothing."""
+    decode = [s for s in steps if s.phase in DECODE_PHASES]
+    if not decode:
+        return None
+    step_s = sum(s.step_s for s in decode)
+    gbs = sum(s.total_bytes for s in decode) / step_s / 1e9
+    peak = decode[-1].peak_bandwidth_bps / 1e9
+    target = [s for s in decode if s.phase != "draft"]
+    ceiling = sum(s.tokens_out for s in target) / sum(s.floor_s for s in target) if target else float("nan")
+    return ReplyFigures(decode_rate(decode), gbs, peak, gbs / peak, ceiling, any(s.above_roof for s in steps))
 
 
 def decode_ceiling_tokens_per_s(weight_bytes: float, bandwidth_bps: float, kv_bytes: float = 0.0) -> float:

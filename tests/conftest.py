@@ -9,7 +9,9 @@ from engine.context import reset_default_context
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # The roofs a test session measures go to a cache of its own (engine/hardware/roof.py), never the
 # user's; engine processes the tests start inherit it.
-os.environ["MEMBOUND_ROOF_CACHE"] = os.path.join(tempfile.mkdtemp(prefix="membound-roof-"), "roof.json")
+_CACHE = tempfile.mkdtemp(prefix="membound-roof-")
+os.environ["MEMBOUND_ROOF_CACHE"] = os.path.join(_CACHE, "roof.json")
+os.environ["MEMBOUND_TOUR_CHECKS"] = os.path.join(_CACHE, "tour-check.json")  # the tour's checks, likewise
 
 
 @pytest.fixture(autouse=True)

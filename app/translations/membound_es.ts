@@ -381,6 +381,10 @@
         <translation>medido</translation>
     </message>
     <message>
+        <source>{gbs} GB/s (last-level cache, {mib} MiB)</source>
+        <translation>{gbs} GB/s (caché de último nivel, {mib} MiB)</translation>
+    </message>
+    <message>
         <source>unknown</source>
         <translation>desconocido</translation>
     </message>
@@ -1047,6 +1051,10 @@
     <message>
         <source>the window and each plot as PNG and SVG, the steps as CSV, a one-page report</source>
         <translation>la ventana y cada gráfica en PNG y SVG, los pasos en CSV, un informe de una página</translation>
+    </message>
+    <message>
+        <source>tour step {number} left out: on this machine {why}</source>
+        <translation>paso {number} del recorrido omitido: en esta máquina {why}</translation>
     </message>
     <message>
         <source>Export the session into a folder</source>

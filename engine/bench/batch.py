@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from engine.bench.tables import rows_of, side_by_side
+from engine.hardware.roof import Roof
 from engine.serving.users import SimulatedUsers, Workload, bundled_prompts
 
 # no torch at import: engine/cli.py imports this module to build its parser (the app's process too)
@@ -60,8 +61,7 @@ class BatchPoint:
 
 def _runner(model, hardware, dtype: str, num_blocks: int, **kw):
     from engine.serving.batch_forward import BatchRunner
-    return BatchRunner(model, num_blocks, BLOCK_SIZE, peak_bandwidth_bps=hardware.peak_bandwidth_gbs * 1e9,
-                       peak_flops=hardware.peak_flops_for(dtype) or float("nan"), **kw)
+    return BatchRunner(model, num_blocks, BLOCK_SIZE, roof=Roof.of(hardware), **kw)
 
 
 def run_batch_point(model, hardware, dtype: str, batch_size: int, prompt_ids: list[int], decode_tokens: int,

@@ -9,33 +9,10 @@ import torch
 
 from engine.bench.tables import side_by_side
 from engine.kv.cache import ContiguousKVCache
+from engine.metrics import phase_bytes
 
 PROFILE_STEPS = 32  # decode steps averaged
 TOP_OPERATORS = 6
-
-
-def phase_bytes(model, context_len: int) -> dict[str, int]:
-    """Bytes each phase of the C++ step moves after `context_len` cached positions: the cost model's
-    terms (engine/metrics.py step_cost: weights as stored, norms and biases, the K/V read and
-    written, the embedding row, the logits), split by phase; they add up to its total."""
-    cfg = model.cfg
-    elem = model.embed.element_size()
-    layers = model.layers
-    kv_token = cfg.kv_bytes_per_token_per_elem * elem  # K and V of one position, all layers
-    ffn_norms = cfg.n_layers * cfg.dim
-    final_norm = cfg.dim
-    return {
-        "embedding": cfg.dim * elem,
-        "norm + q/k/v": sum(b.wqkv.weight_bytes for b in layers)
-        + (cfg.vector_elems_per_step - ffn_norms - final_norm) * elem,  # attention norms, biases, q/k norms
-        "k/v into the cache": kv_token,
-        "attention": kv_token * context_len,
-        "output projection": sum(b.wo.weight_bytes for b in layers),
-        "norm + gate/up + SiLU": sum(b.w_gate_up.weight_bytes for b in layers) + ffn_norms * elem,
-        "down projection": sum(b.w_down.weight_bytes for b in layers),
-        "norm + head": model.head.weight_bytes + final_norm * elem + cfg.vocab_size * 4,  # fp32 logits
-        "waiting at barriers": 0,
-    }
 
 
 @torch.inference_mode()

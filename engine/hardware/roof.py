@@ -51,6 +51,18 @@ class Roof:
         return float("nan")
 
 
+def machine_name() -> str:
+    """This host and its CPU, torch-free (what the window and the tour check key their notes by)."""
+    import platform
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return f"{platform.node()} | {cpu}"
+
+
 def above_roof(mbu: float, mfu: float) -> bool:
     """A step whose bytes or FLOPs at its measured time beat the roof (beyond the probe's noise)."""
     return any(x == x and x > ABOVE_ROOF_TOLERANCE for x in (mbu, mfu))

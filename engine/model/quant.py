@@ -24,6 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from engine.context import EngineContext, default_context
+from engine.metrics import dequantised_copy_bytes
 from engine.model import cpu_step
 from engine.model.transformer import Linear, Transformer
 from engine.settings import GROUP_SIZES, QuantError, check_weights, weights_label
@@ -37,15 +38,8 @@ INT4_CPU_ZERO_CODE = 8  # PyTorch's CPU int4 kernel dequantises (code - 8) * sca
 # threads (2-core AMD EPYC): int8 packed 3.10 ms vs dequantise + GEMM 1.40 ms at 128 rows
 # (even at 32); int4 packed 2.70 vs 3.17 ms at 128 rows, 5.47 vs 4.54 ms at 256.
 CPU_PACKED_MAX_ROWS = {"int8": 32, "int4": 192}
-# Bytes per weight that a dequantising path writes and reads beyond the stored ones (the cost model
-# counts them: engine/metrics.py takes what `bytes_read` says). CPU int8: the bf16 copy written and
-# read by the GEMM (2 + 2). CPU int4: the nibbles split (0.5 + 0.5 read, 0.5 + 0.5 written), stacked
-# (1 + 1), made bf16 (1 + 2), scaled (2 + 2), read by the GEMM (2). Reference (any device, the dtype's
-# 2 bytes; fp32 costs more, counted as 2): int8 q.float() (1 + 4), * scale (4 + 4), .to (4 + 2),
-# matmul (2); int4 unpacked (0.5 + 1 + 1 + 1), .float() (1 + 4), * scale + min (4 + 4 + 4), .to
-# (4 + 2), matmul (2). Prefill-sized steps only: a decode step takes none of these paths.
-DEQUANTISED_COPY_BYTES = {("int8", "cpu"): 4, ("int4", "cpu"): 13, ("int8", "reference"): 21,
-                          ("int4", "reference"): 32.5}
+# The copies a dequantising path writes and reads back are charged by the cost model
+# (engine/metrics.py dequantised_copy_bytes); `bytes_read` says which path a forward takes.
 
 
 # ---- quantisers (tensor → stored tensors) ---------------------------------------------------
@@ -174,11 +168,11 @@ class Int8Linear(nn.Module):
 
     def bytes_read(self, rows: int) -> int:
         """Bytes a forward over `rows` rows moves for its weight: as stored, plus the dequantised
-        copy a path writes and reads back (bytes per weight: DEQUANTISED_COPY_BYTES)."""
+        copy a path writes and reads back (engine/metrics.py dequantised_copy_bytes)."""
         path = "cpu" if self.backend == "cpu" and rows > CPU_PACKED_MAX_ROWS["int8"] else \
             "reference" if self.backend == "reference" or (self.backend == "triton" and not _kernels(self).enabled("int8")) \
             else None
-        return self.weight_bytes + (DEQUANTISED_COPY_BYTES["int8", path] * self.q.numel() if path else 0)
+        return self.weight_bytes + dequantised_copy_bytes("int8", path, self.q.numel())
 
 
 class Int4Linear(nn.Module):
@@ -264,12 +258,11 @@ class Int4Linear(nn.Module):
 
     def bytes_read(self, rows: int) -> int:
         """Bytes a forward over `rows` rows moves for its weight: as stored, plus the dequantised
-        copy a path writes and reads back (bytes per weight: DEQUANTISED_COPY_BYTES)."""
+        copy a path writes and reads back (engine/metrics.py dequantised_copy_bytes)."""
         path = "cpu" if self.backend == "cpu" and rows > CPU_PACKED_MAX_ROWS["int4"] else \
             "reference" if self.backend == "reference" or (self.backend == "triton" and not _kernels(self).enabled("int4")) \
             else None
-        weights = self.out_features * self.in_features
-        return self.weight_bytes + (DEQUANTISED_COPY_BYTES["int4", path] * weights if path else 0)
+        return self.weight_bytes + dequantised_copy_bytes("int4", path, self.out_features * self.in_features)
 
     @property
     def weight_bytes(self) -> int:

@@ -14,7 +14,9 @@ import time
 import torch
 
 from engine.kv.cache import PagedKV, PagedKVCache, PageLayout
-from engine.metrics import StepCost, StepMetrics, step_cost
+from engine.hardware.roof import Roof
+from engine.hardware.spec import dtype_name
+from engine.metrics import KVCopy, measured, plan_cost
 from engine.model.attention import attend
 from engine.model.transformer import Transformer
 from engine.serving.scheduler import ScheduledSeq, Scheduler
@@ -25,10 +27,12 @@ CPU_GATHER_DECODE_KEYS = True
 
 
 def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledSeq, ...] | list[ScheduledSeq],
-                 attention: str = "flash") -> tuple[list[int], torch.Tensor]:
+                 attention: str = "flash", moved: dict | None = None) -> tuple[list[int], torch.Tensor]:
     """Run every planned token; return (request ids that sample, their next-token logits
     (n, vocab) fp32), in plan order. The plan's block tables index `cache`'s pool: the scheduler
-    that made it must run on `cache.manager`."""
+    that made it must run on `cache.manager`. `moved`, if given, is told what the step copied for the
+    cost model (engine/metrics.py plan_cost): "kv_copy" (a KVCopy), "decode_width" (the padded width
+    the decode rows' attention ran over, or None: each row over its own keys)."""
     if not seqs:
         return [], torch.empty(0, model.cfg.vocab_size)
     bs = cache.block_size
@@ -51,6 +55,8 @@ def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledS
         if decodes and device.type == "cpu" and CPU_GATHER_DECODE_KEYS else None
     decode_layout = _layout(decodes, bs) if decodes and gather is None else None
     prefill_layouts = [_layout([s], bs) for s in prefills]
+    if moved is not None:
+        moved.update(_kv_moved(decodes, prefill_layouts, gather, decode_layout, attention, device, bs))
 
     x = model.embed_tokens(tokens)  # (1, N, dim)
     n_dec = len(decodes)
@@ -92,6 +98,33 @@ def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledS
         return [], torch.empty(0, model.cfg.vocab_size, device=device)
     last = x[0, [ends[r] for r in ids]]  # (n, dim)
     return ids, model.logits(last[None])[0]
+
+
+def _kv_moved(decodes, prefill_layouts, gather, decode_layout, attention: str, device, block_size: int) -> dict:
+    """What forward_plan's attention copies out of the pool, per layer, as positions (the cost model
+    charges them: engine/metrics.py KVCopy), and the width the decode rows' attention runs over."""
+    copy, width = KVCopy(), None
+    live = sum(s.start_pos for s in decodes)  # what the KV charge counts as read for the decode rows
+    if gather is not None:  # whole blocks by index_select into a new buffer; attention reads `width` of it
+        _, _, width = gather
+        blocks = len(decodes) * -(-width // block_size)
+        copy += KVCopy(read=blocks * block_size - live, written=blocks * block_size, read_back=len(decodes) * width)
+    elif decode_layout is not None and len(decodes) > 1 and not (
+            attention == "flash" and device.type == "cuda" and paged_kernel_enabled()):  # PagedKV.dense()
+        width = max(decode_layout.context_lens)
+        copy += KVCopy(written=len(decodes) * width + sum(decode_layout.context_lens), read_back=len(decodes) * width)
+    for layout in prefill_layouts:  # a chunk whose blocks are not consecutive: PagedKV.dense() too
+        if len(layout.runs[0]) > 1:
+            n = layout.context_lens[0]
+            copy += KVCopy(written=2 * n, read_back=n)
+    return {"kv_copy": copy, "decode_width": width}
+
+
+def paged_kernel_enabled() -> bool:
+    """The GPU's paged flash-decoding kernel reads the pool in place (engine/model/attention.py)."""
+    from engine.model.attention import _kernels_available
+    from kernels import registry as kernel_registry
+    return _kernels_available() and kernel_registry.enabled("paged")
 
 
 def _slot(table, pos: int, block_size: int) -> int:
@@ -139,19 +172,6 @@ def _layout(seqs: list[ScheduledSeq], block_size: int) -> PageLayout:
     return PageLayout(block_size=block_size, block_tables=tables, context_lens=lens, runs=runs, write_runs=[])
 
 
-def plan_cost(cfg, seqs, *, weight_bytes: int, elem_bytes: int, attention: str = "flash",
-              block_size: int = 16) -> StepCost:
-    """The cost model for a ragged plan: the weights once for the whole step; KV traffic,
-    attention and matmul FLOPs per sequence (each its own context and chunk length)."""
-    parts = [step_cost(cfg, batch_size=1, new_tokens=len(s.token_ids), context_len=s.start_pos, weight_bytes=0,
-                       kv_elem_bytes=elem_bytes, act_elem_bytes=elem_bytes, logits_rows=int(s.samples),
-                       attention=attention, kv_layout="paged", block_size=block_size) for s in seqs]
-    norm_bytes = parts[0].weight_bytes if parts else 0  # the norms: read once per step too
-    fields = ("kv_read_bytes", "kv_write_bytes", "other_bytes", "flops", "matmul_flops", "attention_flops",
-              "attention_bytes")
-    return StepCost(weight_bytes=weight_bytes + norm_bytes, **{f: sum(getattr(p, f) for p in parts) for f in fields})
-
-
 def plan_phase(seqs) -> str:
     """"decode" (every row one token, sampled), "prefill" (prompt chunks only) or "mixed" (both in
     one step: continuous batching's arrivals ride along with the running decodes)."""
@@ -166,7 +186,7 @@ class BatchRunner:
 
     def __init__(self, model: Transformer, num_blocks: int, block_size: int = 16, *, max_batch_size: int = 8,
                  token_budget: int = 512, policy: str = "continuous", chunk_size: int | None = None,
-                 attention: str = "flash", peak_bandwidth_bps: float = float("nan"),
+                 attention: str = "flash", roof: Roof | None = None, peak_bandwidth_bps: float = float("nan"),
                  peak_flops: float = float("nan"), sample=None, settings_label: str = ""):
         self.model = model
         self.cache = PagedKVCache(model.cfg, num_blocks=num_blocks, block_size=block_size, dtype=model.dtype,
@@ -174,7 +194,8 @@ class BatchRunner:
         self.scheduler = Scheduler(self.cache.manager, max_batch_size=max_batch_size, token_budget=token_budget,
                                    policy=policy, chunk_size=chunk_size)
         self.attention = attention
-        self.peak_bandwidth_bps, self.peak_flops = peak_bandwidth_bps, peak_flops
+        # the roof its steps are measured against (engine/hardware/roof.py); bare peaks for the bench's runners
+        self.roof = roof if roof is not None else Roof(peak_bandwidth_bps, {"fp32": peak_flops})
         self.sample = sample or (lambda logits: logits.argmax(dim=-1))
         self.settings_label = settings_label
         self.step_count = 0
@@ -188,7 +209,8 @@ class BatchRunner:
         sync()
         t0 = time.perf_counter()
         with torch.inference_mode():
-            ids, logits = forward_plan(self.model, self.cache, plan.seqs, self.attention)
+            moved: dict = {}
+            ids, logits = forward_plan(self.model, self.cache, plan.seqs, self.attention, moved)
             tokens = self.sample(logits).tolist() if ids else []
         sync()
         step_s = time.perf_counter() - t0
@@ -197,13 +219,12 @@ class BatchRunner:
         weight_bytes = self.model.linear_weight_bytes(rows=plan.total_num_scheduled_tokens,
                                                       head_rows=sum(s.samples for s in plan.seqs))
         cost = plan_cost(self.model.cfg, plan.seqs, weight_bytes=weight_bytes, elem_bytes=self._elem_bytes,
-                         attention=self.attention, block_size=self.cache.block_size)
+                         attention=self.attention, block_size=self.cache.block_size, **moved)
         n = len(plan.seqs)
-        metrics = StepMetrics.from_cost(
-            cost, step=self.step_count, phase=plan_phase(plan.seqs), batch_size=n,
-            new_tokens=max(1, round(plan.total_num_scheduled_tokens / n)), tokens_out=len(ids),
-            context_len=round(sum(s.start_pos for s in plan.seqs) / n), step_s=step_s,
-            peak_bandwidth_bps=self.peak_bandwidth_bps, peak_flops=self.peak_flops, t_s=time.monotonic(),
+        metrics = measured(
+            cost, self.roof, dtype_name(self.model.dtype), step=self.step_count, phase=plan_phase(plan.seqs),
+            batch_size=n, new_tokens=max(1, round(plan.total_num_scheduled_tokens / n)), tokens_out=len(ids),
+            context_len=round(sum(s.start_pos for s in plan.seqs) / n), step_s=step_s, t_s=time.monotonic(),
             settings_label=self.settings_label, tokens_in=plan.total_num_scheduled_tokens)
         self.step_count += 1
         return plan, sampled, metrics

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
+from engine.hardware.roof import Roof
 from engine.model.config import ModelConfig
 from engine.model.transformer import Transformer
 from engine.serving.server import BatchServer, kv_budget_bytes, per_user_tokens, pool_size, user_workload
@@ -42,14 +43,12 @@ class BatchLifecycle:
             self.user_workload = user_workload(self.tokenizer, self.cfg.max_seq_len)
         return self.user_workload
 
-    def ensure(self, model: Transformer, settings: Settings, peak_bandwidth_bps: float,
-               peak_flops: float) -> BatchServer:
+    def ensure(self, model: Transformer, settings: Settings, roof: Roof) -> BatchServer:
         if self.server is None:
             s = settings
             self.server = BatchServer(
                 model, self.workload(), users=s.users, policy=s.policy, attention=s.attention,
-                budget_bytes=self.pool_budget(), peak_bandwidth_bps=peak_bandwidth_bps,
-                peak_flops=peak_flops, settings_label=batch_label(s),
+                budget_bytes=self.pool_budget(), roof=roof, settings_label=batch_label(s),
                 first_user_id=self.next_user_id, seed=self.next_user_id, on_request=self.on_request)
         return self.server
 
@@ -61,11 +60,11 @@ class BatchLifecycle:
             self._drop()
             raise
 
-    def sync(self, model: Transformer, settings: Settings, peak_flops: float) -> None:
+    def sync(self, model: Transformer, settings: Settings, roof: Roof) -> None:
         """Hand the current settings to the batch (between steps)."""
         s = settings
         self.server.configure(model=model, users=s.users, policy=s.policy, attention=s.attention,
-                              settings_label=batch_label(s), peak_flops=peak_flops)
+                              settings_label=batch_label(s), roof=roof)
 
     def end_if_done(self, settings: Settings) -> None:
         if not settings.users and not self.server.has_unfinished:  # the last user has left

@@ -20,6 +20,7 @@ import torch
 
 from engine.events import BatchStats
 from engine.kv.cache import DEFAULT_BLOCK_SIZE
+from engine.hardware.roof import Roof
 from engine.metrics import StepMetrics
 from engine.model.config import ModelConfig
 from engine.model.sampling import mask_tokens, sample
@@ -111,7 +112,7 @@ class BatchServer:
     pool, one scheduler. Single-threaded: the Engine calls it between steps."""
 
     def __init__(self, model: Transformer, workload: Workload, *, users: int, policy: str, attention: str,
-                 budget_bytes: int, peak_bandwidth_bps: float, peak_flops: float, settings_label: str = "",
+                 budget_bytes: int, roof: Roof, settings_label: str = "",
                  first_user_id: int = 1_000_000, seed: int = 0,
                  on_request: Callable[[str, Request], None] | None = None,
                  clock: Callable[[], float] = time.perf_counter):
@@ -123,7 +124,7 @@ class BatchServer:
         self.users = SimulatedUsers(users, workload, seed=seed, first_id=first_user_id, start_s=self.start_s)
         self._users_target = users
         self._sampler = _Sampler()
-        self.runner = self._new_runner(model, policy, attention, peak_bandwidth_bps, peak_flops, settings_label)
+        self.runner = self._new_runner(model, policy, attention, roof, settings_label)
         self._preempted_before = 0  # pre-emptions counted by runners replaced since
         self.finished_total = 0
         self.cancelled_total = 0
@@ -133,15 +134,14 @@ class BatchServer:
         self._latency_stale = False
         self._last_stats_s = self.start_s
 
-    def _new_runner(self, model: Transformer, policy: str, attention: str, peak_bandwidth_bps: float,
-                    peak_flops: float, settings_label: str) -> BatchRunner:
+    def _new_runner(self, model: Transformer, policy: str, attention: str, roof: Roof,
+                    settings_label: str) -> BatchRunner:
         num_blocks, _ = pool_size(model.cfg, model.embed.element_size(), per_user_tokens(self.workload),
                                   self.budget_bytes)
         gpu = model.device.type == "cuda"
         runner = BatchRunner(model, num_blocks, DEFAULT_BLOCK_SIZE, max_batch_size=MAX_USERS + 1,
                              token_budget=2048 if gpu else 256, chunk_size=512 if gpu else 128, policy=policy,
-                             attention=attention, peak_bandwidth_bps=peak_bandwidth_bps, peak_flops=peak_flops,
-                             sample=self._sampler, settings_label=settings_label)
+                             attention=attention, roof=roof, sample=self._sampler, settings_label=settings_label)
         self._sampler.scheduler = runner.scheduler
         runner.scheduler.clock = self.clock
         return runner
@@ -152,7 +152,7 @@ class BatchServer:
 
     # ---- settings (between steps) ------------------------------------------------------------
     def configure(self, *, model: Transformer, users: int, policy: str, attention: str, settings_label: str,
-                  peak_flops: float) -> None:
+                  roof: Roof) -> None:
         if model.dtype != self.runner.cache.k.dtype:  # (no reference to the old runner is kept here:
             self._rebuild(model)  # its pool is freed before the new one is made)
         elif model is not self.runner.model:
@@ -160,7 +160,7 @@ class BatchServer:
         runner = self.runner
         runner.attention = attention
         runner.settings_label = settings_label
-        runner.peak_flops = peak_flops
+        runner.roof = roof
         if policy != runner.scheduler.policy:
             runner.scheduler.set_policy(policy)
         if users != self._users_target:
@@ -177,7 +177,7 @@ class BatchServer:
         self._preempted_before += sched.num_preemptions + len(sched.running)
         for req in sched.running:
             req.num_preemptions += 1
-        kept = (sched.policy, old.attention, old.peak_bandwidth_bps, old.peak_flops, old.settings_label)
+        kept = (sched.policy, old.attention, old.roof, old.settings_label)
         self.runner = None
         del old, sched  # the old pool's memory goes before the new one is made
         self.runner = self._new_runner(model, *kept)

@@ -15,7 +15,9 @@ from typing import Callable
 import torch
 
 from engine.kv.cache import ContiguousKVCache
-from engine.metrics import StepCost, StepMetrics, step_cost, sum_costs
+from engine.hardware.roof import Roof
+from engine.hardware.spec import dtype_name
+from engine.metrics import StepCost, StepMetrics, measured, step_cost, sum_costs
 from engine.model.sampling import mask_tokens, probabilities
 from engine.model.transformer import Transformer
 from engine.serving.scheduler import common_prefix
@@ -145,12 +147,11 @@ class DraftModel:
     forwards are reported as one "draft" step with their own bytes (the draft's weights, k times)."""
     name = "draft"
 
-    def __init__(self, model: Transformer, max_len: int, peak_bandwidth_bps: float, peak_flops: float,
-                 attention: str = "flash"):
+    def __init__(self, model: Transformer, max_len: int, roof: Roof, attention: str = "flash"):
         self.model = model
         self.cache = ContiguousKVCache(model.cfg, 1, min(max_len, model.cfg.max_seq_len), model.dtype, model.device)
         self.cached_ids: list[int] = []
-        self.peak_bandwidth_bps, self.peak_flops = peak_bandwidth_bps, peak_flops
+        self.roof = roof  # the one its steps are measured against (engine/hardware/roof.py)
         self.attention = attention
 
     @torch.inference_mode()
@@ -188,10 +189,10 @@ class DraftModel:
         sync()
         step_s = time.perf_counter() - t0
         self.cached_ids = list(ids) + tokens[:-1]  # the last guess was never fed
-        metrics = StepMetrics.from_cost(
-            sum_costs(costs), step=0, phase="draft", batch_size=1, new_tokens=len(ids) - context + k - 1,
-            tokens_out=0, context_len=context, step_s=step_s, peak_bandwidth_bps=self.peak_bandwidth_bps,
-            peak_flops=self.peak_flops, t_s=time.monotonic(), draft_tokens=k)
+        metrics = measured(
+            sum_costs(costs), self.roof, dtype_name(model.dtype), step=0, phase="draft", batch_size=1,
+            new_tokens=len(ids) - context + k - 1, tokens_out=0, context_len=context, step_s=step_s,
+            t_s=time.monotonic(), draft_tokens=k)
         return Draft(tokens, torch.cat(probs) if probs else None, metrics)
 
     def reset(self) -> None:

@@ -22,8 +22,8 @@ class BatchedSteps:
     def submit(self, reply: Reply, gen, setup: StepSetup) -> Request:
         """The (rest of the) reply as one request in the batch: the context so far is its prompt,
         prefilled into the paged pool (or taken over from the last turn's retained blocks)."""
-        server = self.batch.ensure(setup.model, setup.settings, setup.peak_bandwidth_bps, setup.peak_flops)
-        self.batch.sync(setup.model, setup.settings, setup.peak_flops)
+        server = self.batch.ensure(setup.model, setup.settings, setup.roof)
+        self.batch.sync(setup.model, setup.settings, setup.roof)
         want, room = reply.budget - reply.n_new, self.max_context - len(reply.ids)
         # retain_kv: the conversation's K/V stay in the pool after the reply, and the next turn
         # prefills only what is new (engine/serving/scheduler.py), as the plain path's cache does

@@ -9,7 +9,7 @@ import torch
 
 from engine.graphs import GraphDecoder
 from engine.kv.cache import DEFAULT_BLOCK_SIZE, ContiguousKVCache, PagedKVCache
-from engine.metrics import StepMetrics, step_cost
+from engine.metrics import StepMetrics, measured, step_cost
 from engine.model.config import ModelConfig
 from engine.model.sampling import mask_tokens, sample
 from engine.serving.scheduler import common_prefix
@@ -119,11 +119,13 @@ class PlainSteps:
                          weight_bytes=model.linear_weight_bytes(rows=len(feed)), kv_elem_bytes=elem_bytes(model.dtype),
                          act_elem_bytes=elem_bytes(model.dtype), kv_cache=use_cache,
                          logits_rows=len(guesses) + 1, kv_read_tokens=kv_read_tokens, attention=attention,
-                         kv_layout=layout, block_size=getattr(self.cache, "block_size", DEFAULT_BLOCK_SIZE))
-        metrics = StepMetrics.from_cost(
-            cost, step=self.counter.value, phase=phase, batch_size=1, new_tokens=len(feed), tokens_out=len(out),
-            context_len=start, step_s=step_s, peak_bandwidth_bps=setup.peak_bandwidth_bps,
-            peak_flops=setup.peak_flops, t_s=time.monotonic(),
+                         kv_layout=layout, block_size=getattr(self.cache, "block_size", DEFAULT_BLOCK_SIZE),
+                         captured=captured)
+        metrics = measured(
+            cost, setup.roof, settings.dtype, step=self.counter.value, phase=phase, batch_size=1,
+            new_tokens=len(feed), tokens_out=len(out), context_len=start, step_s=step_s, t_s=time.monotonic(),
             settings_label=settings.label, draft_tokens=len(guesses), accepted_tokens=accepted,
             captured=captured)
+        if draft is not None and draft.metrics is not None:  # the round's figures count the draft model's step
+            metrics = metrics.with_draft(draft.metrics)
         return out, metrics

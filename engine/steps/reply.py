@@ -1,5 +1,5 @@
 """One reply's accounting (`Reply`), whichever runner runs its steps, and what one step runs with
-(`StepSetup`: the settings, the model and the peaks, fixed for the step)."""
+(`StepSetup`: the settings, the model and the roof, fixed for the step)."""
 from __future__ import annotations
 
 import time
@@ -9,6 +9,7 @@ from typing import Iterator, Protocol
 import torch
 
 from engine.events import DoneEvent, TokenEvent
+from engine.hardware.roof import Roof
 from engine.serving.scheduler import Request, RequestState
 from engine.serving.speculative import Oracle
 from engine.settings import PromptError, Settings
@@ -19,8 +20,7 @@ class StepSetup:
     """What the next step runs: settings change only between steps, so a step reads them once."""
     settings: Settings
     model: object  # engine.model.transformer.Transformer
-    peak_bandwidth_bps: float
-    peak_flops: float  # NaN where the device's peak for this dtype is not known
+    roof: Roof  # the roofs the step is measured against (engine/hardware/roof.py)
 
 
 class StepRunner(Protocol):

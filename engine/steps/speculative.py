@@ -30,7 +30,7 @@ class SpeculativeSteps:
         if model is None:
             self.draft = None
         elif self.draft is None or self.draft.model is not model:
-            self.draft = DraftModel(model, self.max_context, setup.peak_bandwidth_bps, setup.peak_flops)
+            self.draft = DraftModel(model, self.max_context, roof=setup.roof)
         if self.draft is not None:
             self.draft.attention = setup.settings.attention
 

@@ -42,9 +42,10 @@ def data() -> LiveData:
     live = LiveData()
     live.start_reply(100.0)
     live.add_step(step(0, "prefill"))
-    for n, kept in enumerate((4, 2, 0, 3)):
-        live.add_step(step(1 + 2 * n, "draft", step_s=0.004, draft=4))
-        live.add_step(step(2 + 2 * n, "verify", step_s=0.012, draft=4, accepted=kept))
+    for n, kept in enumerate((4, 2, 0, 3)):  # the engine hands each verify step its draft's figures
+        draft = step(1 + 2 * n, "draft", step_s=0.004, draft=4)
+        live.add_step(draft)
+        live.add_step(step(2 + 2 * n, "verify", step_s=0.012, draft=4, accepted=kept).with_draft(draft))
     live.end_reply(100.1)
     return live
 

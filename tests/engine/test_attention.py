@@ -127,28 +127,6 @@ def test_model_logits_are_the_same_with_either_backend_cached_or_not():
 LLAMA = ModelConfig.from_name("llama3-8b")
 
 
-def test_naive_is_charged_for_writing_and_reading_the_score_matrix():
-    common = dict(batch_size=2, new_tokens=1, context_len=999, weight_bytes=10**9, kv_elem_bytes=2, act_elem_bytes=2)
-    flash = step_cost(LLAMA, attention="flash", **common)
-    naive = step_cost(LLAMA, attention="naive", **common)
-    # decode: each of 32 heads scores 1000 keys per sequence, in bf16, written then read
-    assert naive.attention_bytes == 2 * 32 * 2 * 32 * 1 * 1000 * 2
-    assert flash.attention_bytes == 0
-    assert naive.total_bytes - flash.total_bytes == naive.attention_bytes
-    prefill = dict(batch_size=1, new_tokens=4096, context_len=0, weight_bytes=10**9, kv_elem_bytes=2, act_elem_bytes=2)
-    naive_p = step_cost(LLAMA, attention="naive", **prefill)
-    flash_p = step_cost(LLAMA, attention="flash", **prefill)
-    assert naive_p.attention_bytes == 2 * 32 * 32 * 4096 * 4096 * 2  # 4096 x 4096 per head, per layer
-    # naive computes the masked half too; flash skips it
-    assert naive_p.attention_flops == 32 * 4 * 4096 * 4096 * 4096
-    assert flash_p.attention_flops == 32 * 4 * 4096 * (4096 * 4097 // 2)
-    off = step_cost(LLAMA, attention="naive", kv_cache=False, batch_size=1, new_tokens=100, context_len=0,
-                    weight_bytes=0, kv_elem_bytes=2, act_elem_bytes=4)
-    assert off.attention_bytes == 2 * 32 * 32 * 100 * 100 * 4
-    bucket = step_cost(LLAMA, attention="naive", kv_read_tokens=2048, **common)  # a graph step reads its bucket
-    assert bucket.attention_bytes == 2 * 32 * 2 * 32 * 2048 * 2
-
-
 def test_paged_is_charged_for_the_block_tables_it_reads():
     common = dict(batch_size=1, new_tokens=1, context_len=1000, weight_bytes=0, kv_elem_bytes=2)
     contiguous = step_cost(LLAMA, **common)

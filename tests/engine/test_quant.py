@@ -326,7 +326,8 @@ def test_engine_and_kernels_import_without_triton():
 def test_a_path_that_dequantises_counts_the_copy_it_writes_and_reads():
     """Prefill-sized steps on a CPU dequantise (past CPU_PACKED_MAX_ROWS): the cost model's weight
     bytes then carry the copy too, by the bytes per weight quant.py lists; decode steps do not."""
-    from engine.model.quant import CPU_PACKED_MAX_ROWS, DEQUANTISED_COPY_BYTES
+    from engine.metrics import DEQUANTISED_COPY_BYTES
+    from engine.model.quant import CPU_PACKED_MAX_ROWS
     w = torch.randn(96, 64)
     int8, int4 = Int8Linear.from_weight(w), Int4Linear.from_weight(w, 32)
     for layer, kind in ((int8, "int8"), (int4, "int4")):

@@ -12,6 +12,7 @@ import torch
 from test_engine import CFG, GREEDY, make_engine, run
 
 from engine.events import BatchStats, DoneEvent, SettingsApplied, TokenEvent
+from engine.hardware.roof import Roof
 from engine.metrics import StepMetrics
 from engine.model.transformer import Linear, cpu_packed_weight
 from engine.serving.scheduler import RequestState
@@ -268,7 +269,7 @@ def test_batch_stats_rates_and_latencies_on_a_fake_clock():
     first tokens 0.05 s after arrival, 0.1 s between tokens."""
     now = [0.0]
     server = BatchServer(make_engine().model, short_workload(output_lens=(30, 30)), users=4, policy="continuous",
-                         attention="flash", budget_bytes=1 << 24, peak_bandwidth_bps=1e10, peak_flops=1e11,
+                         attention="flash", budget_bytes=1 << 24, roof=Roof(1e10, {"fp32": 1e11}),
                          clock=lambda: now[0])
     step = server.runner.step
 
@@ -293,7 +294,7 @@ def test_batch_stats_rates_and_latencies_on_a_fake_clock():
     assert last.ttft_p50_s == pytest.approx(0.05) and last.ttft_p95_s == pytest.approx(0.05)
     assert last.itl_p50_s == pytest.approx(0.1) and last.itl_p95_s == pytest.approx(0.1)
     server.configure(model=server.runner.model, users=0, policy="continuous", attention="flash",
-                     settings_label="", peak_flops=1e11)
+                     settings_label="", roof=Roof(1e10, {"fp32": 1e11}))
     now[0] += 2.95  # nobody left to run: a heartbeat with no step (its empty schedule "takes" 0.05 s here)
     metrics, idle = server.step(30)
     assert metrics is None and idle.tokens == 0 and idle.users == 0
