@@ -36,6 +36,8 @@ class EngineOptions:
     faults: str = ""  # MEMBOUND_FAULTS, unparsed (engine/faults.py parses it)
     engine_omp_wait_policy: str = ""  # MEMBOUND_ENGINE_OMP_WAIT_POLICY ("": OpenMP's default)
     llama_server: str = ""  # MEMBOUND_LLAMA_SERVER ("": the one `make peers` built, else PATH)
+    llama_batched_bench: str = ""  # MEMBOUND_LLAMA_BATCHED_BENCH (likewise)
+    llama_bench: str = ""  # MEMBOUND_LLAMA_BENCH (likewise)
     cache_dir: Path = Path.home() / ".cache" / "membound"  # MEMBOUND_CACHE
     compiler: str = ""  # CXX
     roof_cache: Path = Path.home() / ".cache" / "membound" / "roof.json"  # MEMBOUND_ROOF_CACHE
@@ -50,6 +52,8 @@ class EngineOptions:
                    faults=env.get("MEMBOUND_FAULTS", ""),
                    engine_omp_wait_policy=env.get("MEMBOUND_ENGINE_OMP_WAIT_POLICY", ""),
                    llama_server=env.get("MEMBOUND_LLAMA_SERVER", ""),
+                   llama_batched_bench=env.get("MEMBOUND_LLAMA_BATCHED_BENCH", ""),
+                   llama_bench=env.get("MEMBOUND_LLAMA_BENCH", ""),
                    cache_dir=Path(cache),
                    compiler=env.get("CXX", ""),
                    roof_cache=Path(env.get("MEMBOUND_ROOF_CACHE") or Path(cache) / "roof.json"))
