@@ -8,6 +8,7 @@ tests/engine/test_cost.py."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
+from types import MappingProxyType
 
 from engine.hardware.roof import Roof, above_roof
 from engine.model.config import ModelConfig
@@ -26,8 +27,8 @@ DECODE_PHASES = ("decode", "verify", "draft")
 # device, the dtype's 2 bytes; fp32 costs more, counted as 2): int8 q.float() (1 + 4), * scale
 # (4 + 4), .to (4 + 2), matmul (2); int4 unpacked (0.5 + 1 + 1 + 1), .float() (1 + 4), * scale + min
 # (4 + 4 + 4), .to (4 + 2), matmul (2). Prefill-sized steps only: a decode step takes none of these.
-DEQUANTISED_COPY_BYTES = {("int8", "cpu"): 4, ("int4", "cpu"): 13, ("int8", "reference"): 21,
-                          ("int4", "reference"): 32.5}
+DEQUANTISED_COPY_BYTES = MappingProxyType({("int8", "cpu"): 4, ("int4", "cpu"): 13, ("int8", "reference"): 21,
+                                           ("int4", "reference"): 32.5})
 
 
 def dequantised_copy_bytes(fmt: str, path: str | None, n_weights: int) -> int:

@@ -43,7 +43,7 @@ CONSTANT_TABLES = {
     "engine.kernel_checks.GRAPH_TOLERANCE", "engine.model.config.HF_ARCHITECTURES",
     "engine.model.config.HF_MODEL_TYPES", "engine.model.config.GGUF_ARCHITECTURES", "engine.model.config.FAMILY_NAMES",
     "engine.model.config.NAMED_SHAPES", "engine.model.cpu_step.ACT_FORMATS", "engine.model.quant.CPU_PACKED_MAX_ROWS",
-    "engine.model.quant.DEQUANTISED_COPY_BYTES", "engine.variants.DTYPES",
+    "engine.variants.DTYPES",
     "engine.io.loader._HF_GEMMA_NAMES", "engine.io.tokenizer.GPT4O_PRE", "engine.model.config.GEMMA3_TEXT_DEFAULTS",
     "engine.model.config.GEMMA2_DEFAULTS", "engine.model.config.ACTIVATIONS",
 }

@@ -11,6 +11,7 @@ from test_serving import short_workload
 
 from engine.events import BatchStats, DoneEvent, TokenEvent
 from engine.graphs import GraphDecoder
+from engine.hardware.roof import Roof
 from engine.io.byte_tokenizer import ByteTokenizer
 from engine.metrics import StepMetrics
 from engine.serving.lifecycle import BatchLifecycle, batch_label
@@ -22,6 +23,8 @@ from engine.steps.reply import Reply, StepSetup, check_prompt_length, make_gener
 from engine.steps.speculative import SpeculativeSteps
 from engine.steps.timing import StepCounter, StepTimer, elem_bytes
 
+ROOF = Roof(20e9, {"fp32": 1e11, "bf16": 1e11})
+
 PROMPT = list(range(1, 20))
 
 
@@ -31,7 +34,7 @@ def model():
 
 
 def setup_for(model, **changes) -> StepSetup:
-    return StepSetup(replace(GREEDY, **changes), model, 20e9, 1e11)
+    return StepSetup(replace(GREEDY, **changes), model, ROOF)
 
 
 def new_reply(ids=PROMPT, budget=6) -> Reply:
@@ -138,19 +141,19 @@ def test_the_batch_is_dropped_when_the_last_user_has_left_and_after_a_failed_ste
     batch = BatchLifecycle(CFG, ByteTokenizer(CFG.vocab_size), "cpu", None)
     batch.user_workload = short_workload()
     settings = replace(GREEDY, users=2)
-    server = batch.ensure(model, settings, 20e9, 1e11)
-    assert batch.ensure(model, settings, 20e9, 1e11) is server
+    server = batch.ensure(model, settings, ROOF)
+    assert batch.ensure(model, settings, ROOF) is server
     batch.step(0)
     batch.end_if_done(settings)
     assert batch.server is server  # users on: it stays
-    batch.sync(model, replace(settings, users=0), 1e11)
+    batch.sync(model, replace(settings, users=0), ROOF)
     for i in range(200):
         batch.step(i + 1)
         batch.end_if_done(replace(settings, users=0))
         if batch.server is None:
             break
     assert batch.server is None and batch.next_user_id > 1_000_000  # ids go on where they stopped
-    batch.ensure(model, settings, 20e9, 1e11)
+    batch.ensure(model, settings, ROOF)
     batch.server.step = lambda step: 1 / 0
     with pytest.raises(ZeroDivisionError):
         batch.step(0)
