@@ -20,7 +20,8 @@ from PySide6.QtWidgets import (
 from app.i18n import translate
 from app.theme import SettingColours, Theme
 from engine.hardware.ceilings import (
-    BYTES_PER_WEIGHT,
+    FORMATS,
+    GROUP_SIZE,
     REFERENCE_GPUS,
     TP_DEGREES,
     TP_GPU,
@@ -65,12 +66,13 @@ class SeedTable(QFrame):
         self.title = title = QLabel(translate("SeedTable", "What the hardware allows"))
         title.setObjectName("title")
         self.format_box = QComboBox()
-        for name in BYTES_PER_WEIGHT:
+        for name in FORMATS:
             self.format_box.addItem(translate("SeedTable", "{name} weights").format(name=name), name)
-        self.format_box.setCurrentIndex(list(BYTES_PER_WEIGHT).index("bf16"))
+        self.format_box.setCurrentIndex(list(FORMATS).index("bf16"))
         self.format_box.currentIndexChanged.connect(self.refresh)
-        self.format_box.setToolTip(translate("SeedTable", "bytes per weight the table assumes (INT4: group of 128, "
-                                                          "fp16 scale)"))
+        self.format_box.setToolTip(translate(
+            "SeedTable", "the weights' format the table assumes, as the engine stores it (INT4: groups of {group}, "
+                         "an fp16 scale and min a group, the head at INT8)").format(group=GROUP_SIZE))
         self.caption = caption = QLabel()
         caption.setObjectName("caption")
         caption.setWordWrap(True)

@@ -947,8 +947,8 @@
         <translation>pesos {name}</translation>
     </message>
     <message>
-        <source>bytes per weight the table assumes (INT4: group of 128, fp16 scale)</source>
-        <translation>bytes por peso que supone la tabla (INT4: grupo de 128, escala fp16)</translation>
+        <source>the weights&apos; format the table assumes, as the engine stores it (INT4: groups of {group}, an fp16 scale and min a group, the head at INT8)</source>
+        <translation>el formato de los pesos que supone la tabla, tal como lo guarda el motor (INT4: grupos de {group}, una escala y un mínimo fp16 por grupo, la cabeza en INT8)</translation>
     </message>
     <message>
         <source>the loaded model: {model}</source>

@@ -33,7 +33,7 @@ CONSTANT_TABLES = {
     "engine.attach.servers.SERVERS", "engine.bench.attention.NAIVE_PREFILL_BUDGET",
     "engine.bench.hf_compare._HF_PARTS", "engine.bench.hf_compare._HF_CLASSES", "engine.bench.run.TABLE_ROWS",
     "engine.bench.speculative.SOURCE_LABELS", "engine.hardware.ceilings.GPU_MEMORY_BYTES",
-    "engine.hardware.ceilings.NVLINK_GBS", "engine.hardware.ceilings.BYTES_PER_WEIGHT",
+    "engine.hardware.ceilings.NVLINK_GBS",
     "engine.hardware.spec._DTYPE_ALIASES", "engine.hardware.spec._FLOPS_FALLBACK",
     "engine.io.discovery.FAMILY_NAMES", "engine.io.discovery.GGUF_ARCHITECTURES", "engine.io.file_headers.GGML_TYPES",
     "engine.io.file_headers.FILE_TYPES", "engine.io.file_headers._SCALARS", "engine.io.file_headers.SAFETENSORS_DTYPES",
