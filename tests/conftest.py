@@ -1,3 +1,4 @@
+import json
 import os
 import tempfile
 
@@ -8,6 +9,16 @@ from engine.context import reset_default_context
 from engine.model import cpu_step
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+if os.environ["QT_QPA_PLATFORM"] == "offscreen":
+    # Qt's offscreen screen is 800x600, where the window (sized from its screen: app/window.py
+    # fit_to_screen) would fold its layout; the tests' screen is a desktop's, 1920x1080. The tests of
+    # other screens give the window theirs (tests/app/test_screens.py).
+    _fd, _screen = tempfile.mkstemp(prefix="membound-test-screen-", suffix=".json")
+    with os.fdopen(_fd, "w") as _file:
+        json.dump({"screens": [{"name": "test", "x": 0, "y": 0, "width": 1920, "height": 1080, "logicalDpi": 96}]},
+                  _file)
+    os.environ["QT_QPA_PLATFORM"] = f"offscreen:configfile={_screen}"
+
 # The roofs a test session measures go to a cache of its own (engine/hardware/roof.py), never the
 # user's; engine processes the tests start inherit it.
 _CACHE = tempfile.mkdtemp(prefix="membound-roof-")
