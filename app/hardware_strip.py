@@ -111,6 +111,9 @@ class HardwareStrip(QFrame):
         self.progress.setVisible(False)
         self.progress_label = QLabel("")
         self.progress_label.setObjectName("caption")
+        self.path_label = OneLineLabel()  # on a CPU: which step decodes, at which vector level (whole line on hover)
+        self.path_label.setObjectName("caption")
+        self.path_label.setVisible(False)
         self.notes_label = OneLineLabel()  # kernels that failed their check at load, and what runs instead
         self.notes_label.setObjectName("error")
         self.notes_label.setVisible(False)
@@ -123,6 +126,7 @@ class HardwareStrip(QFrame):
         right.setSpacing(0)
         right.addWidget(self.memory_label)
         right.addWidget(self.live_label)
+        right.addWidget(self.path_label)
         right.addWidget(self.notes_label)
         right.addWidget(self.progress_label)
         right.addWidget(self.progress)
@@ -145,6 +149,7 @@ class HardwareStrip(QFrame):
         short = self.compact or self.small
         for label in (self.bandwidth_label, self.compute_label, self.memory_label, self.live_label):
             label.setVisible(not short)
+        self.path_label.setVisible(not short and bool(self.path_label.full_text()))
         # the device line takes the width, but for what the right column still says (notes, progress)
         busy = self.notes_label.isVisibleTo(self) or self.progress.isVisibleTo(self)
         self.layout().setStretch(1, 0 if short and not busy else 2)
@@ -164,6 +169,11 @@ class HardwareStrip(QFrame):
         said each note in full at load): wrapped, a note took the plots' height at large fonts."""
         self.notes_label.set_full_text(" · ".join(notes))
         self.notes_label.setVisible(bool(notes))
+        self._show_lines()
+
+    def set_decode_path(self, line: str) -> None:
+        """The CPU's decode path (engine Capabilities.decode_path), one elided line; hidden when empty."""
+        self.path_label.set_full_text(line)
         self._show_lines()
 
     def set_device(self, spec, weight_bytes: int | None = None) -> None:

@@ -25,7 +25,8 @@ from PySide6.QtWidgets import (
 from app.i18n import translate
 from app.theme import SettingColours, Theme
 from engine.hardware.ceilings import (
-    BYTES_PER_WEIGHT,
+    FORMATS,
+    GROUP_SIZE,
     REFERENCE_GPUS,
     TP_DEGREES,
     TP_GPU,
@@ -80,12 +81,13 @@ class SeedTable(QFrame):
         self._headers: list[tuple[str, ...]] = []  # per column: its header at each level
         self._row_headers: list[tuple[str, ...]] = []
         self.format_box = QComboBox()
-        for name in BYTES_PER_WEIGHT:
+        for name in FORMATS:
             self.format_box.addItem(name, name)  # (beside the tabs: short; its tooltip says what it is)
-        self.format_box.setCurrentIndex(list(BYTES_PER_WEIGHT).index("bf16"))
+        self.format_box.setCurrentIndex(list(FORMATS).index("bf16"))
         self.format_box.currentIndexChanged.connect(self.refresh)
-        self.format_tip = translate("SeedTable", "the weights' format the table assumes: its bytes per weight (INT4: group "
-                                                 "of 128, fp16 scale)")
+        self.format_tip = translate(
+            "SeedTable", "the weights' format the table assumes, as the engine stores it (INT4: groups of {group}, "
+                         "an fp16 scale and min a group, the head at INT8)").format(group=GROUP_SIZE)
         self.format_box.setToolTip(self.format_tip)
         self.caption = caption = QLabel()
         caption.setObjectName("caption")

@@ -568,12 +568,15 @@ class MainWindow(QMainWindow):
             self.chat.add_notice(translate("Window", "loaded {model}").format(model=info.label))
             self.data.annotate(translate("Window", "start: {settings}").format(settings=info.settings.label),
                                info.settings.label, self.clock())
+        if info.capabilities.decode_path:  # on a CPU: which step decodes, at which vector level, why
+            self.chat.add_notice(info.capabilities.decode_path)
         for note in dict.fromkeys(info.capabilities.notes.values()):
             self.chat.add_notice(note, error=True)
         self.hardware_strip.engine_pid = self.worker.pid
         self.hardware_strip.set_device(info.hardware, info.weight_bytes)
         self._above_roof_note = ""
         self._show_notes()
+        self.hardware_strip.set_decode_path(info.capabilities.decode_path)
         self.seed_table.set_model(info.cfg, info.label, info.hardware, info.settings.dtype)
         self._start_sampler(info.hardware)
         after, self._after_load = self._after_load, []

@@ -959,8 +959,8 @@
         <translation>Lo que permite el hardware</translation>
     </message>
     <message>
-        <source>the weights&apos; format the table assumes: its bytes per weight (INT4: group of 128, fp16 scale)</source>
-        <translation>el formato de los pesos que supone la tabla: sus bytes por peso (INT4: grupos de 128, escala fp16)</translation>
+        <source>the weights&apos; format the table assumes, as the engine stores it (INT4: groups of {group}, an fp16 scale and min a group, the head at INT8)</source>
+        <translation>el formato de los pesos que supone la tabla, tal como lo guarda el motor (INT4: grupos de {group}, una escala y un mínimo fp16 por grupo, la cabeza en INT8)</translation>
     </message>
     <message>
         <source>the loaded model: {model}</source>
