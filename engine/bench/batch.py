@@ -309,7 +309,7 @@ def run_batch_bench(args, progress) -> int:
     gguf = None
     if getattr(args, "compare", None) == "llamacpp":
         from engine.bench.llamacpp import peer_model
-        gguf = peer_model(args.model, args.sweep, args.workload)
+        gguf = peer_model(args.model, args.sweep, args.workload, args.device)
     elif getattr(args, "compare", None):
         raise ValueError(f"--compare {args.compare} runs batch 1 on floating-point weights, not --sweep batch")
     t0 = time.perf_counter()

@@ -67,8 +67,10 @@ def missing_tools() -> list[str]:
     return [tool for tool in TOOLS if find_tool(tool) is None]
 
 
-def peer_model(model: str, sweep: str | None, workload: str | None = None) -> Path:
+def peer_model(model: str, sweep: str | None, workload: str | None = None, device: str = "cpu") -> Path:
     """The GGUF file llama.cpp reads, or ValueError (one line) saying why it cannot compare."""
+    if device != "cpu":  # ours on a GPU against llama.cpp on the CPU, at the GPU's peaks, would be no comparison
+        raise ValueError("--compare llamacpp runs on --device cpu: `make peers` builds llama.cpp for the CPU")
     if workload or sweep not in (None, "weights", "precision", "batch"):
         what = f"--workload {workload}" if workload else f"--sweep {sweep}"
         raise ValueError(f"--compare llamacpp runs with one setting, --sweep weights/precision or --sweep batch, "

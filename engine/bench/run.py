@@ -208,7 +208,7 @@ def run_bench(args, progress) -> int:
     gguf = None
     if args.compare == "llamacpp":
         from engine.bench.llamacpp import peer_model
-        gguf = peer_model(args.model, sweep, getattr(args, "workload", None))
+        gguf = peer_model(args.model, sweep, getattr(args, "workload", None), args.device)
     if sweep in ("weights", "precision") and weights != "fp":
         raise ValueError(f"--sweep {sweep} runs fp, int8 and int4 itself: drop --weights")
     if sweep == "batch" or getattr(args, "workload", None):  # the scheduler under load: engine/bench/batch.py
