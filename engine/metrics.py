@@ -37,6 +37,20 @@ def dequantised_copy_bytes(fmt: str, path: str | None, n_weights: int) -> int:
     return int(DEQUANTISED_COPY_BYTES[fmt, path] * n_weights) if path else 0
 
 
+# The C++ CPU step (kernels/cpu_decode.cpp via engine/model/cpu_step.py) over M token rows — a decode
+# step, a speculative verify step, a prompt chunk, a batch server's plan: each matmul weight is read
+# once as stored and applied to every row while it is in registers or L1/L2, so it writes no
+# dequantised copy whatever M (`weight_rows`); the head runs over the rows that sample. Attention
+# reads each sequence's cache in place (a paged pool through its block tables: no gathered copy), row
+# by row over its own positions: the rows of one sequence re-read their context from the caches, so
+# a sequence's K/V count once a step, as PyTorch's fused attention reads them (`step_cost`'s KV terms).
+def weight_rows(rows: int, cpp_step: bool) -> int:
+    """The rows a step's matmul weights are charged at (Transformer.linear_weight_bytes(rows, head_rows)):
+    one for the C++ step (no dequantised copy, whatever its rows; none for a head no row samples),
+    else the rows the step ran."""
+    return min(rows, 1) if cpp_step else rows
+
+
 def naive_score_passes(masked: bool, captured: bool = False) -> int:
     """Passes over naive attention's score matrix, as engine/model/attention.py's naive_attention
     runs: the QK product writes it (1); a mask, where the step has one (a prompt, ragged rows, a
@@ -478,13 +492,48 @@ def matmul_held_bytes(n: int, k: int, weights: str, elem_bytes: int, group_size:
     raise ValueError(f"weights must be fp, int8 or int4, got {weights!r}")
 
 
+def matmul_read_bytes(n: int, k: int, weights: str, elem_bytes: int, group_size: int = 32,
+                      device: str = "cuda") -> int:
+    """Bytes a batch-1 decode step reads of one (N, K) matmul weight at `weights` on `device`: the
+    layout its kernel streams (engine/model/quant.py's `weight_bytes`). INT8: the codes and a scale a
+    row (bf16 on a CPU, fp32 on a GPU); INT4: two codes a byte and a 2-byte scale and min (or zero) a
+    group, a CPU's rows padded to 16 (PyTorch's layout and the C++ step's tiles alike)."""
+    if weights == "fp":
+        return n * k * elem_bytes
+    cpu = device == "cpu"
+    if weights == "int8":
+        return n * k + (2 if cpu else 4) * n
+    if weights == "int4":
+        rows = _padded(n, 16) if cpu else n
+        return rows * k // 2 + 2 * 2 * rows * (k // group_size)
+    raise ValueError(f"weights must be fp, int8 or int4, got {weights!r}")
+
+
+def _matmul_shapes(cfg: ModelConfig) -> list[tuple[int, int]]:
+    """A layer's matmul weights (N, K), as the engine fuses them: q/k/v, the output, gate/up, down."""
+    return [(cfg.q_dim + 2 * cfg.kv_dim, cfg.dim), (cfg.dim, cfg.q_dim), (2 * cfg.ffn_dim, cfg.dim),
+            (cfg.dim, cfg.ffn_dim)]
+
+
+def decode_weight_bytes(cfg: ModelConfig, elem_bytes: int, weights: str = "fp", group_size: int = 32,
+                        device: str = "cuda") -> int:
+    """The weight bytes one batch-1 decode step reads, from the shape alone: every matmul weight once
+    in the layout its kernel streams, the head (INT8 under both INT8 and INT4; the embedding table
+    itself where a floating-point head is tied to it) and the norms (and biases) at `elem_bytes` --
+    step_cost's weight_bytes for Transformer.linear_weight_bytes(). The hardware table's figure."""
+    layers = cfg.n_layers * sum(matmul_read_bytes(n, k, weights, elem_bytes, group_size, device)
+                                for n, k in _matmul_shapes(cfg))
+    head_weights = weights if weights == "fp" else HEAD_WEIGHTS
+    head = matmul_read_bytes(cfg.vocab_size, cfg.dim, head_weights, elem_bytes, group_size, device)
+    return layers + head + cfg.vector_elems_per_step * elem_bytes
+
+
 def held_weight_bytes(cfg: ModelConfig, elem_bytes: int, weights: str = "fp", group_size: int = 32,
                       device: str = "cuda") -> int:
     """Bytes a model's weights hold at one weights setting (each tensor once; a tied head shares
     the embedding only while both are floating point), as the engine stores them on `device`."""
-    shapes = [(cfg.q_dim + 2 * cfg.kv_dim, cfg.dim), (cfg.dim, cfg.q_dim), (2 * cfg.ffn_dim, cfg.dim),
-              (cfg.dim, cfg.ffn_dim)]
-    layers = cfg.n_layers * sum(matmul_held_bytes(n, k, weights, elem_bytes, group_size, device) for n, k in shapes)
+    layers = cfg.n_layers * sum(matmul_held_bytes(n, k, weights, elem_bytes, group_size, device)
+                                for n, k in _matmul_shapes(cfg))
     embed = cfg.vocab_size * cfg.dim * elem_bytes
     head_weights = weights if weights == "fp" else HEAD_WEIGHTS
     head = 0 if cfg.tied_embeddings and weights == "fp" else \

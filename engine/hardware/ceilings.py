@@ -1,12 +1,17 @@
 """What the hardware allows: the seed table. Batch-1 decode reads every weight once per token,
 so `tokens/s <= memory bandwidth / weight bytes`; a model whose weights exceed the memory is OOM.
+The bytes are the cost model's (engine/metrics.py) for each format as the engine stores it.
 Pure functions over plain data (no torch tensors, no Qt): the app and the CLI both print it."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from engine.hardware.spec import KNOWN_GPUS, DeviceSpec
+from engine.metrics import decode_weight_bytes, held_weight_bytes
 from engine.model.config import ModelConfig
+from engine.settings import Settings
 
 GIB = 2**30
 
@@ -38,9 +43,13 @@ NVLINK_GBS: dict[str, float] = {
 TP_DEGREES = (2, 4, 8)
 TP_GPU = "H100 SXM"  # the eight-GPU node the tensor-parallel columns assume
 
-# Storage bytes per weight. INT8 is per-output-channel (one scale per row: negligible); INT4 is
-# group-wise, 128 weights per group with one fp16 scale (0.5 + 2/128 bytes).
-BYTES_PER_WEIGHT: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1.0, "int4": 0.5 + 2 / 128}
+# The weights' formats the table offers, each as the engine stores and reads it (engine/metrics.py:
+# decode_weight_bytes, held_weight_bytes): a floating-point dtype, or INT8 / INT4 weight-only
+# quantisation (INT8 a scale a row; INT4 the engine's default group, an fp16 scale and min a group;
+# the head at INT8 under both) with the embedding, norms and activations in bf16.
+FORMATS: Mapping[str, tuple[str, int]] = MappingProxyType({"fp32": ("fp", 4), "bf16": ("fp", 2), "fp16": ("fp", 2),
+                                                          "int8": ("int8", 2), "int4": ("int4", 2)})
+GROUP_SIZE = Settings().group_size  # INT4's group: the engine's default (F7 changes it in the app)
 
 # The chips every table compares against, and the reference model shapes beside the loaded one.
 REFERENCE_GPUS = ("A100 80GB SXM", "H100 SXM", "H200 SXM")
@@ -54,6 +63,7 @@ class Chip:
     memory_bytes: int | None  # None: unknown, never OOM
     source: str  # where the bandwidth comes from, e.g. "spec" or "measured"
     link_gbs: float | None = None  # NVLink, both directions (datasheet); None: no NVLink
+    device: str = "cuda"  # "cpu" | "cuda": the layout the engine stores its weights in there
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,28 @@ class ModelSize:
     stored_params: int  # weights held in memory: the above + the embedding table (if untied) + norms
     n_layers: int = 0
     dim: int = 0  # the hidden vector a tensor-parallel layer all-reduces
+    cfg: ModelConfig | None = None  # the shape the cost model counts bytes from
+
+    def read_bytes(self, weight_format: str, device: str = "cuda") -> float:
+        """Weight bytes one batch-1 decode step reads at `weight_format` (a FORMATS key) on `device`."""
+        weights, elem_bytes = FORMATS[weight_format]
+        if self.cfg is None:  # no shape: every weight at the format's width (a synthetic row, a test)
+            return self.read_params * _width(weights, elem_bytes)
+        return decode_weight_bytes(self.cfg, elem_bytes, weights, GROUP_SIZE, device)
+
+    def stored_bytes(self, weight_format: str, device: str = "cuda") -> float:
+        """Bytes the weights hold at `weight_format` on `device` (a CPU's quantised layers also hold
+        the layouts its kernels stream)."""
+        weights, elem_bytes = FORMATS[weight_format]
+        if self.cfg is None:
+            return self.stored_params * _width(weights, elem_bytes)
+        return held_weight_bytes(self.cfg, elem_bytes, weights, GROUP_SIZE, device)
+
+
+def _width(weights: str, elem_bytes: int) -> float:
+    """Bytes a weight where no shape is known: a floating-point element, a code, half a code and
+    its group's scale and min."""
+    return {"fp": elem_bytes, "int8": 1.0, "int4": 0.5 + 4 / GROUP_SIZE}[weights]
 
 
 @dataclass(frozen=True)
@@ -85,7 +117,7 @@ class Ceiling:
 
 def model_size(cfg: ModelConfig, label: str | None = None) -> ModelSize:
     read = cfg.n_layers * cfg.layer_linear_params + cfg.vocab_size * cfg.dim
-    return ModelSize(label or cfg.name, read, cfg.n_params, cfg.n_layers, cfg.dim)
+    return ModelSize(label or cfg.name, read, cfg.n_params, cfg.n_layers, cfg.dim, cfg)
 
 
 def reference_models(shapes: tuple[str, ...] = REFERENCE_SHAPES) -> list[ModelSize]:
@@ -107,14 +139,14 @@ def device_chip(spec: DeviceSpec) -> Chip:
     else:
         label = spec.name.removeprefix("NVIDIA ").strip()
         source = "spec" if spec.spec_bandwidth_gbs else "measured"
-    return Chip(label, spec.peak_bandwidth_gbs, spec.memory_total_bytes, source)
+    return Chip(label, spec.peak_bandwidth_gbs, spec.memory_total_bytes, source,
+                device="cpu" if spec.kind == "cpu" else "cuda")
 
 
 def decode_ceiling(model: ModelSize, chip: Chip, weight_format: str) -> Ceiling:
     """Batch-1 decode ceiling on one chip: weights only (a short context's KV cache is small)."""
-    per_weight = BYTES_PER_WEIGHT[weight_format]
-    read_bytes = model.read_params * per_weight
-    stored_bytes = model.stored_params * per_weight
+    read_bytes = model.read_bytes(weight_format, chip.device)
+    stored_bytes = model.stored_bytes(weight_format, chip.device)
     fits = chip.memory_bytes is None or stored_bytes <= chip.memory_bytes
     tokens_per_s = chip.bandwidth_gbs * 1e9 / read_bytes if fits and read_bytes > 0 else None
     return Ceiling(tokens_per_s, read_bytes, stored_bytes, fits)
@@ -128,9 +160,8 @@ def tp_ceiling(model: ModelSize, chip: Chip, n_gpus: int, weight_format: str, ac
     so this is a ceiling, as the one-GPU columns are."""
     if chip.link_gbs is None:
         raise ValueError(f"{chip.label} has no NVLink figure for tensor parallelism")
-    per_weight = BYTES_PER_WEIGHT[weight_format]
-    read_bytes = model.read_params * per_weight / n_gpus
-    stored_bytes = model.stored_params * per_weight / n_gpus
+    read_bytes = model.read_bytes(weight_format, chip.device) / n_gpus
+    stored_bytes = model.stored_bytes(weight_format, chip.device) / n_gpus
     fits = chip.memory_bytes is None or stored_bytes <= chip.memory_bytes
     allreduce_bytes = 2 * model.n_layers * 2 * (n_gpus - 1) / n_gpus * model.dim * act_bytes
     step_s = read_bytes / (chip.bandwidth_gbs * 1e9) + allreduce_bytes / (chip.link_gbs / 2 * 1e9)
@@ -162,10 +193,10 @@ def fit_on(cfg: ModelConfig | None, n_params: int, chip: Chip | None, dtype: str
     (`cfg` None: a model membound cannot run) only the stored size is known, from `n_params`."""
     memory = chip.memory_bytes if chip is not None else None
     if cfg is None:
-        return Fit(dtype, n_params * BYTES_PER_WEIGHT[dtype], memory, None, None)
+        return Fit(dtype, ModelSize("", n_params, n_params).stored_bytes(dtype), memory, None, None)
     size = model_size(cfg)
     if chip is None:
-        return Fit(dtype, size.stored_params * BYTES_PER_WEIGHT[dtype], None, None, None)
+        return Fit(dtype, size.stored_bytes(dtype), None, None, None)
     ceiling = decode_ceiling(size, chip, dtype)
     fits = ceiling.fits if memory is not None else None
     tokens_per_s = ceiling.tokens_per_s if chip.bandwidth_gbs > 0 else None
