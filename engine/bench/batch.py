@@ -391,6 +391,8 @@ def run_batch_bench(args, progress) -> int:
     print(f"\nworkload: B requests together, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens} "
           f"tokens each, greedy, {dtype}{weights}, paged KV, {args.attention} attention")
     print(format_batch_table(points, ridge, single_stream, peer["batched"] if peer else None))
+    if above := above_roof_line(points):
+        print(above)
     print(f"batched steps: {path_line(paths['batched'])}")
     print(f"1 stream: {single.decode_tokens_per_s:,.1f} tok/s, {path_line(paths['single_stream'])}")
     if peer:
@@ -404,6 +406,14 @@ def run_batch_bench(args, progress) -> int:
                   **({"llamacpp": {**peer, "batched": {n: asdict(q) for n, q in peer["batched"].items()},
                                    "llama_bench": asdict(peer["llama_bench"])}} if peer else {}))
     return 0
+
+
+def above_roof_line(points: list[BatchPoint]) -> str:
+    """The batches whose MBU or MFU beat the measured roof, said as the single bench says it (shown,
+    never absorbed into the peak: engine/hardware/roof.py); "" when none does."""
+    from engine.hardware.roof import ABOVE_ROOF, above_roof
+    over = [str(p.batch_size) for p in points if above_roof(p.mbu, p.mfu)]
+    return f"batch {', '.join(over)}: {ABOVE_ROOF}" if over else ""
 
 
 def run_llamacpp_batch(engine, gguf, sizes: list[int], prompt_tokens: int, decode_tokens: int) -> dict:
