@@ -25,6 +25,11 @@ from engine.options import EngineOptions
 
 TOOLS = ("llama-server", "llama-batched-bench", "llama-bench")
 KV_ELEM_BYTES = 2  # llama.cpp's default KV cache type is f16
+# the FLOP/s llama.cpp's matmuls are held to: a quantised GGUF (the default model's Q4_1) multiplies int8
+# blocks, the activations quantised to Q8, so its roof is int8's; where a machine has no int8 figure, the one
+# that stands in for it (engine/hardware/spec.py peak_flops_for: bf16, then fp32). An F16/F32 GGUF is held
+# to the same roof: a simplification (its compute roof then too high, its MFU too low)
+PEER_FLOPS_DTYPE = "int8"
 START_TIMEOUT_S = 120.0
 BENCH_TIMEOUT_S = 1800.0  # one llama-bench or llama-batched-bench run, at most
 
@@ -62,8 +67,10 @@ def missing_tools() -> list[str]:
     return [tool for tool in TOOLS if find_tool(tool) is None]
 
 
-def peer_model(model: str, sweep: str | None, workload: str | None = None) -> Path:
+def peer_model(model: str, sweep: str | None, workload: str | None = None, device: str = "cpu") -> Path:
     """The GGUF file llama.cpp reads, or ValueError (one line) saying why it cannot compare."""
+    if device != "cpu":  # ours on a GPU against llama.cpp on the CPU, at the GPU's peaks, would be no comparison
+        raise ValueError("--compare llamacpp runs on --device cpu: `make peers` builds llama.cpp for the CPU")
     if workload or sweep not in (None, "weights", "precision", "batch"):
         what = f"--workload {workload}" if workload else f"--sweep {sweep}"
         raise ValueError(f"--compare llamacpp runs with one setting, --sweep weights/precision or --sweep batch, "
@@ -134,6 +141,8 @@ class BatchedBenchPoint:
     decode_step_ms: float
     achieved_gbs: float = float("nan")  # cost model bytes of its decode steps / their time
     mbu: float = float("nan")
+    roofline_tokens_per_s: float = float("nan")  # the cost model's roofline for what it reads
+    of_roofline: float = float("nan")
 
 
 def run_batched_bench(binary: Path, model: Path, threads: int, prompt_tokens: int, decode_tokens: int,
@@ -157,18 +166,25 @@ def run_batched_bench(binary: Path, model: Path, threads: int, prompt_tokens: in
 
 
 def batched_bench_traffic(points: dict[int, BatchedBenchPoint], cfg, prompt_tokens: int, decode_tokens: int,
-                          weight_bytes: int, peak_gbs: float) -> None:
-    """Each point's achieved GB/s and MBU from the cost model: its weights once a step for all the
-    sequences, each sequence's f16 KV cache read from `prompt_tokens` on."""
+                          weight_bytes: int, roof, peak_flops: float) -> None:
+    """Each point's achieved GB/s, MBU and roofline from the cost model, as ours are counted: its
+    weights once a step for all the sequences, each sequence's f16 KV cache read from `prompt_tokens`
+    on; each step against the roof it sits under (engine/hardware/roof.py Roof), its roofline time the
+    longer of its bytes at that bandwidth and its FLOPs at `peak_flops`."""
     from engine.metrics import step_cost
 
     for p in points.values():
-        moved = sum(step_cost(cfg, batch_size=p.batch_size, new_tokens=1, context_len=prompt_tokens + i,
-                              weight_bytes=weight_bytes, kv_elem_bytes=KV_ELEM_BYTES, act_elem_bytes=4).total_bytes
-                    for i in range(decode_tokens))
+        costs = [step_cost(cfg, batch_size=p.batch_size, new_tokens=1, context_len=prompt_tokens + i,
+                           weight_bytes=weight_bytes, kv_elem_bytes=KV_ELEM_BYTES, act_elem_bytes=4)
+                 for i in range(decode_tokens)]
+        moved = sum(c.total_bytes for c in costs)
         decode_s = decode_tokens * p.decode_step_ms / 1e3
         p.achieved_gbs = moved / decode_s / 1e9
-        p.mbu = p.achieved_gbs / peak_gbs
+        p.mbu = sum(c.total_bytes / roof.bandwidth_for(c.total_bytes) for c in costs) / decode_s
+        roof_s = sum(max(c.total_bytes / roof.bandwidth_for(c.total_bytes),
+                         c.flops / peak_flops if peak_flops > 0 else 0.0) for c in costs)
+        p.roofline_tokens_per_s = p.batch_size * decode_tokens / roof_s
+        p.of_roofline = roof_s / decode_s
 
 
 class LlamaServer:

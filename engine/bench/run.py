@@ -208,7 +208,7 @@ def run_bench(args, progress) -> int:
     gguf = None
     if args.compare == "llamacpp":
         from engine.bench.llamacpp import peer_model
-        gguf = peer_model(args.model, sweep, getattr(args, "workload", None))
+        gguf = peer_model(args.model, sweep, getattr(args, "workload", None), args.device)
     if sweep in ("weights", "precision") and weights != "fp":
         raise ValueError(f"--sweep {sweep} runs fp, int8 and int4 itself: drop --weights")
     if sweep == "batch" or getattr(args, "workload", None):  # the scheduler under load: engine/bench/batch.py
@@ -359,14 +359,14 @@ PEER_SOURCES = ("llama-bench: its own timing of prompt processing and of generat
 def _llamacpp_peer(stack: contextlib.ExitStack, engine, gguf, prompt_ids: list[int], args):
     """A callable running llama.cpp on the workload: llama-bench, then its server (started now,
     stopped with `stack`); a BenchResult of each, named by the tool."""
-    from engine.bench.llamacpp import (LlamaServer, find_server, find_tool, gguf_matmul_bytes, llama_bench_result,
-                                       result_of, run_llama_bench)
+    from engine.bench.llamacpp import (PEER_FLOPS_DTYPE, LlamaServer, find_server, find_tool, gguf_matmul_bytes,
+                                       llama_bench_result, result_of, run_llama_bench)
 
     threads = torch.get_num_threads()
     n_predict = args.decode_tokens + 1  # as ours: the first token, then decode_tokens decode steps
     server = stack.enter_context(LlamaServer(find_server(), gguf, threads, len(prompt_ids) + n_predict + 16))
     weight_bytes = gguf_matmul_bytes(gguf)
-    peak_flops = engine.hardware.peak_flops_for("fp32") or float("nan")
+    peak_flops = engine.hardware.peak_flops_for(PEER_FLOPS_DTYPE) or float("nan")
     peak_gbs = engine.hardware.peak_bandwidth_gbs
 
     def run() -> list[BenchResult]:

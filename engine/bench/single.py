@@ -94,7 +94,7 @@ def path_line(paths: dict) -> str:
     decode = paths["ops"].get("decode step", {})
     attention = paths["ops"].get("attention decode", {})
     return (f"path: CUDA graphs {paths['cuda_graphs']}; decode steps "
-            + ", ".join(f"{n} {impl}" for impl, n in decode.items())
+            + (", ".join(f"{n} {impl}" for impl, n in decode.items()) or "(their path not recorded)")
             + "; decode attention " + (", ".join(attention) or "none")
             + "; matmul " + ", ".join(f"{k} {v}" for k, v in paths.get("matmul", {}).items()))
 

@@ -201,3 +201,41 @@ def test_a_batched_step_is_profiled_with_the_whole_batch_decoding(model):
     assert 0 < found["roofline_ms"] and found["operators_per_step"] > 10
     assert found["top"] and all(t["ms"] >= 0 and t["calls"] >= 1 for t in found["top"])
     assert "batch 4:" in format_batch_profile([found])
+
+
+def test_llama_batched_bench_is_counted_by_the_cost_model_as_llama_bench_is():
+    """llama-batched-bench's points get their bytes as the one-sequence comparison counts llama.cpp
+    (engine/bench/llamacpp.py peer_result): at one sequence and the same times, the same GB/s and MBU;
+    at 8 the weights are read once a step for all 8, so 8x the tokens at the same step time is far
+    less than 8x the bytes; the roofline is the roof's (a step that fits the last-level cache: its roof)."""
+    from engine.bench.llamacpp import BatchedBenchPoint, batched_bench_traffic, peer_result
+    from engine.hardware.roof import Roof
+
+    weight_bytes, prompt, decode = 5_000_000, 16, 6
+    memory = Roof(bandwidth_bps=10e9, flops={"fp32": 1e11})
+    points = {1: BatchedBenchPoint(1, 500.0, 100.0, 10.0), 8: BatchedBenchPoint(8, 900.0, 800.0, 10.0)}
+    batched_bench_traffic(points, CFG, prompt, decode, weight_bytes, memory, 1e11)
+    one = peer_result("llama-bench", CFG, prompt_tokens=prompt, prefill_s=prompt / 500.0, decode_steps=decode,
+                      decode_s=decode * 0.010, weight_bytes=weight_bytes, peak_gbs=10.0, peak_flops=1e11,
+                      context_start=prompt)
+    assert points[1].achieved_gbs == pytest.approx(one.decode_achieved_gbs)
+    assert points[1].mbu == pytest.approx(one.mbu) and 0 < points[1].mbu < 1
+    assert points[1].roofline_tokens_per_s == pytest.approx(one.predicted_ceiling_tokens_per_s)
+    assert points[1].of_roofline == pytest.approx(one.predicted_ceiling_tokens_per_s ** -1 * 100.0)
+    assert 1 < points[8].achieved_gbs / points[1].achieved_gbs < 1.5  # the weights once for all 8
+    cache = Roof(bandwidth_bps=10e9, flops={"fp32": 1e11}, cache_bandwidth_bps=40e9, cache_bytes=10**9)
+    batched_bench_traffic(points, CFG, prompt, decode, weight_bytes, cache, 1e11)
+    assert points[1].mbu == pytest.approx(one.mbu / 4)  # the same bytes under the 4x faster cache roof
+
+
+def test_the_batch_sweep_says_which_batches_beat_the_measured_roof():
+    """As the single bench does: a batch whose MBU or MFU is above the roof is named, never hidden
+    (at int4 the sweep's batch 32 showed MFU 105% against a low fp32 probe; 101.7% is within the
+    probe's noise)."""
+    from engine.bench.batch import BatchPoint, above_roof_line
+
+    def point(b, mbu, mfu):
+        return BatchPoint(b, 4, 100.0 * b, 100.0, 10.0, 1.0, 5.0, mbu, mfu, "memory")
+    assert above_roof_line([point(1, 0.84, 0.37), point(2, 0.86, 0.70)]) == ""
+    line = above_roof_line([point(1, 0.84, 0.37), point(4, 0.70, 1.0172), point(32, 0.23, 1.0548), point(8, 1.09, 0.3)])
+    assert line.startswith("batch 32, 8: above the measured roof")

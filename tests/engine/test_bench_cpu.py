@@ -106,7 +106,8 @@ def test_llamacpp_own_benchmarks_on_the_default_gguf():
     assert one.aggregate_tokens_per_s == pytest.approx(1e3 / one.decode_step_ms, rel=1e-3)
 
 
-@pytest.mark.parametrize("bad", [["--sweep", "kv"], ["--workload", "mixed"]])
+@pytest.mark.parametrize("bad", [["--sweep", "kv"], ["--workload", "mixed"], ["--device", "cuda"],
+                                 ["--sweep", "batch", "--device", "cuda"]])
 def test_compare_llamacpp_refuses_what_it_cannot_compare(capsys, bad):
     code, _, err = run_cli(capsys, "bench", "--compare", "llamacpp", *bad)
     assert_one_line_error(code, err, "--compare llamacpp")

@@ -79,4 +79,4 @@ def test_a_readme_bench_command_runs(argv, capsys, monkeypatch, tmp_path, loaded
     for flag, shown in PRINTS.items():
         assert flag not in line or all(text in out for text in shown), (flag, out)
     if "--sweep batch" in line and "llamacpp" in line:
-        assert "llama-batched-bench" in out and "membound/llama.cpp" in out
+        assert "llama-batched-bench" in out and "membound/llama-batched" in out
