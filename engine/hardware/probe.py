@@ -279,7 +279,7 @@ def measure_cpu_roof(threads: int, progress: Callable[[str], None]) -> MeasuredR
     flops_method: dict[str, str] = {}
     rounds: list[float] = []
     if probe is not None:
-        cap = min(MAX_READ_BYTES, ram // 8) if ram else MAX_READ_BYTES
+        cap = min(MAX_READ_BYTES, ram // 16) if ram else MAX_READ_BYTES  # both sizes held at once: <= 1/8 of RAM
         sizes = sorted({min(cap, max(MIN_READ_BYTES, factor * llc)) for factor in READ_SIZE_FACTORS})
         progress(f"measuring CPU read bandwidth ({', '.join(f'{n >> 20}' for n in sizes)} MiB, {threads} threads, "
                  f"{READ_ROUNDS} rounds)…")
