@@ -34,6 +34,8 @@ chat: $(STAMP)
 	$(BIN)/membound chat
 
 test: $(STAMP) peers
+	@command -v qemu-aarch64 >/dev/null && command -v aarch64-linux-gnu-g++ >/dev/null || echo "make test: no \
+qemu-aarch64 or aarch64-linux-gnu-g++ here: the C++ step's NEON builds are not tested (apt-get install qemu-user g++-aarch64-linux-gnu)"
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q
 
 # llama.cpp's llama-server (CPU), built once per machine into ~/.cache/membound/ from the llama.cpp

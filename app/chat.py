@@ -7,6 +7,7 @@ from PySide6.QtCore import Signal
 from PySide6.QtGui import QColor, QFont, QTextBlockFormat, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QLineEdit, QPushButton, QTextBrowser, QVBoxLayout, QWidget
 
+from app.flow_layout import FlowLayout
 from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.theme import Theme
 
@@ -25,6 +26,10 @@ class ChatPanel(QWidget):
         # [kind, text, extra] per block: what the transcript is drawn from (a reply's text: its runs)
         self._entries: list[list] = []
         self._streaming = False
+        # a notice that comes while a reply streams (a step above the roof, a refused setting) is
+        # drawn after the reply, not inside it: the reply's text stays one paragraph of prose
+        self._reply_open = False
+        self._held_notices: list[tuple[str, bool]] = []
 
         self.title = title = QLabel(translate("Chat", "Chat"))
         title.setObjectName("title")
@@ -54,10 +59,9 @@ class ChatPanel(QWidget):
         buttons = QHBoxLayout()
         buttons.addWidget(self.input, 1)
         buttons.addWidget(self.send_button)
-        row2 = QHBoxLayout()
+        row2 = FlowLayout(spacing=6, line_spacing=4)  # (wraps in a narrow chat, rather than widen it)
         row2.addWidget(self.stop_button)
         row2.addWidget(self.new_button)
-        row2.addStretch(1)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(header)
@@ -74,6 +78,8 @@ class ChatPanel(QWidget):
 
     def set_streaming(self, streaming: bool) -> None:
         self._streaming = streaming
+        if not streaming:  # (a reply that failed ends without a summary)
+            self._close_reply()
         self.stop_button.setEnabled(streaming)
         self._update_placeholder()
 
@@ -184,8 +190,10 @@ class ChatPanel(QWidget):
         self._add("message", text, role)
 
     def begin_reply(self) -> None:
+        self._close_reply()
         self.reply_text = ""
         self._add("reply", [])  # its text: (piece, drafted) runs
+        self._reply_open = True
 
     def append_reply(self, text: "str | list[tuple[str, bool]]") -> None:
         """Streamed text of the reply: one insertion per batch of tokens, or per run of (text,
@@ -213,13 +221,25 @@ class ChatPanel(QWidget):
 
     def end_reply(self, summary: str) -> None:
         self._add("summary", summary)
+        self._close_reply()
+
+    def _close_reply(self) -> None:
+        self._reply_open = False
+        held, self._held_notices = self._held_notices, []
+        for text, error in held:
+            self._add("notice", text, error)
 
     def add_notice(self, text: str, error: bool = False) -> None:
-        self._add("notice", text, error)
+        if self._reply_open:
+            self._held_notices.append((text, error))
+        else:
+            self._add("notice", text, error)
 
     def clear(self) -> None:
         self.transcript.clear()
         self._entries = []
+        self._held_notices = []
+        self._reply_open = False
         self.reply_text = ""
 
     def plain_text(self) -> str:

@@ -16,6 +16,7 @@ from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QAbstractSpinBox,
+    QBoxLayout,
     QButtonGroup,
     QDoubleSpinBox,
     QFrame,
@@ -28,7 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.flow_layout import FlowLayout
+from app.flow_layout import FlowLayout, flow_height
 from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.theme import SettingColours, Theme
 from engine.protocol import with_changes
@@ -200,12 +201,42 @@ class OptionButton(QPushButton):
         return self.sizeHint()
 
 
+class _Cell:
+    """One control's widgets in the bar, in each density: its caption above its buttons ("full"),
+    beside them ("inline"), or one button naming the control and the value it runs, which steps to
+    the next option like the control's key ("collapsed"; a slider stays inline)."""
+
+    def __init__(self, control, widget: QWidget, caption: QLabel, body: list[QWidget]):
+        self.control, self.widget, self.caption, self.body = control, widget, caption, body
+        self.collapsed: QPushButton | None = None
+
+    def set_density(self, density: str) -> None:
+        collapsed = density == "collapsed" and self.collapsed is not None
+        self.widget.layout().setDirection(QBoxLayout.Direction.TopToBottom if density == "full"
+                                          else QBoxLayout.Direction.LeftToRight)
+        # a toggle's own button names it when collapsed ("KV cache ON  F2")
+        self.caption.setVisible(not collapsed and not (density == "collapsed" and isinstance(self.control, Toggle)))
+        for widget in self.body:
+            widget.setVisible(not collapsed)
+        if self.collapsed is not None:
+            self.collapsed.setVisible(collapsed)
+
+
+DENSITIES = ("full", "inline", "collapsed")
+BAR_SHARE = 0.2  # of the window's height, the most the bar may take before it folds to a denser form
+
+
 class ControlsBar(QFrame):
     """Shows the settings the engine confirmed (`settings`) and marks the options asked for but not
     confirmed yet (`pending`: dashed outline, "→ value"). A user's change emits
     `settings_changed(Settings)`: the requested settings with that change; the control itself moves
     only when the window passes the engine's answer to `set_settings`. Options the loaded model or
-    device cannot take (`Capabilities`) are disabled, the reason in their tooltip."""
+    device cannot take (`Capabilities`) are disabled, the reason in their tooltip.
+
+    Where the window is small the bar folds rather than push the plots off the screen: the captions
+    move beside their buttons, then each switch becomes one button with its value (a click steps it,
+    as its key does), and the numbers and the window's buttons fold behind "More" (their keys still
+    work). `set_height_budget` says how tall it may be; the fullest form that fits is shown."""
     settings_changed = Signal(object)
 
     def __init__(self, theme: Theme, colours: SettingColours, parent=None):
@@ -232,6 +263,7 @@ class ControlsBar(QFrame):
         rows.setSpacing(6)
         self.layout_ = FlowLayout(spacing=14, line_spacing=6)
         second = FlowLayout(spacing=14, line_spacing=6)
+        self.cells: dict[str, _Cell] = {}
         for control in CONTROLS:
             if has_field(self.settings, control.field):
                 below = isinstance(control, (Number, Slider)) or getattr(control, "second_row", False)
@@ -240,12 +272,46 @@ class ControlsBar(QFrame):
                 cell.setLayout(self._build(control))
                 cell.layout().setContentsMargins(0, 0, 0, 0)
                 target.addWidget(cell)
+                self.cells[control.field] = self._cell(control, cell)
+        # "More": in the folded forms, the second row (numbers, the window's buttons) behind one button
+        self.more_button = OptionButton(translate("Controls", "More…"))
+        self.more_button.setCheckable(True)
+        self.more_button.setToolTip(translate("Controls", "the numbers (max tokens, temperature, top-p, draft k) "
+                                                          "and the window's buttons; every switch keeps its key"))
+        self.more_button.clicked.connect(lambda _checked: self._show_second_row())
+        self.layout_.addWidget(self.more_button)
         self.extra = _Tail(second)  # the window adds its own buttons (model, theme) here
         self._second = second
         self._hidden_by_compact: list = []
+        self.compact = False  # the presenter layout: the second row folds behind "More"
+        self.density = "full"
+        self.height_budget: int | None = None  # set by the window: the most height the bar may take
+        self.second_row = QWidget()  # (a widget, so that folding it is one setVisible)
+        self.second_row.setLayout(second)
         rows.addLayout(self.layout_)
-        rows.addLayout(second)
+        rows.addWidget(self.second_row)
+        self._apply_density("full")
         self.set_enabled(False)
+
+    def _cell(self, control, widget: QWidget) -> _Cell:
+        column = widget.layout()
+        caption = column.itemAt(0).widget()
+        body: list[QWidget] = []
+        for i in range(1, column.count()):
+            item = column.itemAt(i)
+            if item.widget() is not None:
+                body.append(item.widget())
+            elif item.layout() is not None:
+                row = item.layout()
+                body += [row.itemAt(j).widget() for j in range(row.count()) if row.itemAt(j).widget() is not None]
+        cell = _Cell(control, widget, caption, body)
+        if isinstance(control, Choice) and control.shortcut:
+            cell.collapsed = OptionButton()
+            cell.collapsed.setObjectName("collapsed")
+            cell.collapsed.clicked.connect(lambda _checked=False, c=control: self.cycle(c.field))
+            cell.collapsed.setVisible(False)
+            column.addWidget(cell.collapsed)
+        return cell
 
     # ---- building -----------------------------------------------------------------------------
     def _caption(self, text: str, shortcut: str | None = None) -> QLabel:
@@ -354,16 +420,116 @@ class ControlsBar(QFrame):
 
     def set_compact(self, compact: bool) -> None:
         """Compact (the presenter layout): the switches only; the numbers and the window's buttons
-        go (their keys still work) and come back as they were."""
-        if compact and not self._hidden_by_compact:
-            items = [self._second.itemAt(i).widget() for i in range(self._second.count())]
-            self._hidden_by_compact = [w for w in items if w is not None and not w.isHidden()]
-            for widget in self._hidden_by_compact:
-                widget.setVisible(False)
-        elif not compact:
-            for widget in self._hidden_by_compact:
-                widget.setVisible(True)
-            self._hidden_by_compact = []
+        fold behind "More" (their keys still work) and come back as they were."""
+        self.compact = compact
+        self._apply_density(self.density)
+
+    # ---- density: how much room the bar takes -----------------------------------------------------
+    def set_height_budget(self, pixels: int) -> None:
+        """The most height the bar may take (the window's BAR_SHARE); the fullest form that fits shows."""
+        if pixels != self.height_budget:
+            self.height_budget = pixels
+            self._fit(self.width())
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        if event.oldSize().width() != event.size().width():
+            self._fit(event.size().width())
+
+    def _fit(self, width: int) -> None:
+        if self.height_budget is None or width <= 0:
+            return
+        fits = [d for d in DENSITIES if self.height_in(d, width) <= self.height_budget]
+        density = fits[0] if fits else DENSITIES[-1]
+        if density != self.density:
+            self._apply_density(density)
+
+    def height_in(self, density: str, width: int) -> int:
+        """The bar's height at `width` in a density, from its widgets' size hints in that form
+        (nothing is moved to measure)."""
+        margins = self.layout().contentsMargins()
+        inner = width - margins.left() - margins.right()
+        sizes = [self._cell_size(cell, density) for cell in self.cells.values()
+                 if not (cell.control.field in self._second_fields)]
+        if density != "full":
+            sizes.append(self.more_button.sizeHint())
+        height = flow_height(sizes, inner, self.layout_)
+        if density == "full" and not self.compact:
+            second = [self._second.itemAt(i).widget() for i in range(self._second.count())]
+            height += self.layout().spacing() + flow_height(
+                [self._cell_size(self._cell_of(w), density) if self._cell_of(w) else w.sizeHint()
+                 for w in second if w is not None and not w.isHidden()], inner, self._second)
+        return height + margins.top() + margins.bottom()
+
+    @property
+    def _second_fields(self) -> set[str]:
+        return {field for field, cell in self.cells.items() if self._second.indexOf(cell.widget) >= 0}
+
+    def _cell_of(self, widget) -> _Cell | None:
+        return next((cell for cell in self.cells.values() if cell.widget is widget), None)
+
+    def _cell_size(self, cell: _Cell, density: str) -> QSize:
+        caption, spacing = cell.caption.sizeHint(), cell.widget.layout().spacing()
+        body = [w.sizeHint() for w in cell.body]
+        body_w = sum(s.width() for s in body) + (6 * (len(body) - 1) if isinstance(cell.control, Slider) else 0)
+        body_h = max((s.height() for s in body), default=0)
+        if density == "collapsed" and cell.collapsed is not None:
+            return self._collapsed_hint(cell)
+        if density == "collapsed" and isinstance(cell.control, Toggle):
+            button = cell.body[0]
+            metrics = button.fontMetrics()
+            keys = QKeySequence(cell.control.shortcut).toString(QKeySequence.SequenceFormat.NativeText)
+            widest = f"{_t(cell.control.label)} {translate('Controls', 'OFF')} → {translate('Controls', 'ON')}…  {keys}"
+            extra = metrics.horizontalAdvance(widest) - metrics.horizontalAdvance(button.text())
+            return QSize(button.sizeHint().width() + max(0, extra), button.sizeHint().height())
+        if density == "full":
+            return QSize(max(caption.width(), body_w), caption.height() + spacing + body_h)
+        return QSize(caption.width() + spacing + body_w, max(caption.height(), body_h))
+
+    def _collapsed_hint(self, cell: _Cell) -> QSize:
+        """The collapsed button's size with its widest text (it changes with the value it shows)."""
+        button = cell.collapsed
+        metrics = button.fontMetrics()
+        widest = max((metrics.horizontalAdvance(self._collapsed_text(cell.control, value, value))
+                      for value, _ in cell.control.options), default=0)
+        hint = button.sizeHint()
+        return QSize(max(hint.width(), hint.width() - metrics.horizontalAdvance(button.text()) + widest), hint.height())
+
+    def _apply_density(self, density: str) -> None:
+        self.density = density
+        for cell in self.cells.values():
+            cell.set_density("full" if self._second.indexOf(cell.widget) >= 0 else density)
+        folded = density != "full" or self.compact
+        self.more_button.setVisible(folded)
+        if not folded:
+            self.more_button.setChecked(False)
+        self._show_second_row()
+        if hasattr(self, "shortcuts"):
+            self._render()  # (the toggles' text names them when collapsed)
+        self.layout_.invalidate()
+        self.updateGeometry()
+
+    def _show_second_row(self) -> None:
+        folded = self.density != "full" or self.compact
+        self.second_row.setVisible(not folded or self.more_button.isChecked())
+        self.updateGeometry()
+
+    def _toggle_text(self, control, value, asked) -> str:
+        """ON / OFF (→ the value asked for); collapsed, with the control's name and key before and after."""
+        on, off = translate("Controls", "ON"), translate("Controls", "OFF")
+        text = f"{on if value else off}" + (f" → {on if asked else off}…" if asked != value else "")
+        if self.density == "collapsed":
+            keys = QKeySequence(control.shortcut).toString(QKeySequence.SequenceFormat.NativeText)
+            text = f"{_t(control.label)} {text}  {keys}"
+        return text
+
+    def _collapsed_text(self, control, value, asked) -> str:
+        names = {v: _t(text) for v, text in control.options}
+        keys = QKeySequence(control.shortcut).toString(QKeySequence.SequenceFormat.NativeText)
+        text = f"{_t(control.label)} {names.get(value, value)}"
+        if asked != value:
+            text += f" → {names.get(asked, asked)}…"
+        return f"{text}  {keys}"
 
     # ---- reading and showing ------------------------------------------------------------------
     def _value(self, control) -> Any:
@@ -455,6 +621,11 @@ class ControlsBar(QFrame):
                 continue
             for w in (widget.buttons() if isinstance(widget, QButtonGroup) else [widget]):
                 w.setEnabled(enabled and self._allowed(control, getattr(w, "value", None)))
+            cell = self.cells.get(control.field) if hasattr(self, "cells") else None
+            if cell is not None and cell.collapsed is not None:  # it steps: another option must be allowed
+                current = get_field(self.requested, control.field)
+                cell.collapsed.setEnabled(enabled and any(b.isEnabled() and b.value != current
+                                                          for b in widget.buttons()))
 
     def _allowed(self, control, value) -> bool:
         if isinstance(control, Choice):
@@ -526,10 +697,16 @@ class ControlsBar(QFrame):
                         if waiting and button.value == asked:
                             style += f"QPushButton {{ border: 2px dashed {self.theme.accent}; }}"
                         button.setStyleSheet(style)
+                    collapsed = self.cells[control.field].collapsed if control.field in self.cells else None
+                    if collapsed is not None:
+                        collapsed.setText(self._collapsed_text(control, value, asked))
+                        colour = self.colours.option_colour(str(value)) or self.theme.accent
+                        collapsed.setStyleSheet(f"QPushButton {{ border: 2px {'dashed' if waiting else 'solid'} "
+                                                f"{colour}; font-weight: bold; }}")
+                        collapsed.setToolTip(self._option_tooltip(control, value))
                 elif isinstance(control, Toggle):
                     widget.setChecked(bool(value))
-                    on, off = translate("Controls", "ON"), translate("Controls", "OFF")
-                    widget.setText(f"{on if value else off}" + (f" → {on if asked else off}…" if waiting else ""))
+                    widget.setText(self._toggle_text(control, value, asked))
                     widget.setToolTip(self._option_tooltip(control, not value))
                     colour = self.colours.colour(settings.label)
                     border = "dashed" if waiting else "solid"

@@ -6,12 +6,25 @@ from PySide6.QtCore import QMargins, QPoint, QRect, QSize, Qt
 from PySide6.QtWidgets import QLayout, QWidgetItem
 
 
+def flow_height(sizes, width: int, layout: "FlowLayout") -> int:
+    """The height `sizes` (QSize each) take laid out as `layout` lays its items, in `width`."""
+    x, height, line_height = 0, 0, 0
+    for size in sizes:
+        if x and x + size.width() > width:
+            height += line_height + layout.line_spacing
+            x, line_height = 0, 0
+        x += size.width() + layout.spacing_
+        line_height = max(line_height, size.height())
+    return height + line_height
+
+
 class FlowLayout(QLayout):
     def __init__(self, parent=None, spacing: int = 8, line_spacing: int = 4):
         super().__init__(parent)
         self._items: list = []
         self._spacing = spacing
         self._line_spacing = line_spacing
+        self.spacing_, self.line_spacing = spacing, line_spacing
         self.setContentsMargins(QMargins(0, 0, 0, 0))
 
     # ---- QLayout's interface ----------------------------------------------------------------------

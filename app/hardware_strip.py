@@ -94,6 +94,7 @@ class HardwareStrip(QFrame):
         self.spec = None
         self.weight_bytes: int | None = None
         self.engine_pid: int | None = None  # the engine's process (None: it runs in this one)
+        self.compact = self.small = False
         self.device_label = QLabel(translate("HardwareStrip", "measuring the device…"))
         self.device_label.setObjectName("title")
         self.bandwidth_label = QLabel("")
@@ -110,6 +111,9 @@ class HardwareStrip(QFrame):
         self.progress.setVisible(False)
         self.progress_label = QLabel("")
         self.progress_label.setObjectName("caption")
+        self.path_label = OneLineLabel()  # on a CPU: which step decodes, at which vector level (whole line on hover)
+        self.path_label.setObjectName("caption")
+        self.path_label.setVisible(False)
         self.notes_label = OneLineLabel()  # kernels that failed their check at load, and what runs instead
         self.notes_label.setObjectName("error")
         self.notes_label.setVisible(False)
@@ -122,6 +126,7 @@ class HardwareStrip(QFrame):
         right.setSpacing(0)
         right.addWidget(self.memory_label)
         right.addWidget(self.live_label)
+        right.addWidget(self.path_label)
         right.addWidget(self.notes_label)
         right.addWidget(self.progress_label)
         right.addWidget(self.progress)
@@ -132,21 +137,44 @@ class HardwareStrip(QFrame):
 
     def set_compact(self, compact: bool) -> None:
         """Compact (the presenter layout): the device line only; notes and progress still show."""
+        self.compact = compact
+        self._show_lines()
+
+    def set_small(self, small: bool) -> None:
+        """Small (a window too short for the strip's lines: a projector, large fonts): as compact."""
+        self.small = small
+        self._show_lines()
+
+    def _show_lines(self) -> None:
+        short = self.compact or self.small
         for label in (self.bandwidth_label, self.compute_label, self.memory_label, self.live_label):
-            label.setVisible(not compact)
-        self.layout().setStretch(1, 0 if compact else 2)  # the device line takes the width
+            label.setVisible(not short)
+        self.path_label.setVisible(not short and bool(self.path_label.full_text()))
+        # the device line takes the width, but for what the right column still says (notes, progress)
+        busy = self.notes_label.isVisibleTo(self) or self.progress.isVisibleTo(self)
+        self.layout().setStretch(1, 0 if short and not busy else 2)
+        lines = [self.bandwidth_label.text(), self.compute_label.text(), self.memory_label.text(),
+                 self.live_label.text()]
+        self.device_label.setToolTip("\n".join(line for line in lines if line) if short else "")
 
     def set_progress(self, fraction: float, message: str) -> None:
         busy = fraction < 1.0
         self.progress.setVisible(busy)
         self.progress.setValue(int(1000 * max(0.0, min(fraction, 1.0))))
         self.progress_label.setText(message if busy else "")
+        self._show_lines()
 
     def set_notes(self, notes: list[str]) -> None:
         """One line, ending in "…" where it does not fit (the whole text is its tooltip, and the chat
         said each note in full at load): wrapped, a note took the plots' height at large fonts."""
         self.notes_label.set_full_text(" · ".join(notes))
         self.notes_label.setVisible(bool(notes))
+        self._show_lines()
+
+    def set_decode_path(self, line: str) -> None:
+        """The CPU's decode path (engine Capabilities.decode_path), one elided line; hidden when empty."""
+        self.path_label.set_full_text(line)
+        self._show_lines()
 
     def set_device(self, spec, weight_bytes: int | None = None) -> None:
         self.spec = spec
@@ -189,6 +217,8 @@ class HardwareStrip(QFrame):
                                                                "modelled (cost model ÷ measured step time)")
                                     if spec.kind == "cpu" or not spec.nvml else "")
         self.memory_label.setText(" · ".join(p for p in (weights, used) if p))
+        if self.compact or self.small:
+            self._show_lines()  # (the device line's tooltip has them)
 
     def set_theme(self, theme: Theme) -> None:
         self.theme = theme

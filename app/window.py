@@ -15,12 +15,12 @@ import re
 import sys
 import time
 
-from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtCore import QRect, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QMainWindow, QPushButton, QSplitter, QTabWidget, QVBoxLayout, QWidget
 
 from app.chat import ChatPanel
-from app.controls import ControlsBar
+from app.controls import BAR_SHARE, ControlsBar
 from app.frame_budget import FrameBudget
 from app.hardware_strip import HardwareStrip
 from app.i18n import QT_TRANSLATE_NOOP, translate
@@ -47,8 +47,24 @@ GUI_CPU_BUDGET_GPU = 0.5  # of one core, when the engine runs on a GPU (its CPU 
 MIN_FPS_CPU = 1
 MIN_FPS_GPU = 4
 NVML_SAMPLE_MS = 250
+PREFERRED_SIZE = (1600, 960)  # on a larger screen; a smaller one gets its available area
+STRIP_LINES_EM = 45  # a window shorter than this many ems shows the strip's device line only
+CHAT_SHARE = 1 / 3  # of the window's width, the chat's (the splitter keeps the share as the window resizes)
 
 _finishing_workers: list = []  # workers still inside a step when their window closed
+
+
+def available_geometry(window) -> QRect:
+    """The available area (no task bars) of the screen the window is on, or the primary screen's."""
+    screen = window.screen() or QGuiApplication.primaryScreen()
+    return screen.availableGeometry() if screen is not None else QRect(0, 0, *PREFERRED_SIZE)
+
+
+def fitted_size(available: QSize, frame: QSize = QSize(0, 0)) -> tuple[int, int]:
+    """The window's size on a screen with this much room: the preferred size where it fits (with its
+    frame), else the room itself less the frame."""
+    return (min(PREFERRED_SIZE[0], available.width() - frame.width()),
+            min(PREFERRED_SIZE[1], available.height() - frame.height()))
 
 def ttft_note(done: DoneEvent) -> str:
     """'TTFT 123 ms', and how much of the prompt the cache spared (DoneEvent.ttft_note, translated)."""
@@ -143,10 +159,16 @@ class MainWindow(QMainWindow):
         self.side_tabs = QTabWidget()  # the sixth cell: the seed table, or the KV cache's blocks
         self.side_tab_chosen = False  # a presenter layout named the tab: simulated users do not move it
         self.side_tabs.addTab(self.seed_table, translate("Window", "What the hardware allows"))
+        self.seed_table.set_title_visible(False)  # (the tab says it; its format box sits beside the tabs)
+        self.side_tabs.setCornerWidget(self.seed_table.format_box, Qt.Corner.TopRightCorner)
+        self.side_tabs.currentChanged.connect(
+            lambda _index: self.seed_table.format_box.setVisible(self.side_tabs.currentWidget() is self.seed_table))
         self.side_tabs.addTab(self.kv_panel, translate("Window", "KV cache"))
         self.serving_panel = ServingPanel(self.data, self.theme)
         self.side_tabs.addTab(self.serving_panel, translate("Window", "Serving"))
         self.plots = PlotsPanel(self.data, self.theme, self.colours, extra=self.side_tabs)
+        self.plots.extra_readable_size = lambda: QSize(  # the table's, with the tabs around it
+            self.seed_table.readable_width() + 8, self.seed_table.readable_height() + self.side_tabs.tabBar().sizeHint().height() + 8)
         self.hardware_strip = HardwareStrip(self.theme)
         self.error_label = QLabel("")
         self.error_label.setObjectName("error")
@@ -175,8 +197,8 @@ class MainWindow(QMainWindow):
         layout.addWidget(self.splitter, 1)
         layout.addWidget(self.hardware_strip)
         self.setCentralWidget(central)
-        self.resize(1600, 960)
-        self.splitter.setSizes([520, 1080])
+        self.maximize_on_show = False  # fit_to_screen: the screen is smaller than the preferred size
+        self.fit_to_screen()
 
         # ---- the worker thread: commands in through its queue, plain-data signals out (queued).
         # A replay passes a worker that plays a recording; a recorder connects before the window
@@ -332,9 +354,8 @@ class MainWindow(QMainWindow):
         self._show_model_line()
         if event.changes:  # marks the step at which it took effect
             self.data.annotate(", ".join(event.changes), event.settings.label, event.t_s)
-        if event.settings.users > 0 and (old is None or old.users == 0) and self.side_tabs.isVisibleTo(self) \
-                and not self.side_tab_chosen:
-            self.side_tabs.setCurrentWidget(self.serving_panel)  # where the batch shows
+        if event.settings.users > 0 and (old is None or old.users == 0) and not self.side_tab_chosen:
+            self.side_tabs.setCurrentWidget(self.serving_panel)  # where the batch shows (when the panel does)
 
     def _show_model_line(self) -> None:
         """The model line with the precision and weights the engine runs now (the loader's line says
@@ -400,13 +421,67 @@ class MainWindow(QMainWindow):
         self.theme = themed(self.theme.name, large)
         self._apply_theme()
         self.show_seed_table(not large)
+        self._fit_strip(self.height())
+        self.controls.height_budget = None  # the new type's sizes: choose the bar's form again
+        self.controls.set_height_budget(int(BAR_SHARE * self.height()))
 
     def show_seed_table(self, visible: bool) -> None:
         self.plots.set_extra_visible(visible)
         self.table_button.setChecked(visible)
 
     def toggle_full_screen(self) -> None:
-        self.showNormal() if self.isFullScreen() else self.showFullScreen()
+        if not self.isFullScreen():
+            self._was_maximized = self.isMaximized()
+            self.showFullScreen()
+        elif getattr(self, "_was_maximized", False):
+            self.showMaximized()
+        else:
+            self.showNormal()
+
+    # ---- the screen ---------------------------------------------------------------------------
+    def fit_to_screen(self, available: QRect | None = None) -> None:
+        """Size and place the window from the screen's available area (`available`: a given one, in
+        logical pixels): the preferred size where it fits, else the whole area, and never larger;
+        centred. On a screen smaller than the preferred size `show_fitted` maximises it, so a window
+        manager fits its frame in as well."""
+        available = available if available is not None else available_geometry(self)
+        width, height = fitted_size(available.size(), self._frame_extra())
+        self.maximize_on_show = (width, height) != PREFERRED_SIZE
+        self.resize(width, height)
+        frame = self._frame_extra()
+        self.move(available.x() + max(0, (available.width() - width - frame.width()) // 2),
+                  available.y() + max(0, (available.height() - height - frame.height()) // 2))
+        chat = int(width * CHAT_SHARE)
+        self.splitter.setSizes([chat, width - chat])
+        self._fitted = (available, QSize(width, height))
+
+    def showEvent(self, event) -> None:
+        """Shown, the window has its frame: fitted before it was known, it is fitted again so the frame
+        stays on the screen too (unless something resized it since)."""
+        super().showEvent(event)
+        fitted = getattr(self, "_fitted", None)
+        if fitted is not None and self.size() == fitted[1] and not (self.isMaximized() or self.isFullScreen()) \
+                and not fitted[0].contains(self.frameGeometry()):
+            self.fit_to_screen(fitted[0])
+
+    def _frame_extra(self) -> QSize:
+        """What a window manager's frame adds to the window (known once it is shown; none offscreen)."""
+        frame, inner = self.frameGeometry(), self.geometry()
+        return QSize(max(0, frame.width() - inner.width()), max(0, frame.height() - inner.height()))
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self.controls.set_height_budget(int(BAR_SHARE * event.size().height()))
+        self._fit_strip(event.size().height())
+
+    def _fit_strip(self, height: int) -> None:
+        """The strip keeps to its device line where the window is short for its type (STRIP_LINES_EM)."""
+        em = self.theme.font_pt * self.logicalDpiY() / 72
+        self.hardware_strip.set_small(height < STRIP_LINES_EM * em)
+
+    def show_fitted(self) -> None:
+        """Show the window as `fit_to_screen` sized it (maximised on a screen smaller than it prefers)."""
+        self.showMaximized() if self.maximize_on_show else self.show()
 
     # ---- errors -------------------------------------------------------------------------------
     def show_error(self, message: str) -> None:
@@ -452,12 +527,15 @@ class MainWindow(QMainWindow):
             self.chat.add_notice(translate("Window", "loaded {model}").format(model=info.label))
             self.data.annotate(translate("Window", "start: {settings}").format(settings=info.settings.label),
                                info.settings.label, self.clock())
+        if info.capabilities.decode_path:  # on a CPU: which step decodes, at which vector level, why
+            self.chat.add_notice(info.capabilities.decode_path)
         for note in dict.fromkeys(info.capabilities.notes.values()):
             self.chat.add_notice(note, error=True)
         self.hardware_strip.engine_pid = self.worker.pid
         self.hardware_strip.set_device(info.hardware, info.weight_bytes)
         self._above_roof_note = ""
         self._show_notes()
+        self.hardware_strip.set_decode_path(info.capabilities.decode_path)
         self.seed_table.set_model(info.cfg, info.label, info.hardware, info.settings.dtype)
         self._start_sampler(info.hardware)
         after, self._after_load = self._after_load, []

@@ -46,6 +46,14 @@ def add_model_args(p: argparse.ArgumentParser, default_dtype: str | None = None)
     p.add_argument("--max-context", type=int, default=4096, help="KV cache positions reserved (default 4096)")
 
 
+def add_weight_args(p: argparse.ArgumentParser) -> None:
+    from engine.settings import GROUP_SIZES, WEIGHT_FORMATS
+    p.add_argument("--weights", choices=WEIGHT_FORMATS, default="fp",
+                   help="weight storage: the dtype itself, int8 per channel, int4 group-wise (default fp)")
+    p.add_argument("--group-size", type=int, choices=GROUP_SIZES, default=GROUP_SIZES[0],
+                   help=f"int4 group size (default {GROUP_SIZES[0]})")
+
+
 def add_attention_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention", choices=["flash", "naive"], default="flash",
                    help="flash: fused, scores never in memory (default); naive: score matrix materialised")
@@ -105,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--draft-weights", choices=["fp", "int8", "int4"], default="int4",
                       help="the draft model's weights (default int4)")
     chat.add_argument("--eager", action="store_true", help="no captured decode step (CUDA graph) even where offered")
+    add_weight_args(chat)
     add_attention_args(chat)
     chat.add_argument("--quiet", action="store_true", help="no per-reply statistics line")
 
@@ -121,9 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="(cpu) where one decode step's time goes, per setting: the C++ step's phases with "
                             "their bytes at peak vs the time taken, and PyTorch's biggest operators")
     bench.add_argument("--no-kv-cache", action="store_true")
-    bench.add_argument("--weights", choices=["fp", "int8", "int4"], default="fp",
-                       help="weight storage: the dtype itself, int8 per channel, int4 group-wise (default fp)")
-    bench.add_argument("--group-size", type=int, choices=[32, 64, 128], default=32, help="int4 group size (default 32)")
+    add_weight_args(bench)
     bench.add_argument("--sweep", choices=["weights", "precision", "attention", "kv", "batch", "speculative",
                                            "overhead"],
                        help="weights: fp, int8 and int4 in one run, side by side, with perplexity and top-1 agreement; "
@@ -237,14 +244,15 @@ def run_chat(args) -> int:
     settings = Settings(dtype=dtype, kv_layout=args.kv_layout, attention=args.attention,
                         kv_cache=False if args.no_kv_cache else None, max_new_tokens=args.max_tokens,
                         sampling=sampling, speculate=speculate, draft_tokens=args.draft_tokens,
-                        draft_model=draft_model, draft_weights=args.draft_weights, cuda_graphs=not args.eager)
+                        draft_model=draft_model, draft_weights=args.draft_weights, cuda_graphs=not args.eager,
+                        weights=args.weights, group_size=args.group_size)
     settings.validate(args.device)
     if args.chat_prompt is not None and not args.chat_prompt.strip():
         raise ValueError("empty prompt: give --prompt some text")
     progress = _progress_printer()
     engine = Engine(args.model, device=args.device, dtype=dtype, max_context=args.max_context,
                     progress=progress, settings=settings)
-    print(f"membound · {engine.loaded.label} · {describe(engine.hardware)}", file=sys.stderr)
+    print(f"membound · {engine.loaded.label} · {engine.settings.label} · {describe(engine.hardware)}", file=sys.stderr)
     _cpu_step_note(engine)
     note = getattr(engine.tokenizer, "template_note", "")
     if args.raw:
@@ -358,7 +366,9 @@ def _turn_summary(done, metrics, engine) -> str:
         parts += [f"decode {figures.tokens_per_s:.1f} tok/s", f"{figures.achieved_gbs:.1f} GB/s (model)",
                   f"MBU {100 * figures.mbu:.0f}% of {figures.peak_gbs:.1f} GB/s",
                   f"ceiling {figures.ceiling_tokens_per_s:.0f} tok/s"]
-        parts += speculation_summary([m for m in steps if m.phase in DECODE_PHASES])
+        decode = [m for m in steps if m.phase in DECODE_PHASES]
+        parts += speculation_summary(decode)
+        parts += sorted({m.settings_label for m in decode if m.settings_label})  # what the steps ran
     if any(m.above_roof for m in steps):  # shown, never absorbed into the peak (engine/hardware/roof.py)
         from engine.hardware.roof import ABOVE_ROOF
         parts.append(ABOVE_ROOF)

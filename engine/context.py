@@ -13,7 +13,8 @@ Kept process-wide on purpose, each immutable by design: `kernels.tuning.TUNED` (
 launch configuration per kernel and shape, set once per key: the captured step's custom op, which
 cannot be handed an engine's object, launches what eager steps measured), whether a package imports
 (`functools.cache`: a fact of the installed process) and the compiled C++ step
-(kernels/cpu_decode.py: a loaded library cannot be unloaded; one per set of build flags)."""
+(kernels/cpu_decode.py: a loaded library cannot be unloaded; one per set of build flags; which of them
+an engine uses, and its plans and timings, are the engine's: `CpuStepState`)."""
 from __future__ import annotations
 
 import threading
@@ -23,6 +24,21 @@ from torch.utils.weak import WeakIdKeyDictionary
 from engine.faults import Faults
 from engine.options import EngineOptions
 from kernels.registry import KernelSwitches
+
+
+class CpuStepState:
+    """What engine/model/cpu_step.py knows for one engine: the C++ library loaded for its options (or
+    why it cannot be), each model's plan over its current cache, the timings against PyTorch's step,
+    and per thread whether its last step of a model ran in C++ (read by the cost model right after)."""
+
+    def __init__(self):
+        self.library = None  # the loaded library (kernels/cpu_decode.py load), once unavailable == ""
+        self.unavailable: str | None = None  # None: not tried yet; "": loaded; else why not (one line)
+        self.lock = threading.Lock()  # guards the first load
+        self.plans = WeakIdKeyDictionary()  # model -> its plan (the C structs) over its current cache
+        self.timings: dict = {}  # (format, shapes, vector level) -> its Choice: C++ against PyTorch's step
+        self.model_timing = WeakIdKeyDictionary()  # model -> its Choice (asked every step: no key built)
+        self.thread = threading.local()  # .ran: this thread's last step ran in C++
 
 
 class EngineContext:
@@ -37,6 +53,7 @@ class EngineContext:
         self.packed_weights = WeakIdKeyDictionary()  # weight -> (its version, its oneDNN-packed copy)
         self.packed_lock = threading.Lock()
         self.bytes_read = WeakIdKeyDictionary()  # model -> its matmul modules and their bytes by rows
+        self.cpu_step = CpuStepState()  # engine/model/cpu_step.py: the C++ step's library, plans, timings
 
     def __deepcopy__(self, memo) -> "EngineContext":
         return self  # a copied model stays its engine's (its locks cannot be copied anyway)

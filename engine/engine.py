@@ -48,10 +48,12 @@ from engine.graphs import GraphDecoder
 from engine.io.loader import LoadedWeights, load_model
 from engine.hardware.roof import Roof
 from engine.kv.cache import DEFAULT_BLOCK_SIZE
+from engine.model import cpu_step
 from engine.model.config import ModelConfig
 from engine.model.transformer import Transformer
 from engine.protocol import Capabilities
 from engine.serving.lifecycle import BatchLifecycle
+from engine.serving.server import think_range
 from engine.settings import EngineError, PromptError, QuantError, Settings
 from engine.steps.batched import BatchedSteps
 from engine.steps.plain import PlainSteps
@@ -119,7 +121,8 @@ class Engine:
                                 on_capture_failed=lambda: self.transaction.drop_capture(self.settings))
         self.speculative = SpeculativeSteps(self.plain, self.counter, self.max_context)
         # batched serving (engine/serving/lifecycle.py): made when users > 0, dropped when they are gone
-        self.batch = BatchLifecycle(self.cfg, self.tokenizer, device, self.hardware.memory_total_bytes)
+        self.batch = BatchLifecycle(self.cfg, self.tokenizer, device, self.hardware.memory_total_bytes,
+                                    think_range(self.context.options.user_think_s))
         self.batched = BatchedSteps(self.batch, self.counter, self.max_context)
         self._reply_active = False  # a reply is streaming: serve_step() leaves the batch to it
         refusal = self.refusal(self.settings)
@@ -182,7 +185,8 @@ class Engine:
         dtypes = [d for d in DTYPES if d != "fp16" or self.device != "cpu"]
         return Capabilities.for_model(self.cfg, self.device, {d: self.max_users_for(d) for d in dtypes},
                                       self.kernel_notes, captured_step=self.graphs.kind,
-                                      captured_refusal=self.graphs.refusal)
+                                      captured_refusal=self.graphs.refusal,
+                                      decode_path=cpu_step.path_line(self.model) if self.device == "cpu" else "")
 
     @property
     def weights_building(self) -> tuple[str, float] | None:

@@ -16,7 +16,7 @@ import torch
 
 from engine.kv.cache import DEFAULT_BLOCK_SIZE, ContiguousKVCache
 from engine.model.config import ModelConfig
-from engine.model.quant import quantize_int4, quantize_int8
+from engine.model.quant import quantize_int4, quantize_int8, quantize_model
 from engine.protocol import one_line
 from engine.settings import GROUP_SIZES, group_size_refusal
 from kernels.registry import KernelSwitches
@@ -64,7 +64,25 @@ def check_kernels(engine) -> dict[str, str]:
         failed = sum(bool(r.problem) for r in ran)
         engine.progress(1.0, f"checked {len(ran)} GPU kernels in {sum(r.seconds for r in ran):.1f} s"
                              + (f": {failed} switched off" if failed else ""))
-    return kernel_notes(engine.context.kernels)
+    return {**kernel_notes(engine.context.kernels), **cpu_step_notes(engine)}
+
+
+def cpu_step_notes(engine) -> dict[str, str]:
+    """"weights=…" -> one line for each weight format at the engine's dtype that the load timing gave
+    to PyTorch's step (the C++ step ran slower here: engine/model/cpu_step.py `choice`)."""
+    if engine.device != "cpu" or not engine.context.kernels.enabled("cpu_step"):
+        return {}
+    from engine.model import cpu_step
+    if cpu_step.unavailable_reason(engine.context):
+        return {}
+    notes = {}
+    dtype = cpu_step.format_label(engine.model)
+    for c in cpu_step.slower_formats(engine.model):
+        fmt, _, weights = c.label.partition(" · ")
+        if fmt == dtype:
+            notes[f"weights={weights or 'fp'}"] = (f"{c.label} decodes in PyTorch's step: the C++ step ({c.isa}) took "
+                                                   f"{1 / c.speedup:.1f}x its time at load")
+    return notes
 
 
 def run_checks(engine) -> list[CheckResult]:
@@ -220,13 +238,34 @@ def check_cpu_step(engine) -> str | None:
         return unavailable
     ids = torch.arange(1, GRAPH_PROMPT + 1)[None] % cfg.vocab_size
     model(ids, start_pos=0, cache=cache)
-    got = cpu_step.decode_step(model, token, GRAPH_PROMPT, cache)
+    got = cpu_step.checked_step(model, token, GRAPH_PROMPT, cache)
     cache.truncate(GRAPH_PROMPT)
     with cpu_step.pytorch_only():
         want = model(token, start_pos=GRAPH_PROMPT, cache=cache)
     if got is None:
         return "the C++ step did not run"
-    return mismatch(got, want, GRAPH_TOLERANCE, model.dtype)  # fp32 logits of a model that computes in its dtype
+    problem = mismatch(got, want, GRAPH_TOLERANCE, model.dtype)  # fp32 logits of a model that computes in its dtype
+    if not problem:  # which step decodes each weight format here: the C++ one where it is faster
+        if engine.progress is not None:
+            engine.progress(1.0, "timing the C++ step against PyTorch's, per format…")
+        time_cpu_formats(model, _int4_group(engine) or 32)
+    return problem
+
+
+def time_cpu_formats(model, group_size: int = 32) -> list:
+    """The timings of the model's format and of INT8 and INT4 weights at its dtype (its stand-in's
+    layers quantised), as the load check makes them (engine/model/cpu_step.py `choice`)."""
+    from engine.model import cpu_step
+    made = [cpu_step.choice(model)]
+    if cpu_step.format_label(model) in ("fp32", "bf16"):
+        # the same layers quantised (fewer bytes: quantising as many bytes' worth took seconds at load)
+        short = cpu_step.stand_in(model)
+        for weights in ("int8", "int4"):
+            try:
+                made.append(cpu_step.choice(quantize_model(short, weights, group_size)))
+            except Exception:  # a shape INT4 cannot take: that format is not offered
+                continue
+    return made
 
 
 def _fp_weight(engine) -> torch.Tensor:

@@ -37,6 +37,20 @@ def dequantised_copy_bytes(fmt: str, path: str | None, n_weights: int) -> int:
     return int(DEQUANTISED_COPY_BYTES[fmt, path] * n_weights) if path else 0
 
 
+# The C++ CPU step (kernels/cpu_decode.cpp via engine/model/cpu_step.py) over M token rows — a decode
+# step, a speculative verify step, a prompt chunk, a batch server's plan: each matmul weight is read
+# once as stored and applied to every row while it is in registers or L1/L2, so it writes no
+# dequantised copy whatever M (`weight_rows`); the head runs over the rows that sample. Attention
+# reads each sequence's cache in place (a paged pool through its block tables: no gathered copy), row
+# by row over its own positions: the rows of one sequence re-read their context from the caches, so
+# a sequence's K/V count once a step, as PyTorch's fused attention reads them (`step_cost`'s KV terms).
+def weight_rows(rows: int, cpp_step: bool) -> int:
+    """The rows a step's matmul weights are charged at (Transformer.linear_weight_bytes(rows, head_rows)):
+    one for the C++ step (no dequantised copy, whatever its rows; none for a head no row samples),
+    else the rows the step ran."""
+    return min(rows, 1) if cpp_step else rows
+
+
 def naive_score_passes(masked: bool, captured: bool = False) -> int:
     """Passes over naive attention's score matrix, as engine/model/attention.py's naive_attention
     runs: the QK product writes it (1); a mask, where the step has one (a prompt, ragged rows, a

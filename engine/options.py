@@ -4,8 +4,12 @@
 engine process spawned by the app sees what its parent's environment held then. The variables:
 
     MEMBOUND_CPU_STEP=0                  the C++ CPU decode step off: PyTorch's step decodes
+    MEMBOUND_CPU_ISA=LEVEL               the C++ step built for another vector level this CPU runs
+                                         (avx512, avx2, neon, scalar: kernels/cpu_decode.py)
     MEMBOUND_FAULTS=POINT[:KIND],...     fault injection for the reliability tests (engine/faults.py)
     MEMBOUND_ENGINE_OMP_WAIT_POLICY=...  OpenMP's waiting in the engine process the app spawns alone
+    MEMBOUND_USER_THINK_S=LO,HI          the simulated users' think time between requests, seconds
+                                         (default 0.2,1.5; 0,0: always a request in flight)
     MEMBOUND_LLAMA_SERVER=PATH           the llama-server `bench --compare llamacpp` runs
     MEMBOUND_CACHE=DIR                   where built and measured things are kept (default
                                          $XDG_CACHE_HOME/membound, ~/.cache/membound): the llama-server
@@ -30,9 +34,13 @@ from typing import Iterator, Mapping
 @dataclass(frozen=True)
 class EngineOptions:
     cpu_step: bool = True  # MEMBOUND_CPU_STEP != "0"
+    cpu_isa: str = ""  # MEMBOUND_CPU_ISA, unchecked ("": this CPU's own level; kernels/cpu_decode.py checks it)
     faults: str = ""  # MEMBOUND_FAULTS, unparsed (engine/faults.py parses it)
     engine_omp_wait_policy: str = ""  # MEMBOUND_ENGINE_OMP_WAIT_POLICY ("": OpenMP's default)
+    user_think_s: str = ""  # MEMBOUND_USER_THINK_S, unparsed (engine/serving/server.py think_range)
     llama_server: str = ""  # MEMBOUND_LLAMA_SERVER ("": the one `make peers` built, else PATH)
+    llama_batched_bench: str = ""  # MEMBOUND_LLAMA_BATCHED_BENCH (likewise)
+    llama_bench: str = ""  # MEMBOUND_LLAMA_BENCH (likewise)
     cache_dir: Path = Path.home() / ".cache" / "membound"  # MEMBOUND_CACHE
     compiler: str = ""  # CXX
     roof_cache: Path = Path.home() / ".cache" / "membound" / "roof.json"  # MEMBOUND_ROOF_CACHE
@@ -43,9 +51,13 @@ class EngineOptions:
         xdg = env.get("XDG_CACHE_HOME")
         cache = env.get("MEMBOUND_CACHE") or (Path(xdg) / "membound" if xdg else Path.home() / ".cache" / "membound")
         return cls(cpu_step=env.get("MEMBOUND_CPU_STEP", "1") != "0",
+                   cpu_isa=env.get("MEMBOUND_CPU_ISA", ""),
                    faults=env.get("MEMBOUND_FAULTS", ""),
                    engine_omp_wait_policy=env.get("MEMBOUND_ENGINE_OMP_WAIT_POLICY", ""),
+                   user_think_s=env.get("MEMBOUND_USER_THINK_S", ""),
                    llama_server=env.get("MEMBOUND_LLAMA_SERVER", ""),
+                   llama_batched_bench=env.get("MEMBOUND_LLAMA_BATCHED_BENCH", ""),
+                   llama_bench=env.get("MEMBOUND_LLAMA_BENCH", ""),
                    cache_dir=Path(cache),
                    compiler=env.get("CXX", ""),
                    roof_cache=Path(env.get("MEMBOUND_ROOF_CACHE") or Path(cache) / "roof.json"))

@@ -26,13 +26,14 @@ class Capabilities:
     notes: dict[str, str] = field(default_factory=dict)  # "field=value" -> a kernel fallback it runs with
     captured_step: str = ""  # what `cuda_graphs` captures here: "CUDA graph", "compiled step"; "" none
     captured_refusal: str = ""  # why this device runs every decode step eagerly ("" when it can capture)
+    decode_path: str = ""  # on a CPU: which step decodes each format, at which vector level, and why (one line)
 
     @classmethod
     def for_model(cls, cfg: ModelConfig, device: str, max_users: dict[str, int],
                   notes: dict[str, str] | None = None, captured_step: str = "",
-                  captured_refusal: str = "") -> "Capabilities":
+                  captured_refusal: str = "", decode_path: str = "") -> "Capabilities":
         return cls(device, {g: group_size_refusal(cfg, g) for g in GROUP_SIZES}, dict(max_users), dict(notes or {}),
-                   captured_step, captured_refusal)
+                   captured_step, captured_refusal, decode_path)
 
     def refusal(self, settings: Settings) -> str:
         """Why the engine would refuse `settings` ("" if it would run them)."""

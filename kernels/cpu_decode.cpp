@@ -1,33 +1,91 @@
-// One batch-1 decode step of a Llama-family transformer on a CPU, in one OpenMP parallel region.
-// Contract: `membound_decode_step` computes the logits of one token at position `pos`, writing its
-// K/V into the cache; kernels/cpu_decode.py builds the descriptors and checks it against PyTorch.
+// One decode-shaped step of a Llama-family transformer on a CPU, in one OpenMP parallel region.
+// Contract: `membound_step` computes the logits of M token rows (each at its own position, over its
+// own K/V: rows of different sequences, or consecutive rows of one sequence, causal among them),
+// writing their K/V into the cache; kernels/cpu_decode.py builds the descriptors, and the tests hold
+// it to PyTorch's step (tests/kernels/test_cpu_decode*.py).
 //
 // Why one region: an eager PyTorch step is ~700 operators, each a parallel region (a wake-up and a
 // barrier) plus Python between them; on a 2-core machine that overhead rivalled the memory time of
 // the small formats. Here the threads stay in one region for the whole step and meet at ~6 barriers
-// per layer. Every weight is read once, at its stored precision: no dequantised copy is written.
+// per layer. Every weight is read from memory once per step, at its stored precision, whatever M:
+// a block of rows is applied to every token row while it is in registers or L1/L2.
+//
+// Vector levels, chosen by the compiler's target (reported by `membound_isa`): AVX-512 (bf16 dot
+// products where __AVX512BF16__), AVX2 + FMA + F16C, NEON on aarch64 (BFDOT where
+// __ARM_FEATURE_BF16, SDOT where __ARM_FEATURE_DOTPROD) and scalar, the reference of last resort.
+// One loop body per operation over the mapping layer below (vector width, loads of fp32 / bf16 /
+// int8 / fp16, FMA, sums, tails); the quantised dot products that need their own intrinsics sit in
+// per-architecture blocks beside the generic version.
+//
+// Bits: each output of a product is one chain of operations that depends on its weight row and its
+// token row only, never on M, on the blocking or on the threads, so the same token gives the same
+// logits alone or among others (the one-token step and a speculative verify step agree exactly).
 //
 // Matrix formats (struct Mat): F32 and BF16 (N, K) row-major; INT8 codes (N, K) with one bf16 scale
-// per row; INT4 codes in blocks of 32 along K, 16 bytes a block, byte j holding element j (low
-// nibble) and j + 16 (high nibble) of the block (GGUF's Q4_0/Q4_1 order), with an fp16 scale and
-// min per group of `group` elements: w = code * scale + min.
+// per row; INT4 in tiles of 16 rows (engine/model/quant.py `Int4Linear.cpu_matrix`): tile t holds,
+// for each octet of inputs k = 8j .. 8j + 7, 64 bytes: one little-endian 32-bit word per row
+// i = 0..15 whose nibble at bit 4a + 16b is the code of input 8j + 2a + b; fp16 scales and mins
+// (tiles, groups, 16): w = code * scale + min.
 #include <math.h>
-#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
-#include <vector>
-#if defined(__x86_64__)
+#if defined(_OPENMP)
+#include <omp.h>
+#else  // one thread (Apple clang without libomp): the pragmas are ignored, the region runs once
+#include <chrono>
+static inline int omp_get_thread_num(void) { return 0; }
+static inline int omp_get_num_threads(void) { return 1; }
+static inline double omp_get_wtime(void) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+#endif
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define ARCH_X86 1
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+// GCC 12 flags the intrinsics' own undefined pass-through operands (its bug 105593, fixed in 13)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
+#else
+#include <immintrin.h>
+#endif
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define LEVEL_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define LEVEL_AVX2 1
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#define LEVEL_NEON 1
+#include <arm_neon.h>
+#else
+#define LEVEL_SCALAR 1
+#endif
+
+#if defined(LEVEL_AVX512) && defined(__AVX512BF16__)
+#define HAVE_BF16_DOT 1  // vdpbf16ps
+#endif
+#if defined(LEVEL_NEON) && (defined(__ARM_FEATURE_BF16) || defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC))
+#define HAVE_BF16_DOT 1  // BFDOT (GCC names the feature by its vector half)
+#endif
+#if defined(LEVEL_NEON) && defined(__ARM_FEATURE_DOTPROD)
+#define HAVE_SDOT 1
 #endif
 
 enum { F32 = 0, BF16 = 1, INT8 = 2, INT4 = 3 };
+// how a product takes its input rows (membound_input_rounding): exactly, rounded to bf16, or
+// quantised per group to int16 or int8 (the integer dot products)
+enum { X_EXACT = 0, X_BF16 = 1, X_INT16 = 2, X_INT8 = 3 };
+#define MAX_ROWS 64  // token rows a step takes
 
 struct Mat {
   int64_t fmt, n, k, group;
   const void *w;      // codes or weights
-  const void *scale;  // INT8: bf16 (n); INT4: fp16 (n, k / group)
-  const void *min;    // INT4: fp16 (n, k / group)
+  const void *scale;  // INT8: bf16 (n); INT4: fp16 (tiles, k / group, 16)
+  const void *min;    // INT4: fp16 (tiles, k / group, 16)
 };
 
 struct Layer {
@@ -35,7 +93,7 @@ struct Layer {
   const void *bqkv;                  // (q_dim + 2 kv_dim) or null
   const void *qk_norm;               // (n_heads + n_kv, head_dim) or null
   struct Mat wqkv, wo, w_gate_up, w_down;
-  void *k_cache, *v_cache;           // (n_kv, max_len, head_dim), activation dtype
+  void *k_cache, *v_cache;           // this layer's K/V, activation dtype (addressed through struct Row)
 };
 
 struct Model {
@@ -46,6 +104,16 @@ struct Model {
   const void *norm;   // (dim)
   struct Mat head;
   const struct Layer *layers;
+  int64_t kv_head_stride;  // elements from one KV head to the next in a layer's cache
+  int64_t block_size;      // positions per block of a row's block table
+};
+
+// One token row of a step: element (kv head h, position p, i) of a layer's K cache is at
+// k_cache + kv_base + h * kv_head_stride + slot(p) * head_dim + i, slot(p) = p without a table
+// (a contiguous cache), else table[p / block_size] * block_size + p % block_size (a paged pool).
+struct Row {
+  int64_t token, pos, kv_base;
+  const int32_t *table;
 };
 
 // ---- scalar conversions ----------------------------------------------------------------------
@@ -64,9 +132,6 @@ static inline uint16_t f32_to_bf16(float f) {  // round to nearest even (finite 
 }
 
 static inline float f16_to_f32(uint16_t h) {
-#if defined(__F16C__)
-  return _cvtsh_ss(h);
-#else
   uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, u;
   if (exp == 0) {  // zero or subnormal
     float f = ldexpf((float)man, -24);
@@ -76,7 +141,6 @@ static inline float f16_to_f32(uint16_t h) {
   float f;
   memcpy(&f, &u, 4);
   return f;
-#endif
 }
 
 static inline float load_act(const void *p, int64_t i, int64_t act) {
@@ -90,6 +154,210 @@ static inline void store_act(void *p, int64_t i, float v, int64_t act) {
     ((float *)p)[i] = v;
 }
 
+static inline uint32_t load_u32(const void *p) {
+  uint32_t u;
+  memcpy(&u, p, 4);
+  return u;
+}
+
+// ---- the SIMD mapping layer: V holds W fp32 lanes ---------------------------------------------------
+#if defined(LEVEL_AVX512)
+#define W 16
+typedef __m512 V;
+static inline __mmask16 vmask(int64_t n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1); }
+static inline V vzero(void) { return _mm512_setzero_ps(); }
+static inline V vset1(float f) { return _mm512_set1_ps(f); }
+static inline V vload(const float *p) { return _mm512_loadu_ps(p); }
+static inline V vloadn(const float *p, int64_t n) { return _mm512_maskz_loadu_ps(vmask(n), p); }
+static inline void vstore(float *p, V v) { _mm512_storeu_ps(p, v); }
+static inline void vstoren(float *p, V v, int64_t n) { _mm512_mask_storeu_ps(p, vmask(n), v); }
+static inline V vadd(V a, V b) { return _mm512_add_ps(a, b); }
+static inline V vsub(V a, V b) { return _mm512_sub_ps(a, b); }
+static inline V vmul(V a, V b) { return _mm512_mul_ps(a, b); }
+static inline V vfma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+static inline V vfnma(V a, V b, V c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a b
+static inline V vmax(V a, V b) { return _mm512_max_ps(a, b); }
+static inline float vhsum(V v) { return _mm512_reduce_add_ps(v); }
+static inline float vhmax(V v) { return _mm512_reduce_max_ps(v); }
+static inline V vround(V v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline V vscale2(V p, V k) { return _mm512_scalef_ps(p, k); }  // p 2^k
+static inline V bf16_wide(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+static inline V vload_bf16(const uint16_t *p) { return bf16_wide(_mm256_loadu_si256((const __m256i *)p)); }
+static inline V vload_bf16n(const uint16_t *p, int64_t n) { return bf16_wide(_mm256_maskz_loadu_epi16(vmask(n), p)); }
+static inline V vload_i8(const int8_t *p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+static inline V vload_i8n(const int8_t *p, int64_t n) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(vmask(n), p)));
+}
+static inline V vload_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+#elif defined(LEVEL_AVX2)
+#define W 8
+typedef __m256 V;
+static inline __m256i vmask(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n < 8 ? n : 8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+static inline V vzero(void) { return _mm256_setzero_ps(); }
+static inline V vset1(float f) { return _mm256_set1_ps(f); }
+static inline V vload(const float *p) { return _mm256_loadu_ps(p); }
+static inline V vloadn(const float *p, int64_t n) { return _mm256_maskload_ps(p, vmask(n)); }
+static inline void vstore(float *p, V v) { _mm256_storeu_ps(p, v); }
+static inline void vstoren(float *p, V v, int64_t n) { _mm256_maskstore_ps(p, vmask(n), v); }
+static inline V vadd(V a, V b) { return _mm256_add_ps(a, b); }
+static inline V vsub(V a, V b) { return _mm256_sub_ps(a, b); }
+static inline V vmul(V a, V b) { return _mm256_mul_ps(a, b); }
+static inline V vfma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+static inline V vfnma(V a, V b, V c) { return _mm256_fnmadd_ps(a, b, c); }
+static inline V vmax(V a, V b) { return _mm256_max_ps(a, b); }
+static inline float vhsum(V v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+static inline float vhmax(V v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+static inline V vround(V v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline V vscale2(V p, V k) {  // k integral in [-126, 127]
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k),
+                                                                                   _mm256_set1_epi32(127)), 23)));
+}
+static inline V bf16_wide(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
+static inline V vload_bf16(const uint16_t *p) { return bf16_wide(_mm_loadu_si128((const __m128i *)p)); }
+static inline V vload_i8(const int8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
+static inline V vload_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+#elif defined(LEVEL_NEON)
+#define W 4
+typedef float32x4_t V;
+static inline V vzero(void) { return vdupq_n_f32(0.0f); }
+static inline V vset1(float f) { return vdupq_n_f32(f); }
+static inline V vload(const float *p) { return vld1q_f32(p); }
+static inline void vstore(float *p, V v) { vst1q_f32(p, v); }
+static inline V vadd(V a, V b) { return vaddq_f32(a, b); }
+static inline V vsub(V a, V b) { return vsubq_f32(a, b); }
+static inline V vmul(V a, V b) { return vmulq_f32(a, b); }
+static inline V vfma(V a, V b, V c) { return vfmaq_f32(c, a, b); }
+static inline V vfnma(V a, V b, V c) { return vfmsq_f32(c, a, b); }
+static inline V vmax(V a, V b) { return vmaxq_f32(a, b); }
+static inline float vhsum(V v) { return vaddvq_f32(v); }
+static inline float vhmax(V v) { return vmaxvq_f32(v); }
+static inline V vround(V v) { return vrndnq_f32(v); }
+static inline V vscale2(V p, V k) {
+  return vmulq_f32(p, vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(k), vdupq_n_s32(127)), 23)));
+}
+static inline V vload_bf16(const uint16_t *p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
+static inline V vload_i8(const int8_t *p) {
+  int8x8_t b = vreinterpret_s8_u32(vdup_n_u32(load_u32(p)));
+  return vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(b))));
+}
+static inline V vload_f16(const uint16_t *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+#else  // scalar: eight lanes in plain C (the compiler may vectorise them for the baseline target)
+#define W 8
+struct V {
+  float v[W];
+};
+static inline V vzero(void) {
+  V r;
+  for (int i = 0; i < W; i++) r.v[i] = 0.0f;
+  return r;
+}
+static inline V vset1(float f) {
+  V r;
+  for (int i = 0; i < W; i++) r.v[i] = f;
+  return r;
+}
+static inline V vload(const float *p) {
+  V r;
+  memcpy(r.v, p, sizeof r.v);
+  return r;
+}
+static inline void vstore(float *p, V v) { memcpy(p, v.v, sizeof v.v); }
+#define SCALAR_OP(name, expr)               \
+  static inline V name(V a, V b) {          \
+    V r;                                    \
+    for (int i = 0; i < W; i++) r.v[i] = expr; \
+    return r;                               \
+  }
+SCALAR_OP(vadd, a.v[i] + b.v[i])
+SCALAR_OP(vsub, a.v[i] - b.v[i])
+SCALAR_OP(vmul, a.v[i] * b.v[i])
+SCALAR_OP(vmax, a.v[i] > b.v[i] ? a.v[i] : b.v[i])
+static inline V vfma(V a, V b, V c) {
+  V r;
+  for (int i = 0; i < W; i++) r.v[i] = fmaf(a.v[i], b.v[i], c.v[i]);
+  return r;
+}
+static inline V vfnma(V a, V b, V c) {
+  V r;
+  for (int i = 0; i < W; i++) r.v[i] = fmaf(-a.v[i], b.v[i], c.v[i]);
+  return r;
+}
+static inline float vhsum(V v) {  // pairwise, as a vector unit sums
+  for (int w = W / 2; w > 0; w /= 2)
+    for (int i = 0; i < w; i++) v.v[i] += v.v[i + w];
+  return v.v[0];
+}
+static inline float vhmax(V v) {
+  float m = v.v[0];
+  for (int i = 1; i < W; i++) m = v.v[i] > m ? v.v[i] : m;
+  return m;
+}
+static inline V vround(V v) {
+  for (int i = 0; i < W; i++) v.v[i] = nearbyintf(v.v[i]);
+  return v;
+}
+static inline V vscale2(V p, V k) {
+  for (int i = 0; i < W; i++) p.v[i] = ldexpf(p.v[i], (int)k.v[i]);
+  return p;
+}
+static inline V vload_bf16(const uint16_t *p) {
+  V r;
+  for (int i = 0; i < W; i++) r.v[i] = bf16_to_f32(p[i]);
+  return r;
+}
+static inline V vload_i8(const int8_t *p) {
+  V r;
+  for (int i = 0; i < W; i++) r.v[i] = (float)p[i];
+  return r;
+}
+static inline V vload_f16(const uint16_t *p) {
+  V r;
+  for (int i = 0; i < W; i++) r.v[i] = f16_to_f32(p[i]);
+  return r;
+}
+#endif
+
+#if !defined(LEVEL_AVX512) && !defined(LEVEL_AVX2)  // tails through a zero-padded copy
+static inline V vloadn(const float *p, int64_t n) {
+  float t[W] = {0};
+  memcpy(t, p, n * sizeof(float));
+  return vload(t);
+}
+static inline void vstoren(float *p, V v, int64_t n) {
+  float t[W];
+  vstore(t, v);
+  memcpy(p, t, n * sizeof(float));
+}
+#endif
+#if !defined(LEVEL_AVX512)
+static inline V vload_bf16n(const uint16_t *p, int64_t n) {
+  uint16_t t[W] = {0};
+  memcpy(t, p, n * 2);
+  return vload_bf16(t);
+}
+#endif
+#if !defined(LEVEL_AVX512)
+static inline V vload_i8n(const int8_t *p, int64_t n) {
+  int8_t t[16] = {0};
+  memcpy(t, p, n);
+  return vload_i8(t);
+}
+#endif
+
+static inline void prefetch(const void *p) { __builtin_prefetch(p, 0, 3); }
+
 // ---- the rows of this thread --------------------------------------------------------------------
 static inline void my_rows(int64_t n, int64_t align, int64_t *r0, int64_t *r1) {
   int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -99,232 +367,710 @@ static inline void my_rows(int64_t n, int64_t align, int64_t *r0, int64_t *r1) {
   *r1 = b1 * align < n ? b1 * align : n;
 }
 
-// ---- matrix-vector products over rows [r0, r1): y[r] = W[r] . x ------------------------------------
-// x: fp32 (k); xb: the same rounded to bf16 (read by BF16 weights only)
-// The hardware prefetchers lose track of four short rows read side by side (a row of the default
-// model is 9 to 36 cache lines), so each product asks for the same line of the rows `AHEAD_ROWS`
-// further on: one block of rows runs ahead in memory while this one computes.
-#ifndef AHEAD_ROWS
-#define AHEAD_ROWS 4
-#endif
-static inline void prefetch_rows(const void *row, int64_t row_bytes, int64_t offset) {
-#if defined(__x86_64__)
-  const char *p = (const char *)row + AHEAD_ROWS * row_bytes + offset;
-  for (int i = 0; i < 4; i++) _mm_prefetch(p + i * row_bytes, _MM_HINT_T0);
-#else
-  (void)row, (void)row_bytes, (void)offset;
-#endif
-}
-
-// A tile is one stream, and the prefetchers keep up with it better when asked this far ahead.
-#define AHEAD_TILE_BYTES 2048
-
-#if defined(__AVX512F__)
-static inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
-static inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1); }
-#endif
-
-static void gemv_f32(const struct Mat *m, const float *x, float *y, int64_t r0, int64_t r1) {
-  const float *w = (const float *)m->w;
-  int64_t k = m->k, r = r0;
-#if defined(__AVX512F__)
-  for (; r + 4 <= r1; r += 4) {
-    const float *w0 = w + r * k, *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t j = 0; j < k; j += 16) {
-      __mmask16 mk = tail_mask(k - j);
-      __m512 xv = _mm512_maskz_loadu_ps(mk, x + j);
-      prefetch_rows(w0, 4 * k, 4 * j);
-      a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, w0 + j), xv, a0);
-      a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, w1 + j), xv, a1);
-      a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, w2 + j), xv, a2);
-      a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, w3 + j), xv, a3);
-    }
-    y[r] = hsum(a0), y[r + 1] = hsum(a1), y[r + 2] = hsum(a2), y[r + 3] = hsum(a3);
-  }
-#endif
-  for (; r < r1; r++) {
-    const float *wr = w + r * k;
-    float s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t j = 0; j < k; j++) s += wr[j] * x[j];
-    y[r] = s;
-  }
-}
-
-static void gemv_bf16(const struct Mat *m, const float *x, const uint16_t *xb, float *y, int64_t r0, int64_t r1) {
-  const uint16_t *w = (const uint16_t *)m->w;
-  int64_t k = m->k, r = r0;
-#if defined(__AVX512BF16__)
-  // vdpbf16ps: 32 bf16 products a step, summed in pairs into 16 fp32 lanes
-  for (; r + 4 <= r1; r += 4) {
-    const uint16_t *w0 = w + r * k, *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t j = 0; j < k; j += 32) {
-      __mmask32 mk = k - j >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << (k - j)) - 1);
-      __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mk, xb + j);
-      prefetch_rows(w0, 2 * k, 2 * j);
-      a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_maskz_loadu_epi16(mk, w0 + j), xv);
-      a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_maskz_loadu_epi16(mk, w1 + j), xv);
-      a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_maskz_loadu_epi16(mk, w2 + j), xv);
-      a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_maskz_loadu_epi16(mk, w3 + j), xv);
-    }
-    y[r] = hsum(a0), y[r + 1] = hsum(a1), y[r + 2] = hsum(a2), y[r + 3] = hsum(a3);
-  }
-#elif defined(__AVX512F__)
-  for (; r + 4 <= r1; r += 4) {
-    const uint16_t *w0 = w + r * k, *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t j = 0; j < k; j += 16) {
-      __mmask16 mk = tail_mask(k - j);
-      __m512 xv = _mm512_maskz_loadu_ps(mk, x + j);
-      if ((j & 31) == 0) prefetch_rows(w0, 2 * k, 2 * j);
-#define BF16_ROW(wr) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, (wr) + j)), 16))
-      a0 = _mm512_fmadd_ps(BF16_ROW(w0), xv, a0);
-      a1 = _mm512_fmadd_ps(BF16_ROW(w1), xv, a1);
-      a2 = _mm512_fmadd_ps(BF16_ROW(w2), xv, a2);
-      a3 = _mm512_fmadd_ps(BF16_ROW(w3), xv, a3);
-#undef BF16_ROW
-    }
-    y[r] = hsum(a0), y[r + 1] = hsum(a1), y[r + 2] = hsum(a2), y[r + 3] = hsum(a3);
-  }
-#endif
-  for (; r < r1; r++) {
-    const uint16_t *wr = w + r * k;
-    float s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t j = 0; j < k; j++) s += bf16_to_f32(wr[j]) * bf16_to_f32(xb[j]);
-    y[r] = s;
-  }
-  (void)x;
-}
-
-static void gemv_int8(const struct Mat *m, const float *x, float *y, int64_t r0, int64_t r1) {
-  const int8_t *q = (const int8_t *)m->w;
-  const uint16_t *scale = (const uint16_t *)m->scale;
-  int64_t k = m->k, r = r0;
-#if defined(__AVX512F__)
-  for (; r + 4 <= r1; r += 4) {
-    const int8_t *q0 = q + r * k, *q1 = q0 + k, *q2 = q1 + k, *q3 = q2 + k;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t j = 0; j < k; j += 16) {
-      __mmask16 mk = tail_mask(k - j);
-      __m512 xv = _mm512_maskz_loadu_ps(mk, x + j);
-      if ((j & 63) == 0) prefetch_rows(q0, k, j);
-#define INT8_ROW(qr) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mk, (qr) + j)))
-      a0 = _mm512_fmadd_ps(INT8_ROW(q0), xv, a0);
-      a1 = _mm512_fmadd_ps(INT8_ROW(q1), xv, a1);
-      a2 = _mm512_fmadd_ps(INT8_ROW(q2), xv, a2);
-      a3 = _mm512_fmadd_ps(INT8_ROW(q3), xv, a3);
-#undef INT8_ROW
-    }
-    y[r] = hsum(a0) * bf16_to_f32(scale[r]);
-    y[r + 1] = hsum(a1) * bf16_to_f32(scale[r + 1]);
-    y[r + 2] = hsum(a2) * bf16_to_f32(scale[r + 2]);
-    y[r + 3] = hsum(a3) * bf16_to_f32(scale[r + 3]);
-  }
-#endif
-  for (; r < r1; r++) {
-    const int8_t *qr = q + r * k;
-    float s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t j = 0; j < k; j++) s += (float)qr[j] * x[j];
-    y[r] = s * bf16_to_f32(scale[r]);
-  }
-}
-
-// INT4 in tiles of 16 rows (the C++ format, made by engine/model/quant.py `Int4Linear.cpu_matrix`):
-// tile t holds, for each octet of inputs k = 8j .. 8j + 7, 64 bytes: one little-endian 32-bit word per
-// row i = 0..15 whose nibble at bit 4a + 16b is the code of input 8j + 2a + b; scales and mins are
-// (tiles, groups, 16) fp16. The 16 rows of a tile are the 16 lanes of a vector, and each 16-bit half
-// of a lane one input of a pair: one shift and one logic op turn a word into a bf16 pair, multiplied
-// by a broadcast pair of inputs; no sum across lanes is needed.
-// xb: x rounded to bf16; xsum: the sum of xb over each group (the mins' share)
-static void gemv_int4(const struct Mat *m, const uint16_t *xb, const float *xsum, float *y, int64_t r0, int64_t r1) {
-  const uint8_t *codes = (const uint8_t *)m->w;
-  const uint16_t *scale = (const uint16_t *)m->scale, *mins = (const uint16_t *)m->min;
-  const int64_t k = m->k, groups = k / m->group, octets = m->group / 8, tile_bytes = 16 * k / 2;
-  for (int64_t t = r0 / 16; t * 16 < r1; t++) {
-    const uint8_t *p = codes + t * tile_bytes;
-    const uint16_t *st = scale + t * groups * 16, *mt = mins + t * groups * 16;
-    // the rows of this tile to store: those in [r0, r1) (a range may start or end inside a tile)
-    const int64_t first = r0 > t * 16 ? r0 - t * 16 : 0, end = r1 - t * 16 < 16 ? r1 - t * 16 : 16;
-#if defined(__AVX512BF16__)
-    // code c becomes the bf16 number 128 + c by setting the exponent bits (c | 0x4300): one logic op,
-    // exact; the 128 * sum(x) it adds to each group's sum comes off with the mins' term below
-    const __m512i low4 = _mm512_set1_epi32(0x000F000F), exponent = _mm512_set1_epi32(0x43004300);
-    const __m512 offset = _mm512_set1_ps(128.0f);
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t g = 0; g < groups; g++) {
-      __m512 s0 = _mm512_setzero_ps(), s1 = s0;  // two chains: the products of an octet do not wait on each other
-      const uint32_t *xp = (const uint32_t *)(xb + g * m->group);  // input pairs (k, k + 1)
-      for (int64_t j = 0; j < octets; j++, p += 64, xp += 4) {
-        _mm_prefetch((const char *)p + AHEAD_TILE_BYTES, _MM_HINT_T0);
-        __m512i v = _mm512_loadu_si512(p);  // a dword per row: its 8 inputs, nibble 4a + 16b = input 2a + b
-        __m512i c01 = _mm512_ternarylogic_epi32(v, low4, exponent, 0xEA);  // (v & mask) | 0x4300 per word
-        __m512i c23 = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 4), low4, exponent, 0xEA);
-        __m512i c45 = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 8), low4, exponent, 0xEA);
-        __m512i c67 = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 12), low4, exponent, 0xEA);
-        s0 = _mm512_dpbf16_ps(s0, (__m512bh)c01, (__m512bh)_mm512_set1_epi32((int)xp[0]));
-        s1 = _mm512_dpbf16_ps(s1, (__m512bh)c23, (__m512bh)_mm512_set1_epi32((int)xp[1]));
-        s0 = _mm512_dpbf16_ps(s0, (__m512bh)c45, (__m512bh)_mm512_set1_epi32((int)xp[2]));
-        s1 = _mm512_dpbf16_ps(s1, (__m512bh)c67, (__m512bh)_mm512_set1_epi32((int)xp[3]));
-      }
-      __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(st + g * 16)));
-      __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mt + g * 16)));
-      acc = _mm512_fmadd_ps(_mm512_add_ps(s0, s1), d, acc);
-      acc = _mm512_fmadd_ps(_mm512_fnmadd_ps(offset, d, mn), _mm512_set1_ps(xsum[g]), acc);  // (min - 128 d) sum(x)
-    }
-    _mm512_mask_storeu_ps(y + t * 16, (__mmask16)(((1u << end) - 1) & ~((1u << first) - 1)), acc);
-#else
-    float acc[16] = {0};
-    for (int64_t g = 0; g < groups; g++) {
-      float sum[16] = {0};
-      for (int64_t j = 0; j < octets; j++, p += 64) {
-        const int64_t k0 = g * m->group + 8 * j;
-        float xs[8];
-        for (int a = 0; a < 8; a++) xs[a] = bf16_to_f32(xb[k0 + a]);
-        for (int i = 0; i < 16; i++) {
-          const uint32_t w = (uint32_t)p[4 * i] | (uint32_t)p[4 * i + 1] << 8 | (uint32_t)p[4 * i + 2] << 16 |
-                             (uint32_t)p[4 * i + 3] << 24;
-          float r = 0;
-          for (int a = 0; a < 4; a++)
-            r += (float)((w >> (4 * a)) & 15) * xs[2 * a] + (float)((w >> (16 + 4 * a)) & 15) * xs[2 * a + 1];
-          sum[i] += r;
-        }
-      }
-      for (int i = 0; i < 16; i++)
-        acc[i] += sum[i] * f16_to_f32(st[g * 16 + i]) + f16_to_f32(mt[g * 16 + i]) * xsum[g];
-    }
-    for (int64_t i = first; i < end; i++) y[t * 16 + i] = acc[i];
-#endif
-  }
-}
-
-// per-thread scratch for one product: x rounded to bf16 and the group sums of x
-struct Input {
-  const float *x;
-  uint16_t *xb;
-  float *xsum;
+// ---- a product's input rows, as each format takes them (prepared once per product per thread) ---------
+struct In {
+  const float *x;  // m rows of ld fp32
+  int64_t m, ld;
+  uint16_t *xb;    // the rows rounded to bf16 (row stride ld)
+  int16_t *xq;     // the rows as int16 (or int8) codes per group (row stride ld)
+  float *xsum;     // per row and group: the sum of the inputs as the product takes them (stride ld / 8 + 2)
+  float *xqs;      // per row and group: the scale of xq's codes (stride ld / 8 + 2)
 };
 
-static void prepare(struct Input *in, const struct Mat *m, int64_t k) {
-  if (m->fmt == BF16 || m->fmt == INT4)
-    for (int64_t j = 0; j < k; j++) in->xb[j] = f32_to_bf16(in->x[j]);
-  if (m->fmt == INT4)  // the sums of what the products multiply: x as rounded to bf16
-    for (int64_t g = 0; g < k / m->group; g++) {
-      float s = 0;
-      for (int64_t j = g * m->group; j < (g + 1) * m->group; j++) s += bf16_to_f32(in->xb[j]);
-      in->xsum[g] = s;
-    }
+static inline int64_t sums_ld(int64_t ld) { return ld / 8 + 2; }
+
+// How each format takes its input rows at this level (the tests round their reference the same way)
+static int input_rounding(int64_t fmt) {
+  switch (fmt) {
+    case BF16:
+#if defined(HAVE_BF16_DOT)
+      return X_BF16;
+#else
+      return X_EXACT;
+#endif
+    case INT8:
+#if defined(HAVE_SDOT)
+      return X_INT8;
+#else
+      return X_EXACT;
+#endif
+    case INT4:
+#if defined(HAVE_BF16_DOT)
+      return X_BF16;
+#elif defined(LEVEL_AVX512) || defined(LEVEL_AVX2)
+      return X_INT16;
+#elif defined(HAVE_SDOT)
+      return X_INT8;
+#else
+      return X_BF16;
+#endif
+    default:
+      return X_EXACT;
+  }
 }
 
-static void gemv(const struct Mat *m, const struct Input *in, float *y, int64_t r0, int64_t r1) {
-  switch (m->fmt) {
-    case F32: gemv_f32(m, in->x, y, r0, r1); break;
-    case BF16: gemv_bf16(m, in->x, in->xb, y, r0, r1); break;
-    case INT8: gemv_int8(m, in->x, y, r0, r1); break;
-    default: gemv_int4(m, in->xb, in->xsum, y, r0, r1); break;
+// xq: one code per input (int16: |code| <= 32767, int8 packed two to an int16 slot: |code| <= 127)
+// with one scale per group of `group` inputs; xsum: the group's sum of the exact inputs
+static void quantise_groups(const float *x, int64_t k, int64_t group, int bits, int16_t *xq, float *xqs, float *xsum) {
+  const float top = bits == 16 ? 32767.0f : 127.0f;
+  for (int64_t g = 0; g * group < k; g++) {
+    const int64_t j0 = g * group, j1 = j0 + group < k ? j0 + group : k;
+    float mx = 0, s = 0;
+    for (int64_t j = j0; j < j1; j++) {
+      float a = fabsf(x[j]);
+      mx = a > mx ? a : mx;
+      s += x[j];
+    }
+    const float scale = mx / top, inv = mx > 0 ? top / mx : 0.0f;
+    xqs[g] = scale;
+    xsum[g] = s;
+    if (bits == 16)
+      for (int64_t j = j0; j < j1; j++) xq[j] = (int16_t)lrintf(x[j] * inv);
+    else
+      for (int64_t j = j0; j < j1; j++) ((int8_t *)xq)[j] = (int8_t)lrintf(x[j] * inv);
+  }
+}
+
+static void prepare(struct In *in, const struct Mat *m) {
+  const int rounding = input_rounding(m->fmt);
+  const int64_t k = m->k, ls = sums_ld(in->ld);
+  for (int64_t r = 0; r < in->m; r++) {
+    const float *x = in->x + r * in->ld;
+    if (rounding == X_BF16) {
+      uint16_t *xb = in->xb + r * in->ld;
+      for (int64_t j = 0; j < k; j++) xb[j] = f32_to_bf16(x[j]);
+      if (m->fmt == INT4)  // the sums of what the products multiply: x as rounded to bf16
+        for (int64_t g = 0; g < k / m->group; g++) {
+          float s = 0;
+          for (int64_t j = g * m->group; j < (g + 1) * m->group; j++) s += bf16_to_f32(xb[j]);
+          in->xsum[r * ls + g] = s;
+        }
+    } else if (rounding == X_INT16) {
+      quantise_groups(x, k, m->group, 16, in->xq + r * in->ld, in->xqs + r * ls, in->xsum + r * ls);
+    } else if (rounding == X_INT8) {
+      quantise_groups(x, k, m->fmt == INT4 ? m->group : 32, 8, in->xq + r * in->ld, in->xqs + r * ls, in->xsum + r * ls);
+    }
+  }
+}
+
+// ---- floating-point and int8 rows: R weight rows against G token rows, one FMA chain per output --------
+#define R 4           // weight rows a block reads side by side
+// The hardware prefetchers lose track of four short rows read side by side, so each block asks for
+// the same columns of the rows at least AHEAD_BYTES further on (a multiple of four rows: 4 rows of
+// fp32 at K = 576, 16 of int8), one block running ahead in memory while this one computes.
+#define AHEAD_BYTES 8192
+static inline int64_t ahead_rows(int64_t row_bytes) {
+  const int64_t blocks = (AHEAD_BYTES + R * row_bytes - 1) / (R * row_bytes);
+  return blocks < 1 ? R : blocks * R;
+}
+#if defined(LEVEL_AVX512) || defined(LEVEL_NEON)
+#define G_MAX 4  // token rows per pass: 16 accumulators (of 32 vector registers)
+#elif defined(LEVEL_AVX2)
+#define G_MAX 2  // of 16
+#else
+#define G_MAX 1
+#endif
+
+// the weight rows of a block as fp32 vectors: each format's loader (exact conversions)
+struct F32Rows {
+  const float *p[R];
+  enum { BYTES = 4 };
+  V load(int i, int64_t j) const { return vload(p[i] + j); }
+  V loadn(int i, int64_t j, int64_t n) const { return vloadn(p[i] + j, n); }
+};
+struct BF16Rows {
+  const uint16_t *p[R];
+  enum { BYTES = 2 };
+  V load(int i, int64_t j) const { return vload_bf16(p[i] + j); }
+  V loadn(int i, int64_t j, int64_t n) const { return vload_bf16n(p[i] + j, n); }
+};
+struct I8Rows {
+  const int8_t *p[R];
+  enum { BYTES = 1 };
+  V load(int i, int64_t j) const { return vload_i8(p[i] + j); }
+  V loadn(int i, int64_t j, int64_t n) const { return vload_i8n(p[i] + j, n); }
+};
+
+// out[g * R + i] = sum_j w[i][j] x[g][j] for RR rows and G token rows (x rows ldx apart);
+// `ahead`: row 0 of the block ahead_rows() on in the matrix, to prefetch (null: no prefetch)
+template <int G, int RR, class Rows>
+static inline void block_fma(const Rows &w, const float *x, int64_t ldx, int64_t k, float *out, const char *ahead,
+                             int64_t row_bytes) {
+  V acc[G][RR];
+  for (int g = 0; g < G; g++)
+    for (int i = 0; i < RR; i++) acc[g][i] = vzero();
+  int64_t j = 0;
+  for (; j + W <= k; j += W) {
+    if (ahead && ((j * Rows::BYTES) & 63) == 0)
+      for (int i = 0; i < RR; i++) prefetch(ahead + i * row_bytes + j * Rows::BYTES);
+    V wv[RR];
+    for (int i = 0; i < RR; i++) wv[i] = w.load(i, j);
+    for (int g = 0; g < G; g++) {
+      const V xv = vload(x + g * ldx + j);
+      for (int i = 0; i < RR; i++) acc[g][i] = vfma(wv[i], xv, acc[g][i]);
+    }
+  }
+  if (j < k) {
+    V wv[RR];
+    for (int i = 0; i < RR; i++) wv[i] = w.loadn(i, j, k - j);
+    for (int g = 0; g < G; g++) {
+      const V xv = vloadn(x + g * ldx + j, k - j);
+      for (int i = 0; i < RR; i++) acc[g][i] = vfma(wv[i], xv, acc[g][i]);
+    }
+  }
+  for (int g = 0; g < G; g++)
+    for (int i = 0; i < RR; i++) out[g * R + i] = vhsum(acc[g][i]);
+}
+
+template <int RR, class Rows>
+static inline void block_fma_rows(const Rows &w, const float *x, int64_t ldx, int64_t k, int64_t g_rows, float *out,
+                                  const char *ahead, int64_t row_bytes) {
+  switch (g_rows) {  // G_MAX >= every case taken
+#if G_MAX >= 4
+    case 4: block_fma<4, RR>(w, x, ldx, k, out, ahead, row_bytes); break;
+    case 3: block_fma<3, RR>(w, x, ldx, k, out, ahead, row_bytes); break;
+#endif
+#if G_MAX >= 2
+    case 2: block_fma<2, RR>(w, x, ldx, k, out, ahead, row_bytes); break;
+#endif
+    default: block_fma<1, RR>(w, x, ldx, k, out, ahead, row_bytes); break;
+  }
+}
+
+// A block of RR weight rows against every token row. One pass when the rows fit the registers;
+// otherwise a format that converts (bf16, int8) is converted once into `wbuf` (fp32, in L1/L2) and the
+// passes read that, and fp32 rows are re-read from cache: the same values in the same order either way.
+template <int RR, class Rows>
+static void rows_times_tokens(const Rows &w, const struct In *in, int64_t k, float *out, float *wbuf,
+                              const char *ahead, int64_t row_bytes) {
+  const int64_t m = in->m;
+  if (m <= G_MAX) {
+    block_fma_rows<RR>(w, in->x, in->ld, k, m, out, ahead, row_bytes);
+    return;
+  }
+  const int64_t ldb = (k + W - 1) / W * W;
+  F32Rows fb;
+  if (Rows::BYTES == 4) {
+    for (int i = 0; i < R; i++) fb.p[i] = (const float *)w.p[i < RR ? i : 0];
+  } else {
+    int64_t j = 0;
+    for (; j + W <= k; j += W) {
+      if (ahead && ((j * Rows::BYTES) & 63) == 0)
+        for (int i = 0; i < RR; i++) prefetch(ahead + i * row_bytes + j * Rows::BYTES);
+      for (int i = 0; i < RR; i++) vstore(wbuf + i * ldb + j, w.load(i, j));
+    }
+    if (j < k)
+      for (int i = 0; i < RR; i++) vstore(wbuf + i * ldb + j, w.loadn(i, j, k - j));
+    for (int i = 0; i < R; i++) fb.p[i] = wbuf + (i < RR ? i : 0) * ldb;
+  }
+  for (int64_t m0 = 0; m0 < m; m0 += G_MAX) {
+    const int64_t g_rows = m - m0 < G_MAX ? m - m0 : G_MAX;
+    // only the first pass streams from memory (and converts): that one prefetches
+    block_fma_rows<RR>(fb, in->x + m0 * in->ld, in->ld, k, g_rows, out + m0 * R,
+                       m0 == 0 && Rows::BYTES == 4 ? ahead : NULL, row_bytes);
+  }
+}
+
+// y[t * ldy + r] = scale(r) * W[r] . x[t] for rows [r0, r1) and every token row t
+template <class Rows, class MakeRows>
+static void gemm_rows(const struct Mat *mt, const struct In *in, float *y, int64_t ldy, int64_t r0, int64_t r1,
+                      float *wbuf, MakeRows make) {
+  const int64_t k = mt->k, row_bytes = k * Rows::BYTES;
+  float out[MAX_ROWS * R];
+  const uint16_t *scale = mt->fmt == INT8 ? (const uint16_t *)mt->scale : NULL;
+  for (int64_t r = r0; r < r1;) {
+    const int rr = r + R <= r1 ? R : 1;
+    const Rows w = make(r);
+    const char *ahead = (const char *)mt->w + (r + ahead_rows(row_bytes)) * row_bytes;
+    if (rr == R)
+      rows_times_tokens<R>(w, in, k, out, wbuf, ahead, row_bytes);
+    else
+      rows_times_tokens<1>(w, in, k, out, wbuf, NULL, row_bytes);
+    for (int64_t t = 0; t < in->m; t++)
+      for (int i = 0; i < rr; i++)
+        y[t * ldy + r + i] = scale ? out[t * R + i] * bf16_to_f32(scale[r + i]) : out[t * R + i];
+    r += rr;
+  }
+}
+
+#if defined(HAVE_BF16_DOT)
+// bf16 weights against the token rows rounded to bf16, two products a lane per instruction
+#if defined(LEVEL_AVX512)
+#define DOT_STEP 32
+typedef __m512 DotAcc;
+static inline DotAcc dot_zero(void) { return _mm512_setzero_ps(); }
+static inline DotAcc dot_step(DotAcc a, const uint16_t *w, const uint16_t *x) {
+  return _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(w), (__m512bh)_mm512_loadu_si512(x));
+}
+static inline DotAcc dot_stepn(DotAcc a, const uint16_t *w, const uint16_t *x, int64_t n) {
+  const __mmask32 mk = (__mmask32)((1ull << n) - 1);
+  return _mm512_dpbf16_ps(a, (__m512bh)_mm512_maskz_loadu_epi16(mk, w), (__m512bh)_mm512_maskz_loadu_epi16(mk, x));
+}
+static inline float dot_sum(DotAcc a) { return _mm512_reduce_add_ps(a); }
+#else
+#define DOT_STEP 8
+typedef float32x4_t DotAcc;
+static inline DotAcc dot_zero(void) { return vdupq_n_f32(0.0f); }
+static inline DotAcc dot_step(DotAcc a, const uint16_t *w, const uint16_t *x) {
+  return vbfdotq_f32(a, vreinterpretq_bf16_u16(vld1q_u16(w)), vreinterpretq_bf16_u16(vld1q_u16(x)));
+}
+static inline DotAcc dot_stepn(DotAcc a, const uint16_t *w, const uint16_t *x, int64_t n) {
+  uint16_t tw[8] = {0}, tx[8] = {0};
+  memcpy(tw, w, n * 2);
+  memcpy(tx, x, n * 2);
+  return dot_step(a, tw, tx);
+}
+static inline float dot_sum(DotAcc a) { return vaddvq_f32(a); }
+#endif
+
+template <int G, int RR>
+static inline void block_bf16dot(const uint16_t *const *w, const uint16_t *xb, int64_t ldx, int64_t k, float *out,
+                                 const char *ahead, int64_t row_bytes) {
+  DotAcc acc[G][RR];
+  for (int g = 0; g < G; g++)
+    for (int i = 0; i < RR; i++) acc[g][i] = dot_zero();
+  int64_t j = 0;
+  for (; j + DOT_STEP <= k; j += DOT_STEP) {
+    if (ahead && ((j * 2) & 63) == 0)
+      for (int i = 0; i < RR; i++) prefetch(ahead + i * row_bytes + 2 * j);
+    for (int g = 0; g < G; g++)
+      for (int i = 0; i < RR; i++) acc[g][i] = dot_step(acc[g][i], w[i] + j, xb + g * ldx + j);
+  }
+  if (j < k)
+    for (int g = 0; g < G; g++)
+      for (int i = 0; i < RR; i++) acc[g][i] = dot_stepn(acc[g][i], w[i] + j, xb + g * ldx + j, k - j);
+  for (int g = 0; g < G; g++)
+    for (int i = 0; i < RR; i++) out[g * R + i] = dot_sum(acc[g][i]);
+}
+
+template <int RR>
+static inline void bf16dot_rows(const uint16_t *const *w, const uint16_t *xb, int64_t ldx, int64_t k, int64_t g_rows,
+                                float *out, const char *ahead, int64_t row_bytes) {
+  switch (g_rows) {
+#if G_MAX >= 4
+    case 4: block_bf16dot<4, RR>(w, xb, ldx, k, out, ahead, row_bytes); break;
+    case 3: block_bf16dot<3, RR>(w, xb, ldx, k, out, ahead, row_bytes); break;
+#endif
+#if G_MAX >= 2
+    case 2: block_bf16dot<2, RR>(w, xb, ldx, k, out, ahead, row_bytes); break;
+#endif
+    default: block_bf16dot<1, RR>(w, xb, ldx, k, out, ahead, row_bytes); break;
+  }
+}
+
+static void gemm_bf16dot(const struct Mat *mt, const struct In *in, float *y, int64_t ldy, int64_t r0, int64_t r1) {
+  const int64_t k = mt->k;
+  const uint16_t *base = (const uint16_t *)mt->w;
+  float out[MAX_ROWS * R];
+  for (int64_t r = r0; r < r1;) {
+    const int rr = r + R <= r1 ? R : 1;
+    const uint16_t *w[R];
+    for (int i = 0; i < R; i++) w[i] = base + (r + (i < rr ? i : 0)) * k;
+    for (int64_t m0 = 0; m0 < in->m; m0 += G_MAX) {  // later passes read the rows from L1/L2
+      const int64_t g_rows = in->m - m0 < G_MAX ? in->m - m0 : G_MAX;
+      const uint16_t *xb = in->xb + m0 * in->ld;
+      const char *ahead = m0 == 0 ? (const char *)(base + (r + ahead_rows(2 * k)) * k) : NULL;
+      if (rr == R)
+        bf16dot_rows<R>(w, xb, in->ld, k, g_rows, out + m0 * R, ahead, 2 * k);
+      else
+        bf16dot_rows<1>(w, xb, in->ld, k, g_rows, out + m0 * R, NULL, 2 * k);
+    }
+    for (int64_t t = 0; t < in->m; t++)
+      for (int i = 0; i < rr; i++) y[t * ldy + r + i] = out[t * R + i];
+    r += rr;
+  }
+}
+#endif
+
+#if defined(HAVE_SDOT)
+// int8 weights against token rows quantised to int8 per block of 32 (SDOT: four products a lane)
+static inline float sdot_row(const int8_t *q, const int8_t *xq, const float *xqs, int64_t k) {
+  float32x4_t acc = vdupq_n_f32(0.0f);
+  int64_t j = 0, b = 0;
+  for (; j + 32 <= k; j += 32, b++) {
+    int32x4_t s = vdotq_s32(vdupq_n_s32(0), vld1q_s8(q + j), vld1q_s8(xq + j));
+    s = vdotq_s32(s, vld1q_s8(q + j + 16), vld1q_s8(xq + j + 16));
+    acc = vfmaq_f32(acc, vcvtq_f32_s32(s), vdupq_n_f32(xqs[b]));
+  }
+  if (j < k) {
+    int8_t tq[32] = {0}, tx[32] = {0};
+    memcpy(tq, q + j, k - j);
+    memcpy(tx, xq + j, k - j);
+    int32x4_t s = vdotq_s32(vdupq_n_s32(0), vld1q_s8(tq), vld1q_s8(tx));
+    s = vdotq_s32(s, vld1q_s8(tq + 16), vld1q_s8(tx + 16));
+    acc = vfmaq_f32(acc, vcvtq_f32_s32(s), vdupq_n_f32(xqs[b]));
+  }
+  return vaddvq_f32(acc);
+}
+
+static void gemm_int8_sdot(const struct Mat *mt, const struct In *in, float *y, int64_t ldy, int64_t r0, int64_t r1) {
+  const int64_t k = mt->k, ls = sums_ld(in->ld);
+  const int8_t *q = (const int8_t *)mt->w;
+  const uint16_t *scale = (const uint16_t *)mt->scale;
+  for (int64_t r = r0; r < r1; r++) {  // the row (k bytes) stays in L1 across the token rows
+    prefetch(q + (r + ahead_rows(k)) * k);
+    for (int64_t t = 0; t < in->m; t++)
+      y[t * ldy + r] = sdot_row(q + r * k, (const int8_t *)(in->xq + t * in->ld), in->xqs + t * ls, k) *
+                       bf16_to_f32(scale[r]);
+  }
+}
+#endif
+
+// ---- INT4 tiles: the 16 rows of a tile are vector lanes; each token row keeps 16 accumulators ----------
+// Per group of inputs: sum = sum_j code[j] x[j] over the group (each level its own way), then
+// acc += sum * scale + min * xsum. `acc` is (m, 16) fp32.
+#define INT4_G 4  // token rows per pass over a group's codes
+
+#if defined(LEVEL_AVX512) && defined(HAVE_BF16_DOT)
+// code c becomes the bf16 number 128 + c by setting the exponent bits (c | 0x4300): one logic op,
+// exact; the 128 * sum(x) it adds to each group's sum comes off with the mins' term. Two chains per
+// token row: the products of an octet do not wait on each other.
+template <int G>
+static inline void int4_group(const uint8_t *p, int64_t octets, const struct In *in, int64_t t0, int64_t g,
+                              int64_t group, const uint16_t *st, const uint16_t *mt, float *acc, const __m512i *unpacked) {
+  const __m512i low4 = _mm512_set1_epi32(0x000F000F), exponent = _mm512_set1_epi32(0x43004300);
+  __m512 s0[G], s1[G];
+  for (int r = 0; r < G; r++) s0[r] = s1[r] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < octets; j++) {
+    __m512i c[4];
+    if (unpacked) {
+      for (int a = 0; a < 4; a++) c[a] = unpacked[4 * j + a];
+    } else {
+      const __m512i v = _mm512_loadu_si512(p + 64 * j);
+      prefetch(p + 64 * j + 2048);
+      c[0] = _mm512_ternarylogic_epi32(v, low4, exponent, 0xEA);  // (v & mask) | 0x4300 per word
+      c[1] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 4), low4, exponent, 0xEA);
+      c[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 8), low4, exponent, 0xEA);
+      c[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 12), low4, exponent, 0xEA);
+    }
+    for (int r = 0; r < G; r++) {
+      const uint32_t *xp = (const uint32_t *)(in->xb + (t0 + r) * in->ld + g * group) + 4 * j;  // input pairs
+      s0[r] = _mm512_dpbf16_ps(s0[r], (__m512bh)c[0], (__m512bh)_mm512_set1_epi32((int)xp[0]));
+      s1[r] = _mm512_dpbf16_ps(s1[r], (__m512bh)c[1], (__m512bh)_mm512_set1_epi32((int)xp[1]));
+      s0[r] = _mm512_dpbf16_ps(s0[r], (__m512bh)c[2], (__m512bh)_mm512_set1_epi32((int)xp[2]));
+      s1[r] = _mm512_dpbf16_ps(s1[r], (__m512bh)c[3], (__m512bh)_mm512_set1_epi32((int)xp[3]));
+    }
+  }
+  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(st + g * 16)));
+  const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mt + g * 16)));
+  const __m512 corr = _mm512_fnmadd_ps(_mm512_set1_ps(128.0f), d, mn);  // min - 128 scale
+  const int64_t ls = sums_ld(in->ld);
+  for (int r = 0; r < G; r++) {
+    __m512 a = _mm512_loadu_ps(acc + (t0 + r) * 16);
+    a = _mm512_fmadd_ps(_mm512_add_ps(s0[r], s1[r]), d, a);
+    a = _mm512_fmadd_ps(corr, _mm512_set1_ps(in->xsum[(t0 + r) * ls + g]), a);
+    _mm512_storeu_ps(acc + (t0 + r) * 16, a);
+  }
+}
+
+static inline void int4_unpack(const uint8_t *p, int64_t octets, __m512i *out) {
+  const __m512i low4 = _mm512_set1_epi32(0x000F000F), exponent = _mm512_set1_epi32(0x43004300);
+  for (int64_t j = 0; j < octets; j++) {
+    const __m512i v = _mm512_loadu_si512(p + 64 * j);
+    out[4 * j] = _mm512_ternarylogic_epi32(v, low4, exponent, 0xEA);
+    out[4 * j + 1] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 4), low4, exponent, 0xEA);
+    out[4 * j + 2] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 8), low4, exponent, 0xEA);
+    out[4 * j + 3] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 12), low4, exponent, 0xEA);
+  }
+}
+typedef __m512i Unpacked;
+#define UNPACKED_PER_OCTET 4
+
+#elif defined(LEVEL_AVX512) || defined(LEVEL_AVX2)
+// The words' nibble pairs (input 2a, input 2a + 1) masked into the two int16 halves of each lane and
+// multiplied by the token row's int16 codes of the same pair (vpmaddwd): exact integer sums per
+// group, scaled once. Eight rows a 256-bit vector, two per tile.
+template <int G>
+static inline void int4_group(const uint8_t *p, int64_t octets, const struct In *in, int64_t t0, int64_t g,
+                              int64_t group, const uint16_t *st, const uint16_t *mt, float *acc, const __m256i *unpacked) {
+  const __m256i low4 = _mm256_set1_epi32(0x000F000F);
+  __m256i s[G][2];
+  for (int r = 0; r < G; r++) s[r][0] = s[r][1] = _mm256_setzero_si256();
+  for (int64_t j = 0; j < octets; j++) {
+    for (int h = 0; h < 2; h++) {
+      __m256i c[4];
+      if (unpacked) {
+        for (int a = 0; a < 4; a++) c[a] = unpacked[8 * j + 4 * h + a];
+      } else {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 64 * j + 32 * h));
+        if (h == 0) prefetch(p + 64 * j + 2048);
+        c[0] = _mm256_and_si256(v, low4);
+        c[1] = _mm256_and_si256(_mm256_srli_epi32(v, 4), low4);
+        c[2] = _mm256_and_si256(_mm256_srli_epi32(v, 8), low4);
+        c[3] = _mm256_and_si256(_mm256_srli_epi32(v, 12), low4);
+      }
+      for (int r = 0; r < G; r++) {
+        const int32_t *xp = (const int32_t *)(in->xq + (t0 + r) * in->ld + g * group) + 4 * j;  // int16 pairs
+        __m256i a0 = _mm256_madd_epi16(c[0], _mm256_set1_epi32(xp[0]));
+        __m256i a1 = _mm256_madd_epi16(c[1], _mm256_set1_epi32(xp[1]));
+        a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(c[2], _mm256_set1_epi32(xp[2])));
+        a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(c[3], _mm256_set1_epi32(xp[3])));
+        s[r][h] = _mm256_add_epi32(s[r][h], _mm256_add_epi32(a0, a1));
+      }
+    }
+  }
+  const int64_t ls = sums_ld(in->ld);
+  for (int h = 0; h < 2; h++) {
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(st + g * 16 + 8 * h)));
+    const __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mt + g * 16 + 8 * h)));
+    for (int r = 0; r < G; r++) {
+      float *ap = acc + (t0 + r) * 16 + 8 * h;
+      const __m256 dx = _mm256_mul_ps(d, _mm256_set1_ps(in->xqs[(t0 + r) * ls + g]));
+      __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r][h]), dx, _mm256_loadu_ps(ap));
+      _mm256_storeu_ps(ap, _mm256_fmadd_ps(mn, _mm256_set1_ps(in->xsum[(t0 + r) * ls + g]), a));
+    }
+  }
+}
+
+static inline void int4_unpack(const uint8_t *p, int64_t octets, __m256i *out) {
+  const __m256i low4 = _mm256_set1_epi32(0x000F000F);
+  for (int64_t j = 0; j < octets; j++)
+    for (int h = 0; h < 2; h++) {
+      const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 64 * j + 32 * h));
+      for (int a = 0; a < 4; a++) out[8 * j + 4 * h + a] = _mm256_and_si256(_mm256_srli_epi32(v, 4 * a), low4);
+    }
+}
+typedef __m256i Unpacked;
+#define UNPACKED_PER_OCTET 8
+
+#elif defined(LEVEL_NEON) && defined(HAVE_BF16_DOT)
+// as AVX-512's: code c as the bf16 number 128 + c (one AND and one OR), BFDOT with input pairs;
+// four rows a vector, four vectors a tile
+template <int G>
+static inline void int4_group(const uint8_t *p, int64_t octets, const struct In *in, int64_t t0, int64_t g,
+                              int64_t group, const uint16_t *st, const uint16_t *mt, float *acc, const uint32x4_t *unpacked) {
+  const uint32x4_t low4 = vdupq_n_u32(0x000F000F), exponent = vdupq_n_u32(0x43004300);
+  float32x4_t s[G][4];
+  for (int r = 0; r < G; r++)
+    for (int q = 0; q < 4; q++) s[r][q] = vdupq_n_f32(0.0f);
+  for (int64_t j = 0; j < octets; j++)
+    for (int q = 0; q < 4; q++) {
+      uint32x4_t c[4];
+      if (unpacked) {
+        for (int a = 0; a < 4; a++) c[a] = unpacked[16 * j + 4 * q + a];
+      } else {
+        const uint32x4_t v = vld1q_u32((const uint32_t *)(p + 64 * j + 16 * q));
+        c[0] = vorrq_u32(vandq_u32(v, low4), exponent);
+        c[1] = vorrq_u32(vandq_u32(vshrq_n_u32(v, 4), low4), exponent);
+        c[2] = vorrq_u32(vandq_u32(vshrq_n_u32(v, 8), low4), exponent);
+        c[3] = vorrq_u32(vandq_u32(vshrq_n_u32(v, 12), low4), exponent);
+      }
+      for (int r = 0; r < G; r++) {
+        const uint32_t *xp = (const uint32_t *)(in->xb + (t0 + r) * in->ld + g * group) + 4 * j;
+        for (int a = 0; a < 4; a++)
+          s[r][q] = vbfdotq_f32(s[r][q], vreinterpretq_bf16_u32(c[a]), vreinterpretq_bf16_u32(vdupq_n_u32(xp[a])));
+      }
+    }
+  const int64_t ls = sums_ld(in->ld);
+  for (int q = 0; q < 4; q++) {
+    const float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(st + g * 16 + 4 * q)));
+    const float32x4_t mn = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(mt + g * 16 + 4 * q)));
+    const float32x4_t corr = vfmsq_f32(mn, vdupq_n_f32(128.0f), d);
+    for (int r = 0; r < G; r++) {
+      float *ap = acc + (t0 + r) * 16 + 4 * q;
+      float32x4_t a = vfmaq_f32(vld1q_f32(ap), s[r][q], d);
+      vst1q_f32(ap, vfmaq_f32(a, corr, vdupq_n_f32(in->xsum[(t0 + r) * ls + g])));
+    }
+  }
+}
+
+static inline void int4_unpack(const uint8_t *p, int64_t octets, uint32x4_t *out) {
+  const uint32x4_t low4 = vdupq_n_u32(0x000F000F), exponent = vdupq_n_u32(0x43004300);
+  for (int64_t j = 0; j < octets; j++)
+    for (int q = 0; q < 4; q++) {
+      const uint32x4_t v = vld1q_u32((const uint32_t *)(p + 64 * j + 16 * q));
+      out[16 * j + 4 * q] = vorrq_u32(vandq_u32(v, low4), exponent);
+      out[16 * j + 4 * q + 1] = vorrq_u32(vandq_u32(vshrq_n_u32(v, 4), low4), exponent);
+      out[16 * j + 4 * q + 2] = vorrq_u32(vandq_u32(vshrq_n_u32(v, 8), low4), exponent);
+      out[16 * j + 4 * q + 3] = vorrq_u32(vandq_u32(vshrq_n_u32(v, 12), low4), exponent);
+    }
+}
+typedef uint32x4_t Unpacked;
+#define UNPACKED_PER_OCTET 16
+
+#elif defined(LEVEL_NEON) && defined(HAVE_SDOT)
+// SDOT: each row's word split into its low nibbles (inputs 0, 4, 1, 5 in bytes 0..3) and high
+// nibbles (inputs 2, 6, 3, 7), against the token row's int8 codes in that order
+template <int G>
+static inline void int4_group(const uint8_t *p, int64_t octets, const struct In *in, int64_t t0, int64_t g,
+                              int64_t group, const uint16_t *st, const uint16_t *mt, float *acc, const int8x16_t *unpacked) {
+  const uint8x16_t low4 = vdupq_n_u8(0x0F);
+  int32x4_t s[G][4];
+  for (int r = 0; r < G; r++)
+    for (int q = 0; q < 4; q++) s[r][q] = vdupq_n_s32(0);
+  for (int64_t j = 0; j < octets; j++) {
+    for (int r = 0; r < G; r++) {
+      const int8_t *x = (const int8_t *)(in->xq + (t0 + r) * in->ld) + g * group + 8 * j;
+      const int8_t lo[4] = {x[0], x[4], x[1], x[5]}, hi[4] = {x[2], x[6], x[3], x[7]};
+      const int8x16_t xl = vreinterpretq_s8_u32(vdupq_n_u32(load_u32(lo)));
+      const int8x16_t xh = vreinterpretq_s8_u32(vdupq_n_u32(load_u32(hi)));
+      for (int q = 0; q < 4; q++) {
+        int8x16_t cl, ch;
+        if (unpacked) {
+          cl = unpacked[8 * j + 2 * q], ch = unpacked[8 * j + 2 * q + 1];
+        } else {
+          const uint8x16_t v = vld1q_u8(p + 64 * j + 16 * q);
+          cl = vreinterpretq_s8_u8(vandq_u8(v, low4));
+          ch = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+        }
+        s[r][q] = vdotq_s32(vdotq_s32(s[r][q], cl, xl), ch, xh);
+      }
+    }
+  }
+  const int64_t ls = sums_ld(in->ld);
+  for (int q = 0; q < 4; q++) {
+    const float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(st + g * 16 + 4 * q)));
+    const float32x4_t mn = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(mt + g * 16 + 4 * q)));
+    for (int r = 0; r < G; r++) {
+      float *ap = acc + (t0 + r) * 16 + 4 * q;
+      const float32x4_t dx = vmulq_f32(d, vdupq_n_f32(in->xqs[(t0 + r) * ls + g]));
+      float32x4_t a = vfmaq_f32(vld1q_f32(ap), vcvtq_f32_s32(s[r][q]), dx);
+      vst1q_f32(ap, vfmaq_f32(a, mn, vdupq_n_f32(in->xsum[(t0 + r) * ls + g])));
+    }
+  }
+}
+
+static inline void int4_unpack(const uint8_t *p, int64_t octets, int8x16_t *out) {
+  for (int64_t j = 0; j < octets; j++)
+    for (int q = 0; q < 4; q++) {
+      const uint8x16_t v = vld1q_u8(p + 64 * j + 16 * q);
+      out[8 * j + 2 * q] = vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0F)));
+      out[8 * j + 2 * q + 1] = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+    }
+}
+typedef int8x16_t Unpacked;
+#define UNPACKED_PER_OCTET 8
+
+#else
+// the generic version (scalar, and NEON without BF16 or DOTPROD): codes as fp32 times the inputs
+// rounded to bf16, W rows a vector
+static inline V int4_codes(const uint8_t *p, int shift) {  // the code at `shift` of W consecutive rows' words
+#if defined(LEVEL_NEON)
+  return vcvtq_f32_u32(vandq_u32(vshlq_u32(vld1q_u32((const uint32_t *)p), vdupq_n_s32(-shift)), vdupq_n_u32(15)));
+#else
+  V r;
+  for (int i = 0; i < W; i++) r.v[i] = (float)((load_u32(p + 4 * i) >> shift) & 15);
+  return r;
+#endif
+}
+
+template <int G>
+static inline void int4_group(const uint8_t *p, int64_t octets, const struct In *in, int64_t t0, int64_t g,
+                              int64_t group, const uint16_t *st, const uint16_t *mt, float *acc, const V *unpacked) {
+  enum { Q = 16 / W };
+  V s[G][Q];
+  for (int r = 0; r < G; r++)
+    for (int q = 0; q < Q; q++) s[r][q] = vzero();
+  for (int64_t j = 0; j < octets; j++)
+    for (int q = 0; q < Q; q++)
+      for (int e = 0; e < 8; e++) {  // input 8j + e: nibble 4 (e / 2) + 16 (e % 2)
+        const V c = unpacked ? unpacked[(j * Q + q) * 8 + e] : int4_codes(p + 64 * j + 4 * W * q, 4 * (e / 2) + 16 * (e % 2));
+        for (int r = 0; r < G; r++)
+          s[r][q] = vfma(c, vset1(bf16_to_f32(in->xb[(t0 + r) * in->ld + g * group + 8 * j + e])), s[r][q]);
+      }
+  const int64_t ls = sums_ld(in->ld);
+  for (int q = 0; q < Q; q++) {
+    const V d = vload_f16(st + g * 16 + W * q), mn = vload_f16(mt + g * 16 + W * q);
+    for (int r = 0; r < G; r++) {
+      float *ap = acc + (t0 + r) * 16 + W * q;
+      V a = vfma(s[r][q], d, vload(ap));
+      vstore(ap, vfma(mn, vset1(in->xsum[(t0 + r) * ls + g]), a));
+    }
+  }
+}
+
+static inline void int4_unpack(const uint8_t *p, int64_t octets, V *out) {
+  enum { Q = 16 / W };
+  for (int64_t j = 0; j < octets; j++)
+    for (int q = 0; q < Q; q++)
+      for (int e = 0; e < 8; e++) out[(j * Q + q) * 8 + e] = int4_codes(p + 64 * j + 4 * W * q, 4 * (e / 2) + 16 * (e % 2));
+}
+typedef V Unpacked;
+#define UNPACKED_PER_OCTET (8 * 16 / W)
+#endif
+
+template <int G>
+static inline void int4_pass(const uint8_t *p, int64_t octets, const struct In *in, int64_t t0, int64_t g,
+                             int64_t group, const uint16_t *st, const uint16_t *mt, float *acc, const Unpacked *u) {
+  int4_group<G>(p, octets, in, t0, g, group, st, mt, acc, u);
+}
+
+// `unpacked`: room for a group's codes unpacked (octets * UNPACKED_PER_OCTET vectors): with more token
+// rows than one pass takes, each group of a tile is unpacked once and every pass reads it from L1
+static void gemm_int4(const struct Mat *mt, const struct In *in, float *y, int64_t ldy, int64_t r0, int64_t r1,
+                      Unpacked *unpacked) {
+  const uint8_t *codes = (const uint8_t *)mt->w;
+  const uint16_t *scale = (const uint16_t *)mt->scale, *mins = (const uint16_t *)mt->min;
+  const int64_t k = mt->k, group = mt->group, groups = k / group, octets = group / 8, tile_bytes = 16 * k / 2;
+  const int64_t m = in->m;
+  float acc[MAX_ROWS * 16];
+  for (int64_t t = r0 / 16; t * 16 < r1; t++) {
+    const uint8_t *p = codes + t * tile_bytes;
+    const uint16_t *st = scale + t * groups * 16, *mnt = mins + t * groups * 16;
+    // the rows of this tile to store: those in [r0, r1) (a range may start or end inside a tile)
+    const int64_t first = r0 > t * 16 ? r0 - t * 16 : 0, end = r1 - t * 16 < 16 ? r1 - t * 16 : 16;
+    memset(acc, 0, sizeof(float) * 16 * m);
+    for (int64_t g = 0; g < groups; g++, p += 64 * octets) {
+      const Unpacked *u = NULL;
+      if (m > INT4_G) {
+        int4_unpack(p, octets, unpacked);
+        u = unpacked;
+      }
+      for (int64_t t0 = 0; t0 < m; t0 += INT4_G) {
+        switch (m - t0 < INT4_G ? m - t0 : INT4_G) {
+          case 4: int4_pass<4>(p, octets, in, t0, g, group, st, mnt, acc, u); break;
+          case 3: int4_pass<3>(p, octets, in, t0, g, group, st, mnt, acc, u); break;
+          case 2: int4_pass<2>(p, octets, in, t0, g, group, st, mnt, acc, u); break;
+          default: int4_pass<1>(p, octets, in, t0, g, group, st, mnt, acc, u); break;
+        }
+      }
+    }
+    for (int64_t r = 0; r < m; r++)
+      for (int64_t i = first; i < end; i++) y[r * ldy + t * 16 + i] = acc[r * 16 + i];
+  }
+}
+
+// per-thread room of one product: a converted block of rows, or a group's unpacked codes
+static int64_t product_floats(int64_t wide) {
+  const int64_t rows = R * ((wide + W - 1) / W * W);
+  const int64_t codes = (wide / 8) * UNPACKED_PER_OCTET * (int64_t)(sizeof(Unpacked) / sizeof(float));
+  return (rows > codes ? rows : codes) + 64;
+}
+
+static void gemm(const struct Mat *mt, const struct In *in, float *y, int64_t ldy, int64_t r0, int64_t r1, float *work) {
+  switch (mt->fmt) {
+    case F32:
+      gemm_rows<F32Rows>(mt, in, y, ldy, r0, r1, work, [mt](int64_t r) {
+        F32Rows w;
+        for (int i = 0; i < R; i++) w.p[i] = (const float *)mt->w + (r + i) * mt->k;
+        return w;
+      });
+      break;
+    case BF16:
+#if defined(HAVE_BF16_DOT)
+      gemm_bf16dot(mt, in, y, ldy, r0, r1);
+#else
+      gemm_rows<BF16Rows>(mt, in, y, ldy, r0, r1, work, [mt](int64_t r) {
+        BF16Rows w;
+        for (int i = 0; i < R; i++) w.p[i] = (const uint16_t *)mt->w + (r + i) * mt->k;
+        return w;
+      });
+#endif
+      break;
+    case INT8:
+#if defined(HAVE_SDOT)
+      gemm_int8_sdot(mt, in, y, ldy, r0, r1);
+#else
+      gemm_rows<I8Rows>(mt, in, y, ldy, r0, r1, work, [mt](int64_t r) {
+        I8Rows w;
+        for (int i = 0; i < R; i++) w.p[i] = (const int8_t *)mt->w + (r + i) * mt->k;
+        return w;
+      });
+#endif
+      break;
+    default:
+      gemm_int4(mt, in, y, ldy, r0, r1, (Unpacked *)work);
+      break;
   }
 }
 
@@ -347,8 +1093,8 @@ static void rope(float *v, const float *cos_row, const float *sin_row, int64_t h
   }
 }
 
-// q/k head `head` of the step (0 .. n_heads + n_kv - 1), from qkv: bias added by the caller,
-// per-head RMSNorm (Qwen3) and RoPE applied
+// q/k head `head` (0 .. n_heads + n_kv - 1) of one token row's qkv: per-head RMSNorm (Qwen3) and
+// RoPE applied (the bias was added with the product)
 static void qk_head(const struct Model *md, const struct Layer *ly, const float *qkv, int64_t head,
                     const float *cos_row, const float *sin_row, float *out) {
   int64_t hd = md->head_dim;
@@ -363,178 +1109,151 @@ static void qk_head(const struct Model *md, const struct Layer *ly, const float 
 
 // s[t] = exp(s[t] - shift) for t < n (every s[t] <= shift): at 4k positions a step takes a million
 // of them, so they are vectorised: exp(x) = 2^k exp(r), k = round(x / ln 2), |r| <= ln 2 / 2, and
-// exp(r) by its Taylor series to r^6 (relative error < 2e-7)
+// exp(r) by its Taylor series to r^6 (relative error < 2e-7); x below -87 counts as -87 (exp ~ 1e-38)
 static void exp_shifted(float *s, int64_t n, float shift) {
   int64_t t = 0;
-#if defined(__AVX512F__)
-  const __m512 sh = _mm512_set1_ps(shift), lowest = _mm512_set1_ps(-104.0f);
-  for (; t + 16 <= n; t += 16) {
-    __m512 x = _mm512_max_ps(_mm512_sub_ps(_mm512_loadu_ps(s + t), sh), lowest);
-    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145752f), x);  // ln 2 in two parts: r stays exact
-    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.42860677e-6f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    _mm512_storeu_ps(s + t, _mm512_scalef_ps(p, k));  // p * 2^k, flushing to 0 far below
+  const V sh = vset1(shift), lowest = vset1(-87.0f);
+  for (; t + W <= n; t += W) {
+    V x = vmax(vsub(vload(s + t), sh), lowest);
+    V k = vround(vmul(x, vset1(1.44269504f)));
+    V r = vfnma(k, vset1(0.693145752f), x);  // ln 2 in two parts: r stays exact
+    r = vfnma(k, vset1(1.42860677e-6f), r);
+    V p = vset1(1.0f / 720);
+    p = vfma(p, r, vset1(1.0f / 120));
+    p = vfma(p, r, vset1(1.0f / 24));
+    p = vfma(p, r, vset1(1.0f / 6));
+    p = vfma(p, r, vset1(0.5f));
+    p = vfma(p, r, vset1(1.0f));
+    p = vfma(p, r, vset1(1.0f));
+    vstore(s + t, vscale2(p, k));
   }
-#endif
   for (; t < n; t++) s[t] = expf(s[t] - shift);
 }
 
+// the cache rows of one token row and KV head: positions [0, n) in runs of consecutive slots
+struct Run {
+  int64_t pos, len, offset;  // first position, positions, element offset of the first
+};
+#define MAX_RUNS 4096  // blocks a row's context may span (kernels/cpu_decode.py checks it)
+#define RUN_FLOATS ((int64_t)(sizeof(struct Run) / sizeof(float)))
+extern "C" int64_t membound_max_blocks(void) { return MAX_RUNS; }
+
+static inline float *aligned64(float *p) { return (float *)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
+
+static inline int64_t runs_of(const struct Model *md, const struct Row *row, int64_t head, int64_t n, struct Run *out,
+                              int64_t max_runs) {
+  const int64_t hd = md->head_dim, base = row->kv_base + head * md->kv_head_stride;
+  if (!row->table) {
+    out[0].pos = 0, out[0].len = n, out[0].offset = base;
+    return 1;
+  }
+  const int64_t bs = md->block_size;
+  int64_t count = 0;
+  for (int64_t p = 0; p < n && count < max_runs; p += bs, count++) {
+    out[count].pos = p;
+    out[count].len = n - p < bs ? n - p : bs;
+    out[count].offset = base + (int64_t)row->table[p / bs] * bs * hd;
+  }
+  return count;
+}
+
+static inline int64_t slot_offset(const struct Model *md, const struct Row *row, int64_t head, int64_t p) {
+  const int64_t slot = row->table ? (int64_t)row->table[p / md->block_size] * md->block_size + p % md->block_size : p;
+  return row->kv_base + head * md->kv_head_stride + slot * md->head_dim;
+}
+
 // one query head over cache positions 0..n-1: softmax(q k / sqrt(hd)) v into out (hd)
-template <typename T>
-static inline float dot_q(const float *q, const T *kr, int64_t hd);
-
+template <class T>
+static inline V load_kv(const T *p);
 template <>
-inline float dot_q<float>(const float *q, const float *kr, int64_t hd) {
-  float s = 0;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < hd; i++) s += q[i] * kr[i];
-  return s;
-}
-
+inline V load_kv<float>(const float *p) { return vload(p); }
 template <>
-inline float dot_q<uint16_t>(const float *q, const uint16_t *kr, int64_t hd) {
-  float s = 0;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < hd; i++) s += q[i] * bf16_to_f32(kr[i]);
-  return s;
-}
+inline V load_kv<uint16_t>(const uint16_t *p) { return vload_bf16(p); }
+template <class T>
+static inline V load_kvn(const T *p, int64_t n);
+template <>
+inline V load_kvn<float>(const float *p, int64_t n) { return vloadn(p, n); }
+template <>
+inline V load_kvn<uint16_t>(const uint16_t *p, int64_t n) { return vload_bf16n(p, n); }
 
-template <typename T>
-static void attend_head_t(const float *q, const T *kc, const T *vc, int64_t n, int64_t hd, float *scores,
-                          float *out) {
+template <class T>
+static void attend_head(const struct Model *md, const struct Row *row, int64_t kv_head, const void *kc_, const void *vc_,
+                        const float *q, int64_t n, float *scores, float *out, struct Run *runs) {
+  const T *kc = (const T *)kc_, *vc = (const T *)vc_;
+  const int64_t hd = md->head_dim, full = hd / W * W;
   const float scale = 1.0f / sqrtf((float)hd);
-  float mx = -INFINITY, total = 0;
-  for (int64_t t = 0; t < n; t++) {
-    scores[t] = dot_q<T>(q, kc + t * hd, hd) * scale;
-    mx = scores[t] > mx ? scores[t] : mx;
-  }
+  const int64_t n_runs = runs_of(md, row, kv_head, n, runs, MAX_RUNS);
+  float mx = -INFINITY;
+  for (int64_t u = 0; u < n_runs; u++)
+    for (int64_t t = 0; t < runs[u].len; t++) {
+      const T *kr = kc + runs[u].offset + t * hd;
+      V a = vzero();
+      int64_t i = 0;
+      for (; i < full; i += W) a = vfma(load_kv<T>(kr + i), vload(q + i), a);
+      if (i < hd) a = vfma(load_kvn<T>(kr + i, hd - i), vloadn(q + i, hd - i), a);
+      const float s = vhsum(a) * scale;
+      scores[runs[u].pos + t] = s;
+      mx = s > mx ? s : mx;
+    }
   exp_shifted(scores, n, mx);
-#pragma omp simd reduction(+ : total)
-  for (int64_t t = 0; t < n; t++) total += scores[t];
-  for (int64_t i = 0; i < hd; i++) out[i] = 0;
-  const float inv = 1.0f / total;
-  for (int64_t t = 0; t < n; t++) {
-    const float p = scores[t] * inv;
-    const T *vr = vc + t * hd;
-#pragma omp simd
-    for (int64_t i = 0; i < hd; i++) out[i] += p * (sizeof(T) == 2 ? bf16_to_f32((uint16_t)vr[i]) : (float)vr[i]);
-  }
-}
-
-#if defined(__AVX512F__)
-// r[j] = the sum of v[j]'s 16 lanes, for 16 vectors at once (45 shuffles and adds, not 16 full reductions)
-static inline __m512 sum16(const __m512 *v) {
-  __m512 p[8], q[4];
-  for (int i = 0; i < 8; i++)
-    p[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  for (int i = 0; i < 4; i++) {
-    __m512d a = _mm512_castps_pd(p[2 * i]), b = _mm512_castps_pd(p[2 * i + 1]);
-    q[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-  }
-  __m512 c = _mm512_add_ps(_mm512_shuffle_f32x4(q[0], q[1], 0x88), _mm512_shuffle_f32x4(q[0], q[1], 0xDD));
-  __m512 d = _mm512_add_ps(_mm512_shuffle_f32x4(q[2], q[3], 0x88), _mm512_shuffle_f32x4(q[2], q[3], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x88), _mm512_shuffle_f32x4(c, d, 0xDD));
-}
-
-static inline __m512 load16(const float *p) { return _mm512_loadu_ps(p); }
-static inline __m512 load16(const uint16_t *p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-
-// attention of one query head with head_dim a multiple of 16: scores 16 positions at a time, the
-// weighted values one 16-wide column block at a time (each cache line of V read once)
-template <typename T>
-static void attend_head_avx512(const float *q, const T *kc, const T *vc, int64_t n, int64_t hd, float *scores,
-                               float *out) {
-  const float scale = 1.0f / sqrtf((float)hd);
-  const int64_t blocks = hd / 16;
-  int64_t t = 0;
-  __m512 mx = _mm512_set1_ps(-INFINITY);
-  for (; t + 16 <= n; t += 16) {
-    __m512 acc[16];
-    for (int j = 0; j < 16; j++) {
-      const T *kr = kc + (t + j) * hd;
-      __m512 a = _mm512_mul_ps(load16(kr), _mm512_loadu_ps(q));
-      for (int64_t b = 1; b < blocks; b++) a = _mm512_fmadd_ps(load16(kr + 16 * b), _mm512_loadu_ps(q + 16 * b), a);
-      acc[j] = a;
-    }
-    __m512 s = _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale));
-    _mm512_storeu_ps(scores + t, s);
-    mx = _mm512_max_ps(mx, s);
-  }
-  float m = _mm512_reduce_max_ps(mx);
-  for (; t < n; t++) {
-    const T *kr = kc + t * hd;
-    __m512 a = _mm512_setzero_ps();
-    for (int64_t b = 0; b < blocks; b++) a = _mm512_fmadd_ps(load16(kr + 16 * b), _mm512_loadu_ps(q + 16 * b), a);
-    scores[t] = _mm512_reduce_add_ps(a) * scale;
-    m = scores[t] > m ? scores[t] : m;
-  }
-  exp_shifted(scores, n, m);
   float total = 0;
-  for (int64_t i = 0; i < n; i++) total += scores[i];
-  const __m512 inv = _mm512_set1_ps(1.0f / total);
-  for (int64_t b = 0; b < blocks; b++) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0;  // two chains over the positions
-    int64_t i = 0;
-    for (; i + 2 <= n; i += 2) {
-      a0 = _mm512_fmadd_ps(_mm512_set1_ps(scores[i]), load16(vc + i * hd + 16 * b), a0);
-      a1 = _mm512_fmadd_ps(_mm512_set1_ps(scores[i + 1]), load16(vc + (i + 1) * hd + 16 * b), a1);
+  for (int64_t t = 0; t < n; t++) total += scores[t];
+  const V inv = vset1(1.0f / total);
+  for (int64_t i = 0; i < hd; i += W) {  // one column block at a time: each cache line of V read once
+    const int64_t w = hd - i < W ? hd - i : W;
+    V a0 = vzero(), a1 = vzero();  // two chains over the positions
+    for (int64_t u = 0; u < n_runs; u++) {
+      const T *vr = vc + runs[u].offset + i;
+      const float *sc = scores + runs[u].pos;
+      int64_t t = 0;
+      if (w == W) {
+        for (; t + 2 <= runs[u].len; t += 2) {
+          a0 = vfma(vset1(sc[t]), load_kv<T>(vr + t * hd), a0);
+          a1 = vfma(vset1(sc[t + 1]), load_kv<T>(vr + (t + 1) * hd), a1);
+        }
+        for (; t < runs[u].len; t++) a0 = vfma(vset1(sc[t]), load_kv<T>(vr + t * hd), a0);
+      } else {
+        for (; t < runs[u].len; t++) a0 = vfma(vset1(sc[t]), load_kvn<T>(vr + t * hd, w), a0);
+      }
     }
-    if (i < n) a0 = _mm512_fmadd_ps(_mm512_set1_ps(scores[i]), load16(vc + i * hd + 16 * b), a0);
-    _mm512_storeu_ps(out + 16 * b, _mm512_mul_ps(_mm512_add_ps(a0, a1), inv));
-  }
-}
-#endif
-
-static void attend_head(const float *q, const void *kc, const void *vc, int64_t n, int64_t hd, int64_t act,
-                        float *scores, float *out) {
-#if defined(__AVX512F__)
-  if (hd % 16 == 0) {
-    if (act == BF16)
-      attend_head_avx512(q, (const uint16_t *)kc, (const uint16_t *)vc, n, hd, scores, out);
+    const V o = vmul(vadd(a0, a1), inv);
+    if (w == W)
+      vstore(out + i, o);
     else
-      attend_head_avx512(q, (const float *)kc, (const float *)vc, n, hd, scores, out);
-    return;
+      vstoren(out + i, o, w);
   }
-#endif
-  if (act == BF16)
-    attend_head_t(q, (const uint16_t *)kc, (const uint16_t *)vc, n, hd, scores, out);
-  else
-    attend_head_t(q, (const float *)kc, (const float *)vc, n, hd, scores, out);
 }
 
 static inline float silu(float g) { return g / (1.0f + expf(-g)); }
 
 // ---- the step --------------------------------------------------------------------------------------
-// Scratch, in floats: shared x, qkv, attention output and SiLU(gate) * up; then per thread: the
-// normed input, its bf16 copy and group sums, attention scores, one head, and a product's output.
 static int64_t widest(const struct Model *md) {
-  int64_t q_dim = md->n_heads * md->head_dim, w = md->ffn_dim > md->dim ? md->ffn_dim : md->dim;
-  return q_dim > w ? q_dim : w;
-}
-
-static int64_t shared_floats(const struct Model *md) {
   int64_t q_dim = md->n_heads * md->head_dim, kv_dim = md->n_kv * md->head_dim;
-  return md->dim + (q_dim + 2 * kv_dim) + q_dim + md->ffn_dim;
+  int64_t w = md->ffn_dim > md->dim ? md->ffn_dim : md->dim;
+  w = q_dim + 2 * kv_dim > w ? q_dim + 2 * kv_dim : w;
+  return (w + 63) / 64 * 64;
 }
 
-static int64_t thread_floats(const struct Model *md) {
+// Scratch, in floats: shared x, qkv, attention output, SiLU(gate) * up and products' outputs (m rows
+// each); then per thread: the normed inputs and their bf16 / integer copies and group sums (m rows),
+// the product's room (product_floats), the runs of a cache, attention scores and one head.
+static int64_t shared_floats(const struct Model *md, int64_t m) {
+  int64_t q_dim = md->n_heads * md->head_dim, kv_dim = md->n_kv * md->head_dim;
+  int64_t out = 2 * md->ffn_dim > md->dim ? 2 * md->ffn_dim : md->dim;
+  return m * (md->dim + (q_dim + 2 * kv_dim) + q_dim + md->ffn_dim + out) + 64;
+}
+
+static int64_t thread_floats(const struct Model *md, int64_t m) {
   int64_t wide = widest(md);
-  return wide + (wide / 32 + 16) + wide + md->max_len + 2 * md->head_dim + 2 * wide + 64;
+  return m * (wide + wide / 2 + wide / 2 + 2 * sums_ld(wide)) + product_floats(wide) + RUN_FLOATS * MAX_RUNS +
+         md->max_len + 2 * md->head_dim + 128;
 }
 
-extern "C" int64_t membound_scratch_floats(const struct Model *md, int64_t threads) {
-  return shared_floats(md) + threads * thread_floats(md);
+extern "C" int64_t membound_scratch_floats(const struct Model *md, int64_t m, int64_t threads) {
+  return shared_floats(md, m) + threads * thread_floats(md, m);
 }
+
+extern "C" int64_t membound_max_rows(void) { return MAX_ROWS; }
 
 // Where a step's time goes, seen from thread 0 (profile != null): seconds per phase, added up
 enum { P_EMBED, P_QKV, P_KV_WRITE, P_ATTENTION, P_WO, P_GATE_UP, P_DOWN, P_HEAD, P_WAIT, PHASES };
@@ -549,19 +1268,23 @@ extern "C" int64_t membound_profile_phases(void) { return PHASES; }
   MARK(phase);         \
   _Pragma("omp barrier") MARK(P_WAIT)
 
-// logits: (vocab) fp32; scratch: membound_scratch_floats(md, threads) floats; profile: null, or
-// PHASES doubles that thread 0's seconds are added to
-extern "C" void membound_decode_step(const struct Model *md, int64_t token, int64_t pos, const float *cos_row,
-                                     const float *sin_row, float *logits, float *scratch, int64_t threads,
-                                     double *profile) {
+// m token rows (rows[0..m)); cos_t / sin_t: (max positions, head_dim) fp32 tables; logits:
+// (n_logits, vocab) fp32 for rows logit_rows[0..n_logits); scratch: membound_scratch_floats(md, m,
+// threads) floats; profile: null, or PHASES doubles that thread 0's seconds are added to
+extern "C" int membound_step(const struct Model *md, const struct Row *rows, int64_t m, const float *cos_t,
+                             const float *sin_t, const int64_t *logit_rows, int64_t n_logits, float *logits,
+                             float *scratch, int64_t threads, double *profile) {
+  if (m < 1 || m > MAX_ROWS || n_logits < 0 || n_logits > m) return 1;
   const int64_t dim = md->dim, hd = md->head_dim, n_heads = md->n_heads, n_kv = md->n_kv, ffn = md->ffn_dim;
-  const int64_t q_dim = n_heads * hd, kv_dim = n_kv * hd, act = md->act, group = n_heads / n_kv;
-  const int64_t wide = widest(md), per_thread = thread_floats(md);
-  float *x = scratch, *qkv = x + dim, *att = qkv + q_dim + 2 * kv_dim, *ffn_act = att + q_dim;
-  float *thread_base = scratch + shared_floats(md);
+  const int64_t q_dim = n_heads * hd, kv_dim = n_kv * hd, qkv_dim = q_dim + 2 * kv_dim, act = md->act;
+  const int64_t group = n_heads / n_kv, wide = widest(md), per_thread = thread_floats(md, m);
+  const int64_t out_ld = 2 * ffn > dim ? 2 * ffn : dim;
+  float *x = scratch, *qkv = x + m * dim, *att = qkv + m * qkv_dim, *ffn_act = att + m * q_dim;
+  float *tmp = ffn_act + m * ffn;
+  float *thread_base = scratch + shared_floats(md, m);
 #pragma omp parallel num_threads(threads)
   {
-#if defined(__x86_64__)
+#if defined(ARCH_X86)
     // subnormals flushed in every thread of the region, as torch.set_flush_denormal does in the caller's:
     // a subnormal activation takes a microcode path that is tens of times slower
     const unsigned int csr = _mm_getcsr();
@@ -569,93 +1292,154 @@ extern "C" void membound_decode_step(const struct Model *md, int64_t token, int6
 #endif
     double *prof = omp_get_thread_num() == 0 ? profile : NULL, last = prof ? omp_get_wtime() : 0;
     float *mine = thread_base + omp_get_thread_num() * per_thread;
-    float *h = mine, *xsum = h + wide;
-    uint16_t *xb = (uint16_t *)(xsum + wide / 32 + 16);  // wide bf16 values, in wide floats (room to spare)
-    float *scores = (float *)(xb + 2 * wide), *qh = scores + md->max_len, *tmp = qh + 2 * hd;
-    struct Input in = {h, xb, xsum};
+    float *h = mine;
+    uint16_t *xb = (uint16_t *)(h + m * wide);
+    int16_t *xq = (int16_t *)(h + m * wide + m * wide / 2);
+    float *xsum = h + m * (2 * wide), *xqs = xsum + m * sums_ld(wide);
+    float *work = aligned64(xqs + m * sums_ld(wide));  // (product_floats has room for the shift)
+    struct Run *runs = (struct Run *)(work + product_floats(wide) - 16);
+    float *scores = (float *)(runs + MAX_RUNS), *qh = scores + md->max_len;
+    struct In in = {h, m, dim, xb, xq, xsum, xqs};
     int64_t r0, r1;
 
     my_rows(dim, 16, &r0, &r1);
-    for (int64_t i = r0; i < r1; i++) x[i] = load_act(md->embed, token * dim + i, act);
+    for (int64_t t = 0; t < m; t++)
+      for (int64_t i = r0; i < r1; i++) x[t * dim + i] = load_act(md->embed, rows[t].token * dim + i, act);
     BARRIER(P_EMBED);
     for (int64_t l = 0; l < md->n_layers; l++) {
       const struct Layer *ly = &md->layers[l];
       // attention: q, k, v
-      rms_norm(x, ly->attn_norm, act, md->eps, h, dim);
-      prepare(&in, &ly->wqkv, dim);
-      my_rows(q_dim + 2 * kv_dim, 16, &r0, &r1);
-      gemv(&ly->wqkv, &in, qkv, r0, r1);
+      for (int64_t t = 0; t < m; t++) rms_norm(x + t * dim, ly->attn_norm, act, md->eps, h + t * dim, dim);
+      in.x = h, in.ld = dim;
+      prepare(&in, &ly->wqkv);
+      my_rows(qkv_dim, 16, &r0, &r1);
+      gemm(&ly->wqkv, &in, qkv, qkv_dim, r0, r1, work);
       if (ly->bqkv)
-        for (int64_t i = r0; i < r1; i++) qkv[i] += load_act(ly->bqkv, i, act);
+        for (int64_t t = 0; t < m; t++)
+          for (int64_t i = r0; i < r1; i++) qkv[t * qkv_dim + i] += load_act(ly->bqkv, i, act);
       BARRIER(P_QKV);
-      // this step's k and v into the cache (KV heads split over the threads)
-      my_rows(n_kv, 1, &r0, &r1);
-      for (int64_t j = r0; j < r1; j++) {
-        qk_head(md, ly, qkv, n_heads + j, cos_row, sin_row, qh);
-        const float *vh = qkv + q_dim + kv_dim + j * hd;
+      // this step's k and v into the cache ((token row, KV head) pairs split over the threads)
+      my_rows(m * n_kv, 1, &r0, &r1);
+      for (int64_t item = r0; item < r1; item++) {
+        const int64_t t = item / n_kv, j = item % n_kv, pos = rows[t].pos;
+        qk_head(md, ly, qkv + t * qkv_dim, n_heads + j, cos_t + pos * hd, sin_t + pos * hd, qh);
+        const float *vh = qkv + t * qkv_dim + q_dim + kv_dim + j * hd;
+        const int64_t at = slot_offset(md, &rows[t], j, pos);
         for (int64_t i = 0; i < hd; i++) {
-          store_act(ly->k_cache, (j * md->max_len + pos) * hd + i, qh[i], act);
-          store_act(ly->v_cache, (j * md->max_len + pos) * hd + i, vh[i], act);
+          store_act(ly->k_cache, at + i, qh[i], act);
+          store_act(ly->v_cache, at + i, vh[i], act);
         }
       }
       BARRIER(P_KV_WRITE);
-      // attention, query heads split over the threads
-      my_rows(n_heads, 1, &r0, &r1);
-      for (int64_t hh = r0; hh < r1; hh++) {
-        int64_t j = hh / group;
-        const char *kc = (const char *)ly->k_cache, *vc = (const char *)ly->v_cache;
-        int64_t offset = j * md->max_len * hd * (act == BF16 ? 2 : 4);
-        qk_head(md, ly, qkv, hh, cos_row, sin_row, qh);
-        attend_head(qh, kc + offset, vc + offset, pos + 1, hd, act, scores, att + hh * hd);
+      // attention, (token row, query head) pairs split over the threads; each row over its own cache
+      // up to its own position (rows of one sequence see the rows before them: their K/V are written)
+      my_rows(m * n_heads, 1, &r0, &r1);
+      for (int64_t item = r0; item < r1; item++) {
+        const int64_t t = item / n_heads, hh = item % n_heads, pos = rows[t].pos;
+        qk_head(md, ly, qkv + t * qkv_dim, hh, cos_t + pos * hd, sin_t + pos * hd, qh);
+        if (act == BF16)
+          attend_head<uint16_t>(md, &rows[t], hh / group, ly->k_cache, ly->v_cache, qh, pos + 1, scores,
+                                att + t * q_dim + hh * hd, runs);
+        else
+          attend_head<float>(md, &rows[t], hh / group, ly->k_cache, ly->v_cache, qh, pos + 1, scores,
+                             att + t * q_dim + hh * hd, runs);
       }
       BARRIER(P_ATTENTION);
       // output projection and the residual
-      in.x = att;
-      prepare(&in, &ly->wo, q_dim);
+      in.x = att, in.ld = q_dim;
+      prepare(&in, &ly->wo);
       my_rows(dim, 16, &r0, &r1);
-      gemv(&ly->wo, &in, tmp, r0, r1);
-      for (int64_t i = r0; i < r1; i++) x[i] += tmp[i];
-      in.x = h;
+      gemm(&ly->wo, &in, tmp, out_ld, r0, r1, work);
+      for (int64_t t = 0; t < m; t++)
+        for (int64_t i = r0; i < r1; i++) x[t * dim + i] += tmp[t * out_ld + i];
       BARRIER(P_WO);
       // feed-forward: gate and up rows side by side, SiLU(gate) * up fused
-      rms_norm(x, ly->ffn_norm, act, md->eps, h, dim);
-      prepare(&in, &ly->w_gate_up, dim);
+      for (int64_t t = 0; t < m; t++) rms_norm(x + t * dim, ly->ffn_norm, act, md->eps, h + t * dim, dim);
+      in.x = h, in.ld = dim;
+      prepare(&in, &ly->w_gate_up);
       my_rows(ffn, 16, &r0, &r1);
-      gemv(&ly->w_gate_up, &in, tmp, r0, r1);
-      gemv(&ly->w_gate_up, &in, tmp, ffn + r0, ffn + r1);  // row ffn + i of the product: up
-      for (int64_t i = r0; i < r1; i++) ffn_act[i] = silu(tmp[i]) * tmp[ffn + i];
+      gemm(&ly->w_gate_up, &in, tmp, out_ld, r0, r1, work);
+      gemm(&ly->w_gate_up, &in, tmp, out_ld, ffn + r0, ffn + r1, work);  // row ffn + i of the product: up
+      for (int64_t t = 0; t < m; t++)
+        for (int64_t i = r0; i < r1; i++) ffn_act[t * ffn + i] = silu(tmp[t * out_ld + i]) * tmp[t * out_ld + ffn + i];
       BARRIER(P_GATE_UP);
-      in.x = ffn_act;
-      prepare(&in, &ly->w_down, ffn);
+      in.x = ffn_act, in.ld = ffn;
+      prepare(&in, &ly->w_down);
       my_rows(dim, 16, &r0, &r1);
-      gemv(&ly->w_down, &in, tmp, r0, r1);
-      for (int64_t i = r0; i < r1; i++) x[i] += tmp[i];
-      in.x = h;
+      gemm(&ly->w_down, &in, tmp, out_ld, r0, r1, work);
+      for (int64_t t = 0; t < m; t++)
+        for (int64_t i = r0; i < r1; i++) x[t * dim + i] += tmp[t * out_ld + i];
       BARRIER(P_DOWN);
     }
-    rms_norm(x, md->norm, act, md->eps, h, dim);
-    prepare(&in, &md->head, dim);
-    my_rows(md->vocab, 16, &r0, &r1);
-    gemv(&md->head, &in, logits, r0, r1);
+    if (n_logits > 0) {
+      for (int64_t t = 0; t < n_logits; t++) rms_norm(x + logit_rows[t] * dim, md->norm, act, md->eps, h + t * dim, dim);
+      in.x = h, in.m = n_logits, in.ld = dim;
+      prepare(&in, &md->head);
+      my_rows(md->vocab, 16, &r0, &r1);
+      gemm(&md->head, &in, logits, md->vocab, r0, r1, work);
+    }
     MARK(P_HEAD);
-#if defined(__x86_64__)
+#if defined(ARCH_X86)
     _mm_setcsr(csr);
 #endif
   }
+  return 0;
 }
 
-// y = W x for one matrix, its rows split over the threads (the step's own products, for the tests
-// and for a single product outside a step); x: (k) fp32, y: (n) fp32
-extern "C" void membound_gemv(const struct Mat *m, const float *x, float *y, int64_t threads) {
+// y = W x for m rows of x, the matrix's rows split over the threads (the step's own products, for the
+// tests); x: (m, k) fp32, y: (m, n) fp32; scratch: membound_product_floats(k, m, threads) floats
+extern "C" int64_t membound_product_floats(int64_t k, int64_t m, int64_t threads) {
+  const int64_t wide = (k + 63) / 64 * 64;
+  return threads * (m * (wide + wide / 2 + wide / 2 + 2 * sums_ld(wide)) + product_floats(wide) + 64);
+}
+
+extern "C" int membound_gemm(const struct Mat *mt, const float *x, int64_t m, float *y, float *scratch, int64_t threads) {
+  if (m < 1 || m > MAX_ROWS) return 1;
+  const int64_t wide = (mt->k + 63) / 64 * 64;
+  const int64_t per_thread = m * (wide + wide / 2 + wide / 2 + 2 * sums_ld(wide)) + product_floats(wide) + 64;
 #pragma omp parallel num_threads(threads)
   {
-    thread_local std::vector<uint16_t> xb;
-    thread_local std::vector<float> xsum;
-    xb.resize(m->k), xsum.resize(m->k / 8 + 1);
-    struct Input in = {x, xb.data(), xsum.data()};
+    float *mine = scratch + omp_get_thread_num() * per_thread;
+    uint16_t *xb = (uint16_t *)(mine + m * wide);
+    int16_t *xq = (int16_t *)(mine + m * wide + m * wide / 2);
+    float *xsum = mine + m * 2 * wide, *xqs = xsum + m * sums_ld(wide), *work = aligned64(xqs + m * sums_ld(wide));
+    for (int64_t t = 0; t < m; t++) memcpy(mine + t * wide, x + t * mt->k, mt->k * sizeof(float));
+    struct In in = {mine, m, wide, xb, xq, xsum, xqs};
     int64_t r0, r1;
-    prepare(&in, m, m->k);
-    my_rows(m->n, 16, &r0, &r1);
-    gemv(m, &in, y, r0, r1);
+    prepare(&in, mt);
+    my_rows(mt->n, 16, &r0, &r1);
+    gemm(mt, &in, y, mt->n, r0, r1, work);
   }
+  return 0;
 }
+
+// What this build runs: the vector level and its dot products, and the threads
+extern "C" const char *membound_isa(void) {
+#if defined(LEVEL_AVX512) && defined(HAVE_BF16_DOT)
+  return "AVX-512 (bf16 dot products)";
+#elif defined(LEVEL_AVX512)
+  return "AVX-512";
+#elif defined(LEVEL_AVX2)
+  return "AVX2";
+#elif defined(LEVEL_NEON) && defined(HAVE_BF16_DOT) && defined(HAVE_SDOT)
+  return "NEON (BFDOT, SDOT)";
+#elif defined(LEVEL_NEON) && defined(HAVE_BF16_DOT)
+  return "NEON (BFDOT)";
+#elif defined(LEVEL_NEON) && defined(HAVE_SDOT)
+  return "NEON (SDOT)";
+#elif defined(LEVEL_NEON)
+  return "NEON";
+#else
+  return "scalar";
+#endif
+}
+
+extern "C" int membound_openmp(void) {
+#if defined(_OPENMP)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+extern "C" int membound_input_rounding(int64_t fmt) { return input_rounding(fmt); }

@@ -1,9 +1,11 @@
-"""Build llama.cpp's `llama-server` (CPU only) from the llama.cpp source vendored in the
-`llama-cpp-python` sdist, once per machine, into ~/.cache/membound/llama-server/VERSION/.
+"""Build llama.cpp's `llama-server`, `llama-batched-bench` and `llama-bench` (CPU only) from the
+llama.cpp source vendored in the `llama-cpp-python` sdist, once per machine, into
+~/.cache/membound/llama-server/VERSION/.
 
-`python scripts/llama_server.py` builds it if absent and prints its path; `binary_path()` says where
-it is (or will be). The attach tests serve the default model with it. Nothing here is committed:
-the source comes from PyPI with pip, the binary stays in the cache."""
+`python scripts/llama_server.py` builds what is absent and prints the server's path; `binary_path()`
+says where a tool is (or will be). The attach tests serve the default model with the server; `membound
+bench --compare llamacpp` measures llama.cpp with its own benchmarks too. Nothing here is committed:
+the source comes from PyPI with pip, the binaries stay in the cache."""
 from __future__ import annotations
 
 import os
@@ -19,21 +21,30 @@ from engine.options import EngineOptions
 
 VERSION = "0.3.36"  # llama-cpp-python's version; its sdist vendors llama.cpp's source
 CACHE_ROOT = EngineOptions.from_environ().cache_dir / "llama-server"
-# only the server, on the CPU, with no network at build time (no prebuilt web UI, no HTTPS)
+# the server and llama.cpp's own benchmarks: the batched one (parallel sequences' aggregate tok/s) and
+# llama-bench (one sequence's prompt and generation speed)
+TOOLS = ("llama-server", "llama-batched-bench", "llama-bench")
+# only the tools, on the CPU, with no network at build time (no prebuilt web UI, no HTTPS)
 CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=ON",
                  "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_APP=OFF",
                  "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
                  "-DLLAMA_OPENSSL=OFF", "-DGGML_CUDA=OFF", "-DGGML_METAL=OFF", "-DGGML_VULKAN=OFF")
 
 
-def binary_path(version: str = VERSION) -> Path:
-    return CACHE_ROOT / version / "llama-server"
+def binary_path(version: str = VERSION, tool: str = "llama-server") -> Path:
+    return CACHE_ROOT / version / tool
+
+
+def _built(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
 
 
 def build(version: str = VERSION, jobs: int | None = None, log=print) -> Path:
-    """The binary's path, building it first when it is not in the cache (minutes on 2 cores)."""
+    """The server's path, building first whichever of TOOLS is not in the cache (minutes on 2 cores;
+    a cache from before the benchmarks were added gets only those)."""
     target = binary_path(version)
-    if target.is_file() and os.access(target, os.X_OK):
+    missing = [tool for tool in TOOLS if not _built(binary_path(version, tool))]
+    if not missing:
         return target
     for tool in ("cmake", "c++"):
         if shutil.which(tool) is None:
@@ -55,19 +66,20 @@ def build(version: str = VERSION, jobs: int | None = None, log=print) -> Path:
         source, build_dir = work / prefix, work / "build"
         build_log = CACHE_ROOT / version / "build.log"
         build_log.parent.mkdir(parents=True, exist_ok=True)
-        log(f"llama_server: building llama-server with {jobs} jobs (CPU only; compiler output in {build_log})")
+        log(f"llama_server: building {', '.join(missing)} with {jobs} jobs (CPU only; compiler output in {build_log})")
         with open(build_log, "w") as output:
             for command in (["cmake", "-S", str(source), "-B", str(build_dir), *CMAKE_OPTIONS],
-                            ["cmake", "--build", str(build_dir), "--target", "llama-server", "-j", str(jobs)]):
+                            ["cmake", "--build", str(build_dir), "--target", *missing, "-j", str(jobs)]):
                 if subprocess.run(command, stdout=output, stderr=subprocess.STDOUT, check=False).returncode != 0:
                     tail = build_log.read_text(errors="replace").splitlines()[-30:]
                     raise SystemExit("\n".join(tail) + f"\nllama_server: {command[:2]} failed; the whole log: {build_log}")
-        built = build_dir / "bin" / "llama-server"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_suffix(".partial")
-        shutil.copy2(built, partial)
-        partial.replace(target)  # whole or not at all: an interrupted build leaves no binary behind
-    log(f"llama_server: built {target} in {time.monotonic() - started:.0f} s")
+        for tool in missing:
+            installed = binary_path(version, tool)
+            installed.parent.mkdir(parents=True, exist_ok=True)
+            partial = installed.with_name(tool + ".partial")
+            shutil.copy2(build_dir / "bin" / tool, partial)
+            partial.replace(installed)  # whole or not at all: an interrupted build leaves no binary behind
+    log(f"llama_server: built {', '.join(missing)} into {target.parent} in {time.monotonic() - started:.0f} s")
     return target
 
 

@@ -1,16 +1,19 @@
 """`PlotsPanel`: the grid of the five live plots (and an extra widget, the seed table, in the sixth
 cell), and a row of speculation plots (acceptance over time and by guess position) that shows while
-the data holds speculative steps. The window's timer calls `refresh`, which redraws every plot from
-one `StepWindow` only when `LiveData` has changed, and `update_readouts` a few times a second."""
+the data holds speculative steps. Where the panel is too small for every cell at a readable size
+(a small screen, large fonts) the grid holds fewer, larger ones, the most telling first, and a line
+names the number keys that bring the others. The window's timer calls `refresh`, which redraws every
+plot from one `StepWindow` only when `LiveData` has changed, and `update_readouts` a few times a second."""
 from __future__ import annotations
 
 import math
 
 import numpy as np
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QGridLayout, QSplitter, QWidget
+from PySide6.QtCore import QSize, Qt
+from PySide6.QtWidgets import QGridLayout, QSplitter, QVBoxLayout, QWidget
 
-from app.i18n import translate
+from app.hardware_strip import OneLineLabel
+from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.live_data import LiveData
 from app.plots.acceptance import AcceptancePlot, PositionPlot
 from app.plots.compute import ComputePlot
@@ -21,6 +24,43 @@ from app.plots.style import flops_unit, format_rate
 from app.plots.timeline import TimelinePlot
 from app.plots.tokens import TokensPlot
 from app.theme import SettingColours, Theme
+
+
+# the grid's cells in the order they are laid out (row by row, two to a row; a last cell alone takes
+# the row), and the order they are kept in when fewer fit
+GRID_ORDER = ("tokens", "memory", "compute", "roofline", "timeline", "extra", "acceptance", "positions")
+KEEP_ORDER = ("tokens", "memory", "acceptance", "positions", "roofline", "compute", "timeline", "extra")
+GRID_KEYS = {"tokens": 1, "memory": 2, "compute": 3, "roofline": 4, "timeline": 5, "extra": 6, "acceptance": 7,
+             "positions": 8}  # app/presenter.py's number keys
+# a plot's smallest readable cell, in ems of the theme's type: axes, their numbers, a legend line and
+# the curves between them. Projector type is large for the cells' width: titles and legends wrap, so
+# it needs another em of height.
+READABLE_CELL_EM = {False: (14.0, 11.5), True: (14.0, 12.5)}
+GRID_COLUMNS = 2
+PLOT_ASPECT = 1.8  # width / height a time plot reads best at
+MORE_PLOTS = QT_TRANSLATE_NOOP("Plots", "more plots on the number keys: {plots} (0: this grid)")
+SIDE_PANEL = QT_TRANSLATE_NOOP("Plots", "side panel")
+
+
+def grid_shape(names: list[str], room: QSize, cell: QSize, spacing: int) -> tuple[list[str], int]:
+    """The cells (of `names`, in KEEP_ORDER) that fit `room` at no less than `cell` each, and the
+    columns they are laid out in: every cell if they fit, else as many as fit, at least one."""
+    keep = [name for name in KEEP_ORDER if name in names]
+    if not keep:
+        return [], GRID_COLUMNS
+    rows_fit = max(1, int((room.height() + spacing) // (cell.height() + spacing)))
+    options = []
+    for columns in range(1, GRID_COLUMNS + 1):
+        width = (room.width() - (columns - 1) * spacing) / columns
+        if columns > 1 and width < cell.width():
+            continue
+        n = max(1, min(len(keep), rows_fit * columns))
+        rows = math.ceil(n / columns)
+        height = max(1.0, (room.height() - (rows - 1) * spacing) / rows)
+        # the most cells; among as many, the cells nearest a plot's shape (wider than tall)
+        options.append((n, -abs(math.log(max(width, 1.0) / height / PLOT_ASPECT)), columns))
+    n, _, columns = max(options)
+    return [name for name in GRID_ORDER if name in keep[:n]], min(columns, n)
 
 
 class PlotsPanel(QWidget):
@@ -46,81 +86,156 @@ class PlotsPanel(QWidget):
         self.extra = extra
         self._extra_visible = True
         self.shown: list[str] | None = None  # the presenter's plots (None: the grid)
+        self.speculation_visible = False
+        self.extra_readable_size = None  # () -> QSize, the smallest the extra cell is readable at (None: any)
+        self.grid_cells: list[str] = []  # the cells the grid shows now
+        self.grid_columns = GRID_COLUMNS
         self._stack = QSplitter(Qt.Orientation.Vertical, self)  # the presenter's one or two cells
         self._stack.setChildrenCollapsible(False)
         self._stack.setVisible(False)
-        self._grid = QGridLayout(self)
+        self.grid_area = QWidget(self)
+        self._grid = QGridLayout(self.grid_area)
         self._grid.setContentsMargins(0, 0, 0, 0)
         self._grid.setSpacing(6)
-        self._grid.addWidget(self.tokens, 0, 0)
-        self._grid.addWidget(self.memory, 0, 1)
-        self._grid.addWidget(self.compute, 1, 0)
-        self._grid.addWidget(self.roofline, 1, 1)
-        self._grid.addWidget(self.timeline, 2, 0)
-        if extra is not None:
-            self._grid.addWidget(extra, 2, 1)
-        self._grid.addWidget(self._stack, 0, 0, 3, 2)
-        self._grid.addWidget(self.acceptance, 3, 0)
-        self._grid.addWidget(self.positions, 3, 1)
-        self._set_speculation_visible(False)
-        for row in range(3):
+        self.more_label = OneLineLabel()  # which plots the grid left out, and their keys
+        self.more_label.setObjectName("caption")
+        self.more_label.setVisible(False)
+        column = QVBoxLayout(self)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.setSpacing(2)
+        column.addWidget(self.grid_area, 1)
+        column.addWidget(self._stack, 1)
+        column.addWidget(self.more_label)
+        # the panel's cells follow its size, not the other way round: the grid's minimum is one cell's
+        # (else the cells shown at a larger size would hold the window larger than a smaller screen)
+        for area in (self.grid_area, self._stack):
+            area.setMinimumSize(QSize(160, 120))
+        self._layout_grid()
+
+    @property
+    def cells(self) -> dict[str, QWidget]:
+        return dict(self.views, extra=self.extra) if self.extra is not None else dict(self.views)
+
+    def readable_cell(self) -> QSize:
+        """The smallest readable plot cell at the theme's type size (READABLE_CELL_EM)."""
+        em = self.theme.font_pt * self.logicalDpiY() / 72
+        width_em, height_em = READABLE_CELL_EM[self.theme.large]
+        return QSize(int(width_em * em), int(height_em * em))
+
+    def _grid_wanted(self) -> list[str]:
+        wanted = [name for name in GRID_ORDER if name in self.cells]
+        if not (self._extra_visible and self.extra is not None):
+            wanted.remove("extra") if "extra" in wanted else None
+        if not self.speculation_visible:
+            wanted = [name for name in wanted if name not in ("acceptance", "positions")]
+        return wanted
+
+    def _layout_grid(self, force: bool = False) -> None:
+        """Lay the grid out for the room it has: every wanted cell, or the most telling that are
+        readable (grid_shape); the others are hidden and named, with their keys, below."""
+        if self.shown is not None:
+            return
+        wanted = self._grid_wanted()
+        room = self.size()
+        if self.more_label.isVisibleTo(self):
+            room = QSize(room.width(), room.height() - self.more_label.sizeHint().height() - 2)
+        names, columns = grid_shape(wanted, room, self.readable_cell(), self._grid.spacing())
+        if not self.isVisible():  # not laid out yet (its size is no screen's): every cell, until it shows
+            names, columns = wanted, GRID_COLUMNS
+        elif "extra" in names and self.extra_readable_size is not None and not self._extra_fits(names, columns, room):
+            wanted.remove("extra")  # its table would not be readable in a cell this small (key 6: larger)
+            names, columns = grid_shape(wanted, room, self.readable_cell(), self._grid.spacing())
+            wanted.append("extra")
+        if not force and names == self.grid_cells and columns == self.grid_columns:
+            return
+        self.grid_cells, self.grid_columns = names, columns
+        cells = self.cells
+        for widget in cells.values():
+            self._grid.removeWidget(widget)
+            if widget.parent() is not self.grid_area:
+                widget.setParent(self.grid_area)
+        for row in range(self._grid.rowCount()):
+            self._grid.setRowStretch(row, 0)
+        for i, name in enumerate(names):
+            row, col = divmod(i, columns)
+            alone = i == len(names) - 1 and col == 0 and columns > 1
+            self._grid.addWidget(cells[name], row, col, 1, columns if alone else 1)
             self._grid.setRowStretch(row, 1)
-        for col in range(2):
-            self._grid.setColumnStretch(col, 1)
+        for col in range(GRID_COLUMNS):
+            self._grid.setColumnStretch(col, 1 if col < columns else 0)
+        for name, widget in cells.items():
+            widget.setVisible(name in names)
+        self._drawn_version = self._readout_version = -1  # a plot that comes back draws at the next frame
+        left_out = [name for name in wanted if name not in names]
+        if left_out:
+            plots = " · ".join(f"{GRID_KEYS[name]} {self._cell_title(name)}" for name in left_out)
+            self.more_label.set_full_text(translate("Plots", MORE_PLOTS).format(plots=plots))
+        self.more_label.setVisible(bool(left_out))
+
+    def _extra_fits(self, names: list[str], columns: int, room: QSize) -> bool:
+        spacing = self._grid.spacing()
+        rows = math.ceil(len(names) / columns)
+        alone = names[-1] == "extra" and len(names) % columns == 1  # (a last cell alone takes the row)
+        width = room.width() if alone else (room.width() - (columns - 1) * spacing) / columns
+        height = (room.height() - (rows - 1) * spacing) / rows
+        need = self.extra_readable_size()
+        return width >= need.width() and height >= need.height()
+
+    def _cell_title(self, name: str) -> str:
+        if name == "extra":
+            return translate("Plots", SIDE_PANEL)
+        return translate("Plots", self.views[name].title)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._layout_grid()
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        self._layout_grid()
 
     def set_extra_visible(self, visible: bool) -> None:
         """Show or hide the sixth cell (the seed table); the timeline takes the row when hidden."""
         if self.extra is None:
             return
         self._extra_visible = visible
-        if self.shown is not None:  # presenting: the choice applies when the grid comes back
-            return
-        self.extra.setVisible(visible)
-        self._grid.removeWidget(self.timeline)
-        self._grid.addWidget(self.timeline, 2, 0, 1, 1 if visible else 2)
+        self._layout_grid(force=True)  # (presenting: the choice applies when the grid comes back)
 
     def arrange(self, shown: list[str] | None) -> None:
         """None: the grid of five plots (and the extra cell). A list of one or two names of
         `views` (or "extra"): only those, stacked in a splitter as large as the panel (the presenter
         layout; the side panel, with its text, gets a little more height than a plot)."""
-        cells = dict(self.views, extra=self.extra) if self.extra is not None else dict(self.views)
-        for widget in cells.values():
-            self._grid.removeWidget(widget)
-            if widget.parent() is self._stack:
-                widget.setParent(self)
+        cells = self.cells
         self.shown = list(shown) if shown else None
         if self.shown is None:
             self._stack.setVisible(False)
-            cells_at = ((0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (3, 0), (3, 1))  # speculation's row last
-            for widget, (row, col) in zip(self.views.values(), cells_at):
-                self._grid.addWidget(widget, row, col)
-                widget.setVisible(True)
-            self._set_speculation_visible(self.speculation_visible)  # its row only while speculating
-            if self.extra is not None:
-                self._grid.addWidget(self.extra, 2, 1)
-            self.set_extra_visible(self._extra_visible)
+            self.grid_area.setVisible(True)
+            self._layout_grid(force=True)
             return
         for name, widget in cells.items():
+            self._grid.removeWidget(widget)
             if name not in self.shown:
                 widget.setVisible(False)
+        self.grid_area.setVisible(False)
+        self.more_label.setVisible(False)
         for name in self.shown:
             self._stack.addWidget(cells[name])
             cells[name].setVisible(True)
+        self._drawn_version = self._readout_version = -1
         self._stack.setSizes([1300 if name == "extra" else 1000 for name in self.shown])
         self._stack.setVisible(True)
 
     def _set_speculation_visible(self, visible: bool) -> None:
         """The speculation row, only while the data holds speculative steps."""
         self.speculation_visible = visible
-        self.acceptance.setVisible(visible)
-        self.positions.setVisible(visible)
-        self._grid.setRowStretch(3, 1 if visible else 0)
+        self._layout_grid(force=True)
 
     def set_theme(self, theme: Theme) -> None:
         self.theme = theme
         self.colours.set_theme(theme)
         for view in self.views.values():
             view.set_theme(theme)
+        self._layout_grid()  # another type size: another readable cell
         self._readout_version = -1
         self.refresh(force=True)
 
@@ -139,8 +254,8 @@ class PlotsPanel(QWidget):
         speculating = bool((self.data.steps.column("verify") > 0.5).any())
         if speculating != self.speculation_visible and self.shown is None:
             self._set_speculation_visible(speculating)
-        for name, view in self.views.items():
-            if self.speculation_visible or name not in ("acceptance", "positions") or name in (self.shown or ()):
+        for view in self.views.values():
+            if view.isVisibleTo(self):  # a plot the grid or the presenter leaves out costs nothing
                 view.draw(frame)
                 view.fit_legend()  # (a new settings label may have joined the legend)
         self.frames_drawn += 1

@@ -58,6 +58,8 @@ class RooflinePlot(PlotView):
             self.plot.getAxis("left").setLabel(translate("Plots", "{unit} (log)").format(unit=unit),
                                                color=self.theme.text,
                                                **{"font-size": f"{self.theme.font_pt - 1}pt"})
+            self._set_keys.pop(("axis", "left"), None)  # (a new label: fit it to the axis again)
+            self.fit_axis_labels()
         ridge = peak_flops / peak_bps
         ai = steps.column("ai", last=TRAIL_STEPS)
         flops = steps.column("flops", last=TRAIL_STEPS) / scale
@@ -85,8 +87,20 @@ class RooflinePlot(PlotView):
                             all_ai[last:last + 1] if last is not None else [],
                             steps.column("flops")[last:last + 1] / scale if last is not None else [])
         y_lo = min(np.nanmin(flops), lo * peak_bps / scale)
+        if last is not None and np.isfinite(steps.column("flops")[last]) and steps.column("flops")[last] > 0:
+            y_lo = min(y_lo, steps.column("flops")[last] / scale)  # the last prefill's marker stays in view
         self.set_range("x", math.log10(lo), math.log10(hi))
-        self.set_range("y", math.floor(math.log10(max(y_lo, 1e-12))), math.ceil(math.log10(peak_flops / scale) + 0.7))
+        bottom, roof = math.floor(math.log10(max(y_lo, 1e-12))), math.log10(peak_flops / scale)
+        self.set_range("y", bottom, math.ceil(roof + self._headroom_decades(roof - bottom)))
+
+    def _headroom_decades(self, span: float) -> float:
+        """Decades above the roof for the ridge's label (at least 0.7): a short plot needs more of them
+        for the label to stay inside it."""
+        height = self.plot.getViewBox().height()
+        label_px = 1.2 * self.ridge_text.textItem.boundingRect().height()
+        if height <= label_px * 1.5:
+            return 0.7
+        return max(0.7, label_px * span / (height - label_px))
 
     def _trail_brushes(self) -> list:
         """The trail's colours (phase, or the step's settings label), fading with age."""

@@ -6,7 +6,7 @@ import math
 
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt
-from PySide6.QtGui import QColor, QFont
+from PySide6.QtGui import QColor, QFont, QGuiApplication
 
 from app.i18n import QT_TRANSLATE_NOOP
 from app.theme import Theme
@@ -26,9 +26,17 @@ def configure_pyqtgraph() -> None:
     pg.setConfigOptions(antialias=True, segmentedLineMode="on")  # batched steps of new prompts' chunks and running decodes
 
 
+def device_pixel_ratio() -> float:
+    """Device pixels per logical pixel of the screens (2 on a HiDPI screen at scale 2)."""
+    app = QGuiApplication.instance()
+    return max((screen.devicePixelRatio() for screen in app.screens()), default=1.0) if app is not None else 1.0
+
+
 def pen(colour: str, width: float = 2.0, dashed: bool = False, dotted: bool = False):
+    """A cosmetic pen `width` logical pixels wide: a cosmetic pen's width is in device pixels, so on a
+    HiDPI screen (device pixel ratio 2) it is drawn twice as wide, and the curves look as they do at 1x."""
     style = Qt.PenStyle.DashLine if dashed else Qt.PenStyle.DotLine if dotted else Qt.PenStyle.SolidLine
-    p = pg.mkPen(QColor(colour), width=width, style=style)
+    p = pg.mkPen(QColor(colour), width=width * device_pixel_ratio(), style=style)
     p.setCosmetic(True)
     return p
 
@@ -84,6 +92,7 @@ def style_plot(widget: pg.PlotWidget, theme: Theme, left: str, bottom: str, lege
                            brush=with_alpha(t.panel, 0), pen=pg.mkPen(None), verSpacing=-6, horSpacing=4,
                            colCount=legend_columns, frame=False)
     legend.setParentItem(plot)
+    legend.base_pt = t.font_pt - legend_smaller
     plot.legend = legend
     if plot.titleLabel in _layout_items(plot):
         plot.layout.removeItem(plot.titleLabel)
@@ -123,6 +132,29 @@ class _Legend(pg.LegendItem):
     def setColumnCount(self, columnCount: int) -> None:
         self.columnCount = max(1, int(columnCount))
 
+    hidden = False
+
+    def set_point_size(self, pt: int) -> None:
+        """The entries' type size (and the size of entries added later)."""
+        size = f"{pt}pt"
+        self.opts["labelTextSize"] = size
+        for _, label in self.items:
+            if label.opts.get("size") != size:
+                label.setText(label.text, size=size)
+
+    def widest_entry(self) -> float:
+        return max((24 + label.item.boundingRect().width() for _, label in self.items), default=0.0)
+
+    def set_hidden(self, hidden: bool) -> None:
+        """Hidden: out of sight and taking no height (its plot too small for it)."""
+        self.hidden = hidden
+        self.setVisible(not hidden)
+        if hidden:
+            self.setMinimumHeight(0)
+            self.setMaximumHeight(0)
+            self.setPreferredHeight(0)
+            self.updateGeometry()
+
     def relayout(self) -> None:
         x = y = row_h = 0.0
         rows = 0
@@ -138,7 +170,7 @@ class _Legend(pg.LegendItem):
             x += width + self.GAP_PX
             row_h = max(row_h, height - 4)
         self.rowCount = rows + 1 if self.items else 0
-        height = y + row_h + 2 if self.items else 0.0
+        height = y + row_h + 2 if self.items and not self.hidden else 0.0
         self.setMinimumHeight(height)
         self.setMaximumHeight(height)
         self.setPreferredHeight(height)

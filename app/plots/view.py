@@ -13,10 +13,11 @@ from PySide6.QtWidgets import QFrame, QLabel, QVBoxLayout
 
 from app.i18n import translate
 from app.live_data import Annotation, LiveData
-from app.plots.style import label_font, pen, style_plot, title_html, with_alpha
+from app.plots.style import device_pixel_ratio, label_font, pen, style_plot, title_html, with_alpha
 from app.theme import SettingColours, Theme
 
 LEGEND_SHARE = 0.3  # of a plot's height, the most its legend may take
+LEGEND_MIN_PT = 8  # the smallest type a legend shrinks to before it hides
 ANNOTATION_SHARE = 0.35  # of a plot's height, where setting-change labels go (at least two rows)
 
 
@@ -137,7 +138,7 @@ class PlotView(QFrame):
         if left.logMode:
             gy = 10.0 ** gy
         if self._grid_item is None:
-            grid_pen = pg.mkPen(with_alpha(self.theme.muted, int(255 * self.theme.grid_alpha)), width=1)
+            grid_pen = pg.mkPen(with_alpha(self.theme.muted, int(255 * self.theme.grid_alpha)), width=device_pixel_ratio())
             grid_pen.setCosmetic(True)
             self._grid_item = pg.PlotDataItem(pen=grid_pen, connect="pairs")
             self._grid_item.setZValue(-20)
@@ -166,6 +167,22 @@ class PlotView(QFrame):
         line.setVisible(True)
         line.setPos(y)
         line.label.setFormat(text)
+        self.fit_peak_labels()
+
+    def fit_peak_labels(self) -> None:
+        """A peak line's label wider than the plot takes smaller type, then hides (the line stays,
+        and the legend or the strip names it): a label is never cut at the plot's edge."""
+        width = self.plot.getViewBox().sceneBoundingRect().width()
+        if width < 20:
+            return
+        for line in self._peak_lines.values():
+            if not line.isVisible():
+                continue
+            for smaller in (2, 4):
+                line.label.setFont(label_font(self.theme, smaller))
+                if _text_size(line.label)[0] <= 0.96 * width:
+                    break
+            line.label.setVisible(_text_size(line.label)[0] <= 0.96 * width)
 
     def sync_annotations(self, notes: list[Annotation]) -> None:
         """One labelled vertical line per setting change, at the step where it took effect."""
@@ -203,8 +220,9 @@ class PlotView(QFrame):
         self._set_keys["annotation_labels"] = key
         gap = 6.0
         label_h = max(_text_size(line.label)[1] for line in lines)
-        # the rows stay in the top of the plot, the headroom the y ranges leave above the data
-        rows = max(2, int(ANNOTATION_SHARE * rect.height() // (label_h + 2)))
+        # the rows stay in the top of the plot, the headroom the y ranges leave above the data: a
+        # plot too short for a row of them shows the lines alone
+        rows = int(ANNOTATION_SHARE * rect.height() // (label_h + 2))
         free_left = [math.inf] * rows  # per row, where the labels already placed (to the right) begin
         blocked = self._peak_label_spans(rect, label_h)  # per row, the peak lines' labels (x spans)
         for line in sorted(lines, key=lambda line: line.value(), reverse=True):
@@ -247,7 +265,8 @@ class PlotView(QFrame):
     def fit_legend(self) -> None:
         """Flow the legend's entries into the plot's width, in at most LEGEND_SHARE of its height:
         past that, `spare_legend_entry` takes out what the plot can spare (the oldest settings: their
-        labelled change lines stay)."""
+        labelled change lines stay), then its type shrinks (to LEGEND_MIN_PT), and a legend that still
+        does not fit is hidden: it never takes the curves' room, nor runs past the plot's edge."""
         legend = self.plot.legend
         if legend is None:
             return
@@ -258,9 +277,19 @@ class PlotView(QFrame):
             return
         self.show_legend_entries()
         legend.room_px = max(room, 100.0)
+        allowed = LEGEND_SHARE * self.widget.height()
+        base_pt = getattr(legend, "base_pt", self.theme.font_pt - 2)
+        legend.set_hidden(False)
+        legend.set_point_size(base_pt)
         legend.relayout()
-        while legend.maximumHeight() > LEGEND_SHARE * self.widget.height() and self.spare_legend_entry():
+        while legend.maximumHeight() > allowed and self.spare_legend_entry():
             legend.relayout()
+        pt = base_pt
+        while (legend.maximumHeight() > allowed or legend.widest_entry() > legend.room_px) and pt > LEGEND_MIN_PT:
+            pt -= 1
+            legend.set_point_size(pt)
+            legend.relayout()
+        legend.set_hidden(legend.maximumHeight() > allowed or legend.widest_entry() > legend.room_px)
         key = (self.legend_wanted(), tuple(label.text for _, label in legend.items), room, self.widget.height(),
                self.theme.font_pt)
         self._set_keys["legend"] = key
@@ -280,8 +309,29 @@ class PlotView(QFrame):
         super().resizeEvent(event)
         QTimer.singleShot(0, self, self._after_resize)
 
+    def fit_axis_labels(self) -> None:
+        """An axis's label longer than its side (the left one on a short plot) takes smaller type,
+        then hides: its numbers keep the room, and the title says what is plotted."""
+        view = self.plot.getViewBox()
+        for side, room in (("left", view.height()), ("bottom", view.width())):
+            axis = self.plot.getAxis(side)
+            text = axis.labelText
+            if not text or room < 20:
+                continue
+            key = (text, int(room), self.theme.font_pt)
+            if self._set_keys.get(("axis", side)) == key:
+                continue
+            self._set_keys[("axis", side)] = key
+            for smaller in (1, 3):
+                axis.setLabel(text, **{**axis.labelStyle, "font-size": f"{max(self.theme.font_pt - smaller, 8)}pt"})
+                if axis.label.boundingRect().width() <= room:
+                    break
+            axis.showLabel(axis.label.boundingRect().width() <= room)
+
     def _after_resize(self) -> None:
         self.fit_legend()
+        self.fit_peak_labels()
+        self.fit_axis_labels()
         if self.annotation_lines:
             self.place_annotation_labels()
 

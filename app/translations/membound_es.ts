@@ -350,6 +350,14 @@
         <translation>top-1 = fp</translation>
     </message>
     <message>
+        <source>More…</source>
+        <translation>Más…</translation>
+    </message>
+    <message>
+        <source>the numbers (max tokens, temperature, top-p, draft k) and the window&apos;s buttons; every switch keeps its key</source>
+        <translation>los números (máx. tokens, temperatura, top-p, k del borrador) y los botones de la ventana; cada interruptor conserva su tecla</translation>
+    </message>
+    <message>
         <source>&lt;b&gt;Quality&lt;/b&gt; on {n} tokens of evaluation text</source>
         <translation>&lt;b&gt;Calidad&lt;/b&gt; en {n} tokens de texto de evaluación</translation>
     </message>
@@ -722,6 +730,14 @@
         <translation>{phase} {ai} FLOP/B: {bound}</translation>
     </message>
     <message>
+        <source>more plots on the number keys: {plots} (0: this grid)</source>
+        <translation>más gráficas con las teclas numéricas: {plots} (0: esta rejilla)</translation>
+    </message>
+    <message>
+        <source>side panel</source>
+        <translation>panel lateral</translation>
+    </message>
+    <message>
         <source>generation {tps} tok/s (server&apos;s counters)</source>
         <translation>generación {tps} tok/s (contadores del servidor)</translation>
     </message>
@@ -943,10 +959,6 @@
         <translation>Lo que permite el hardware</translation>
     </message>
     <message>
-        <source>{name} weights</source>
-        <translation>pesos {name}</translation>
-    </message>
-    <message>
         <source>the weights&apos; format the table assumes, as the engine stores it (INT4: groups of {group}, an fp16 scale and min a group, the head at INT8)</source>
         <translation>el formato de los pesos que supone la tabla, tal como lo guarda el motor (INT4: grupos de {group}, una escala y un mínimo fp16 por grupo, la cabeza en INT8)</translation>
     </message>
@@ -961,6 +973,10 @@
     <message>
         <source>tensor parallelism over {n} {gpu}: {memory_gb} GB together; each GPU reads its 1/{n} of every weight matrix at {gbs} GB/s, and every layer all-reduces its hidden vector twice over NVLink ({link_gbs} GB/s both ways)</source>
         <translation>paralelismo tensorial en {n} {gpu}: {memory_gb} GB entre todas; cada GPU lee su 1/{n} de cada matriz de pesos a {gbs} GB/s, y cada capa hace dos all-reduce de su vector oculto por NVLink ({link_gbs} GB/s en cada sentido)</translation>
+    </message>
+    <message>
+        <source>parameters</source>
+        <translation>parámetros</translation>
     </message>
     <message>
         <source>{read_gb} GB read per token; {held_gb} GB of weights held</source>

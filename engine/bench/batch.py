@@ -9,6 +9,7 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from engine.bench.tables import rows_of, side_by_side
 from engine.hardware.roof import Roof
@@ -25,6 +26,8 @@ BLOCK_SIZE = 16
 # where a static one pays it in every batch; at 4 requests a user it was a quarter of a continuous
 # run (docs/benchmarks.md, "Batching"), measuring the run's end more than the policy.
 REQUESTS_PER_USER = 16
+# a CPU's warm-up of a batch size stops after this many decode steps of the whole batch
+CPU_WARMUP_FULL_BATCH_STEPS = 3
 
 
 def add_batch_args(bench) -> None:
@@ -52,6 +55,8 @@ class BatchPoint:
     mbu: float
     mfu: float
     bound: str  # "memory" | "compute" (cost model against the device's ridge point)
+    roofline_tokens_per_s: float = float("nan")  # the lower roof (bytes at peak GB/s, FLOPs at peak FLOP/s)
+    of_roofline: float = float("nan")  # aggregate / roofline
 
 
 def _runner(model, hardware, dtype: str, num_blocks: int, **kw):
@@ -60,30 +65,95 @@ def _runner(model, hardware, dtype: str, num_blocks: int, **kw):
 
 
 def run_batch_point(model, hardware, dtype: str, batch_size: int, prompt_ids: list[int], decode_tokens: int,
-                    attention: str = "flash") -> BatchPoint:
-    """B copies of one request, started together; the decode steps that run all B are measured."""
+                    attention: str = "flash", full_batch_steps: int | None = None) -> BatchPoint:
+    """B copies of one request, started together; the decode steps that run all B are measured.
+    The prompts are prefilled `token_budget` tokens a step, so the first requests decode while the
+    last ones' prompts go in: all B decode together only once every prompt is in. `full_batch_steps`
+    (a warm-up) stops the run after that many steps of the whole batch: the same prefill chunks and
+    decode shape as the full run, without its length."""
     per_seq = -(-(len(prompt_ids) + decode_tokens) // BLOCK_SIZE)
+    token_budget = max(512, batch_size)
     runner = _runner(model, hardware, dtype, batch_size * per_seq, max_batch_size=batch_size,
-                     token_budget=max(512, batch_size), attention=attention)
+                     token_budget=token_budget, attention=attention)
     for i in range(batch_size):
         runner.scheduler.add_request(_request(i, prompt_ids, decode_tokens))
-    steps = []
-    while runner.scheduler.has_unfinished:
+    steps, prefill_steps = [], 0
+    while runner.scheduler.has_unfinished and (full_batch_steps is None or len(steps) < full_batch_steps):
         _, _, m = runner.step()
         if m is not None and m.phase == "decode" and m.batch_size == batch_size:
             steps.append(m)
+        elif m is not None and m.phase != "decode":
+            prefill_steps += 1
     if not steps:
-        raise ValueError("no decode step ran the whole batch: use --decode-tokens >= 2")
+        raise ValueError(f"no decode step ran the whole batch of {batch_size}: its prompts took {prefill_steps} "
+                         f"steps to go in ({token_budget} tokens a step), and the first replies ended before "
+                         f"the last prompt was in: use --decode-tokens > {prefill_steps}")
     step_s = sum(m.step_s for m in steps)
     moved = sum(m.total_bytes for m in steps)
     flops = sum(m.flops for m in steps)
-    aggregate = sum(m.tokens_out for m in steps) / step_s
+    tokens = sum(m.tokens_out for m in steps)
+    aggregate = tokens / step_s
+    # each step's least time under the roofline: its bytes at the peak bandwidth or its FLOPs at the peak
+    roof_s = sum(m.tokens_out / m.predicted_ceiling_tokens_per_s for m in steps)
     ridge = steps[0].peak_flops / steps[0].peak_bandwidth_bps
     return BatchPoint(batch_size=batch_size, decode_steps=len(steps), aggregate_tokens_per_s=aggregate,
                       per_request_tokens_per_s=aggregate / batch_size, decode_step_ms=1e3 * step_s / len(steps),
                       arithmetic_intensity=flops / moved, achieved_gbs=moved / step_s / 1e9,
                       mbu=moved / step_s / steps[0].peak_bandwidth_bps, mfu=flops / step_s / steps[0].peak_flops,
-                      bound="compute" if flops / moved >= ridge else "memory")
+                      bound="compute" if flops / moved >= ridge else "memory",
+                      roofline_tokens_per_s=tokens / roof_s, of_roofline=roof_s / step_s)
+
+
+PROFILE_STEPS = 4  # full-batch decode steps under torch.profiler, per batch size
+PROFILE_TOP = 6
+
+
+def profile_batch_step(model, hardware, dtype: str, batch_size: int, prompt_ids: list[int],
+                       attention: str = "flash", steps: int = PROFILE_STEPS) -> dict:
+    """Where a decode step of the whole batch spends its time: B copies of the request are prefilled
+    (every prompt in), then `steps` steps of all B run under torch.profiler. Each operator's own CPU
+    time per step, the biggest first, beside the step's wall time and its bytes at the peak."""
+    import torch
+
+    token_budget = max(512, batch_size)
+    # the first requests decode while the last prompts go in: enough tokens that none ends before the profile does
+    decode_tokens = steps + 2 + -(-batch_size * len(prompt_ids) // token_budget)
+    per_seq = -(-(len(prompt_ids) + decode_tokens) // BLOCK_SIZE)
+    runner = _runner(model, hardware, dtype, batch_size * per_seq, max_batch_size=batch_size,
+                     token_budget=token_budget, attention=attention)
+    for i in range(batch_size):
+        runner.scheduler.add_request(_request(i, prompt_ids, decode_tokens))
+    while True:  # until every prompt is in and a step of the whole batch has run (warm)
+        _, _, m = runner.step()
+        if m.phase == "decode" and m.batch_size == batch_size:
+            break
+    metrics = []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            metrics.append(runner.step()[2])
+    if any(m.phase != "decode" or m.batch_size != batch_size for m in metrics):
+        raise RuntimeError("a profiled step did not run the whole batch")
+    ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    step_ms = 1e3 * sum(m.step_s for m in metrics) / steps
+    return {"batch_size": batch_size, "step_ms": step_ms, "steps": steps,
+            "bytes_at_peak_ms": 1e3 * sum(m.floor_s for m in metrics) / steps,
+            "roofline_ms": 1e3 * sum(m.tokens_out / m.predicted_ceiling_tokens_per_s for m in metrics) / steps,
+            "operators_per_step": sum(e.count for e in ops) // steps,
+            "operators_ms": sum(e.self_cpu_time_total for e in ops) / 1e3 / steps,
+            "top": [{"operator": e.key, "ms": e.self_cpu_time_total / 1e3 / steps, "calls": e.count // steps}
+                    for e in ops[:PROFILE_TOP]]}
+
+
+def format_batch_profile(found: list[dict]) -> str:
+    lines = ["profile: decode steps of the whole batch under torch.profiler: each step's wall time beside what "
+             "the roofline allows, its operators' own time (on the calling thread; the rest is Python between "
+             "them) and the biggest operators"]
+    for f in found:
+        lines.append(f"  batch {f['batch_size']}: {f['step_ms']:,.1f} ms a step (roofline {f['roofline_ms']:,.1f} ms, "
+                     f"bytes at peak {f['bytes_at_peak_ms']:,.1f} ms), {f['operators_per_step']} operators "
+                     f"{f['operators_ms']:,.1f} ms: "
+                     + ", ".join(f"{t['operator']} {t['ms']:,.1f} ms x{t['calls']}" for t in f["top"]))
+    return "\n".join(lines)
 
 
 def _request(i: int, prompt_ids: list[int], decode_tokens: int):
@@ -142,16 +212,18 @@ def run_mixed(model, hardware, dtype: str, policy: str, n_users: int, n_requests
                        drain_s=t0 + wall_s - max(r.arrival_s for r in done))
 
 
-def format_batch_table(points: list[BatchPoint], ridge: float, single_stream: dict | None = None) -> str:
+def format_batch_table(points: list[BatchPoint], ridge: float, single_stream: dict | None = None,
+                       peer: dict | None = None) -> str:
     """single_stream: the plain batch-1 path's figure (CUDA graphs where they run), for a second
-    ratio: the batched path runs eager, so its own batch 1 is launch-bound on a GPU."""
+    ratio: the batched path runs eager, so its own batch 1 is launch-bound on a GPU. peer: llama.cpp's
+    figures by batch size (llama-batched-bench), as rows beside ours."""
     base = points[0]
     rows = [
         ("aggregate tok/s", lambda p: f"{p.aggregate_tokens_per_s:,.1f}"),
         (f"vs batch {base.batch_size}", lambda p: f"{p.aggregate_tokens_per_s / base.aggregate_tokens_per_s:.2f}x"),
     ]
     if single_stream:
-        rows.append((f"vs 1 stream ({single_stream['path']})",
+        rows.append(("vs 1 stream",  # the plain path's batch 1 (its path: the "1 stream" line below)
                      lambda p: f"{p.aggregate_tokens_per_s / single_stream['decode_tokens_per_s']:.2f}x"))
     rows += [
         ("per-request tok/s", lambda p: f"{p.per_request_tokens_per_s:,.1f}"),
@@ -161,8 +233,16 @@ def format_batch_table(points: list[BatchPoint], ridge: float, single_stream: di
         ("MBU", lambda p: f"{100 * p.mbu:.1f}%"),
         ("MFU", lambda p: f"{100 * p.mfu:.2f}%"),
         ("bound (model)", lambda p: p.bound),
+        ("roofline tok/s", lambda p: f"{p.roofline_tokens_per_s:,.1f}"),
+        ("of the roofline", lambda p: f"{100 * p.of_roofline:.0f}%"),
     ]
-    lines = side_by_side("batch", [str(p.batch_size) for p in points], rows_of(points, rows), 20, 10)
+    if peer:
+        rows += [
+            ("llama.cpp tok/s", lambda p: f"{peer[p.batch_size].aggregate_tokens_per_s:,.1f}"),
+            ("llama.cpp MBU", lambda p: f"{100 * peer[p.batch_size].mbu:.1f}%"),
+            ("membound/llama.cpp", lambda p: f"{p.aggregate_tokens_per_s / peer[p.batch_size].aggregate_tokens_per_s:.2f}x"),
+        ]
+    lines = side_by_side("batch", [str(p.batch_size) for p in points], rows_of(points, rows), 24, 11)
     turn = next((p.batch_size for p in points if p.bound == "compute"), None)
     lines.append(f"ridge point {ridge:,.1f} FLOP/byte: " + (f"compute-bound from batch {turn} (cost model)"
                  if turn else f"memory-bound up to batch {points[-1].batch_size} (cost model)"))
@@ -209,7 +289,7 @@ def run_batch_bench(args, progress) -> int:
     from engine.engine import Engine
     from engine.hardware.spec import describe
     from engine.protocol import default_dtype
-    from engine.settings import SamplingParams, Settings
+    from engine.settings import SamplingParams, Settings, weights_label
 
     dtype = args.dtype or default_dtype(args.device)
     if args.prompt_tokens < 1 or args.decode_tokens < 2:
@@ -222,15 +302,24 @@ def run_batch_bench(args, progress) -> int:
     need = 2 * (args.prompt_tokens + args.decode_tokens)
     if args.workload == "mixed":  # the bundled chat prompts: under 256 tokens even byte by byte
         need = max(need, 256 + 2 * args.decode_tokens)
+    settings = Settings(dtype=dtype, attention=args.attention, sampling=SamplingParams(greedy=True, temperature=0.0),
+                        weights=getattr(args, "weights", "fp"), group_size=getattr(args, "group_size", 32))
+    gguf = None
+    if getattr(args, "compare", None) == "llamacpp":
+        from engine.bench.llamacpp import peer_model
+        gguf = peer_model(args.model, args.sweep, args.workload)
+    elif getattr(args, "compare", None):
+        raise ValueError(f"--compare {args.compare} runs batch 1 on floating-point weights, not --sweep batch")
     t0 = time.perf_counter()
     engine = Engine(args.model, device=args.device, dtype=dtype, max_context=max(args.max_context, need),
-                    progress=progress, settings=Settings(dtype=dtype, attention=args.attention,
-                                                         sampling=SamplingParams(greedy=True, temperature=0.0)))
+                    progress=progress, settings=settings)
+    model, hw = engine.model_for(settings), engine.hardware  # int8/int4: the quantised copy
     seconds = {"load": time.perf_counter() - t0}
     print(f"model: {engine.loaded.label}", file=sys.stderr)
-    print(f"device: {describe(engine.hardware)}", file=sys.stderr)
-    model, hw = engine.model, engine.hardware
-    report = JsonReport(args.json, model=engine.loaded.label, device=hw.to_dict(), dtype=dtype, seconds=seconds)
+    print(f"device: {describe(hw)}", file=sys.stderr)
+    weights = "" if settings.weights == "fp" else f" · {weights_label(settings.weights, settings.group_size)}"
+    report = JsonReport(args.json, model=engine.loaded.label, device=hw.to_dict(), dtype=dtype,
+                        weights=settings.weights, group_size=settings.group_size, seconds=seconds)
     if args.workload == "mixed":
         workload = mixed_workload(engine.tokenizer, args.decode_tokens)
         policies = [args.policy] if args.policy else ["continuous", "static"]
@@ -249,17 +338,21 @@ def run_batch_bench(args, progress) -> int:
         lens = sorted(map(len, workload.prompts))
         print(f"\nworkload: {args.users} simulated users, {args.requests} requests: the {len(lens)} bundled chat "
               f"prompts ({lens[0]}..{lens[-1]} tokens), replies to EOS or a cap of {workload.output_lens[0]}.."
-              f"{workload.output_lens[1]} tokens, greedy, no think time, {dtype}, paged KV")
+              f"{workload.output_lens[1]} tokens, greedy, no think time, {dtype}{weights}, paged KV")
         print(format_mixed_table(results))
         report.finish(results=[asdict(r) for r in results], paths=paths, clocks=clocks, seconds=seconds)
         return 0
-    from engine.bench.single import path_line, timed_run, warm_up, warm_up_decode_tokens
+    from engine.bench.single import path_line, timed_run, warm_up
 
     prompt_ids = bench_prompt_ids(engine.tokenizer, args.prompt_tokens)
+    # a GPU warms up on the whole run (flash-decoding compiles a variant as the context grows);
+    # a CPU, where nothing compiles, on the prefill chunks and a few steps of the whole batch
+    warm_up_steps = None if args.device == "cuda" else CPU_WARMUP_FULL_BATCH_STEPS
     t0 = time.perf_counter()
     for i, b in enumerate(sizes):  # every batch size once, untimed: its prefill chunks, M buckets and kernels
         progress(i / len(sizes), f"warming up batch {b}")
-        run_batch_point(model, hw, dtype, b, prompt_ids, warm_up_decode_tokens(args), args.attention)
+        run_batch_point(model, hw, dtype, b, prompt_ids, args.decode_tokens, args.attention,
+                        full_batch_steps=warm_up_steps)
     seconds["warmup"] = time.perf_counter() - t0
     report.update(seconds=seconds)
     clocks_before, watch = device_clocks(hw), PathWatch()
@@ -280,18 +373,72 @@ def run_batch_bench(args, progress) -> int:
     single_stream = {"decode_tokens_per_s": single.decode_tokens_per_s,
                      "path": "CUDA graph" if graphs == "used" else f"eager: {graphs}"}
     clocks = {"before_timed": clocks_before, "after_timed": device_clocks(hw)}
+    profiles = []
+    if getattr(args, "profile", False):
+        for b in sizes:
+            progress(0.96, f"profiling a decode step of batch {b}")
+            profiles.append(profile_batch_step(model, hw, dtype, b, prompt_ids, args.attention))
+    peer = None
+    if gguf is not None:
+        progress(0.97, "llama.cpp: llama-batched-bench and llama-bench on the same GGUF")
+        t0 = time.perf_counter()
+        peer = run_llamacpp_batch(engine, gguf, sizes, args.prompt_tokens, args.decode_tokens)
+        seconds["llamacpp"] = time.perf_counter() - t0
     progress(1.0, "done")
     ridge = (hw.peak_flops_for(dtype) or float("nan")) / (hw.peak_bandwidth_gbs * 1e9)
     print(f"\nworkload: B requests together, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens} "
-          f"tokens each, greedy, {dtype}, paged KV, {args.attention} attention")
-    print(format_batch_table(points, ridge, single_stream))
+          f"tokens each, greedy, {dtype}{weights}, paged KV, {args.attention} attention")
+    print(format_batch_table(points, ridge, single_stream, peer["batched"] if peer else None))
     print(f"batched steps: {path_line(paths['batched'])}")
     print(f"1 stream: {single.decode_tokens_per_s:,.1f} tok/s, {path_line(paths['single_stream'])}")
+    if peer:
+        print(format_llamacpp_lines(peer, points, single.decode_tokens_per_s))
+    if profiles:
+        print(format_batch_profile(profiles))
     report.finish(results=[asdict(p) for p in points], ridge_flop_per_byte=ridge, paths=paths, clocks=clocks,
-                  seconds=seconds, single_stream={**single_stream, "result": asdict(single)},
+                  seconds=seconds, single_stream={**single_stream, "result": asdict(single)}, profile=profiles,
                   vs_single_stream={p.batch_size: p.aggregate_tokens_per_s / single.decode_tokens_per_s
-                                    for p in points})
+                                    for p in points},
+                  **({"llamacpp": {**peer, "batched": {n: asdict(q) for n, q in peer["batched"].items()},
+                                   "llama_bench": asdict(peer["llama_bench"])}} if peer else {}))
     return 0
+
+
+def run_llamacpp_batch(engine, gguf, sizes: list[int], prompt_tokens: int, decode_tokens: int) -> dict:
+    """llama.cpp on the sweep's workload, same GGUF and threads, with its own benchmarks:
+    llama-batched-bench at each batch size (N parallel sequences of `prompt_tokens` + `decode_tokens`)
+    and llama-bench for one sequence (generation after `prompt_tokens` of context)."""
+    import torch
+
+    from engine.bench.llamacpp import (batched_bench_traffic, find_tool, gguf_matmul_bytes, run_batched_bench,
+                                       run_llama_bench)
+
+    threads = torch.get_num_threads()
+    batched, batched_command = run_batched_bench(find_tool("llama-batched-bench"), gguf, threads, prompt_tokens,
+                                                 decode_tokens, sizes)
+    batched_bench_traffic(batched, engine.cfg, prompt_tokens, decode_tokens, gguf_matmul_bytes(gguf),
+                          engine.hardware.peak_bandwidth_gbs)
+    single = run_llama_bench(find_tool("llama-bench"), gguf, threads, prompt_tokens, decode_tokens)
+    return {"model": str(gguf), "threads": threads, "batched": batched, "batched_command": batched_command,
+            "llama_bench": single}
+
+
+def format_llamacpp_lines(peer: dict, points: list[BatchPoint], single_tokens_per_s: float) -> str:
+    """Which tool each llama.cpp figure came from, and ours against it at batch 1 and at the largest batch."""
+    bench, batched = peer["llama_bench"], peer["batched"]
+    largest = points[-1]
+    theirs = batched[largest.batch_size]
+    return "\n".join([
+        f"llama.cpp ({Path(peer['model']).name}, {peer['threads']} threads, fp16 KV cache): the llama.cpp rows are "
+        f"llama-batched-bench's S_TG (`{Path(peer['batched_command'].split()[0]).name} -npp {bench.prompt_tokens} "
+        f"-ntg {bench.decode_tokens} -npl {','.join(map(str, batched))}`: random tokens, no sampling)",
+        f"llama.cpp 1 sequence, llama-bench tg{bench.decode_tokens} at depth {bench.depth}: "
+        f"{bench.decode_tokens_per_s:,.1f} tok/s (pp{bench.prompt_tokens}: {bench.prefill_tokens_per_s:,.1f} tok/s); "
+        f"membound's 1 stream / llama-bench: {single_tokens_per_s / bench.decode_tokens_per_s:.2f}x",
+        f"batch {largest.batch_size}: membound {largest.aggregate_tokens_per_s:,.1f} / llama-batched-bench "
+        f"{theirs.aggregate_tokens_per_s:,.1f} tok/s aggregate = "
+        f"{largest.aggregate_tokens_per_s / theirs.aggregate_tokens_per_s:.2f}x",
+    ])
 
 
 def _batch_sizes(text: str | None) -> list[int]:

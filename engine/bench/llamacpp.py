@@ -1,9 +1,13 @@
-"""llama.cpp as the bench's peer (`membound bench --compare llamacpp`): its `llama-server` on the same
-GGUF file, the same threads, prompt ids and decode tokens; figures from the server's own timings.
+"""llama.cpp as the bench's peer (`membound bench --compare llamacpp`), on the same GGUF file and
+threads: its own benchmarks, `llama-bench` (one sequence: prompt processing, then generation after
+the prompt's context) and `llama-batched-bench` (N parallel sequences' aggregate generation speed),
+and its `llama-server` over HTTP (the same prompt ids, greedy, its own `timings`: sampling and the
+server's loop included, so not llama.cpp's own speed). Every figure says which tool it came from.
 
-The binary is the one `make peers` builds (scripts/llama_server.py, ~/.cache/membound/llama-server/),
-or MEMBOUND_LLAMA_SERVER, or a `llama-server` on PATH. Its bytes per token are the cost model's for
-what it reads: every matmul tensor of the GGUF at its stored size, and an fp16 KV cache."""
+The binaries are the ones `make peers` builds (scripts/llama_server.py, ~/.cache/membound/llama-server/),
+or $MEMBOUND_LLAMA_SERVER / $MEMBOUND_LLAMA_BATCHED_BENCH / $MEMBOUND_LLAMA_BENCH, or on PATH. Bytes
+per token are the cost model's for what llama.cpp reads: every matmul tensor of the GGUF at its
+stored size, and an fp16 KV cache."""
 from __future__ import annotations
 
 import http.client
@@ -13,30 +17,158 @@ import socket
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from engine.bench.single import BenchResult
 from engine.options import EngineOptions
 
-SERVER_ENV = "MEMBOUND_LLAMA_SERVER"
-HOW_TO_GET = ("--compare llamacpp needs llama.cpp's llama-server: run `make peers` (builds it once into "
-              "~/.cache/membound/llama-server/, minutes) or set MEMBOUND_LLAMA_SERVER to one")
-KV_ELEM_BYTES = 2  # llama-server's default KV cache type is f16
+TOOLS = ("llama-server", "llama-batched-bench", "llama-bench")
+KV_ELEM_BYTES = 2  # llama.cpp's default KV cache type is f16
 START_TIMEOUT_S = 120.0
+BENCH_TIMEOUT_S = 1800.0  # one llama-bench or llama-batched-bench run, at most
 
 
-def find_server() -> Path | None:
-    """The llama-server to run: $MEMBOUND_LLAMA_SERVER, else the newest one `make peers` built, else PATH."""
+def tool_env(tool: str) -> str:
+    """The environment variable naming a tool's binary: MEMBOUND_LLAMA_SERVER, ... (engine/options.py)."""
+    return "MEMBOUND_" + tool.upper().replace("-", "_")
+
+
+def how_to_get(missing: list[str]) -> str:
+    return (f"--compare llamacpp needs llama.cpp's {', '.join(missing)}: run `make peers` (builds llama-server, "
+            "llama-batched-bench and llama-bench once into ~/.cache/membound/llama-server/, minutes) or set "
+            + ", ".join(map(tool_env, missing)))
+
+
+def find_tool(tool: str) -> Path | None:
+    """A llama.cpp binary: $MEMBOUND_<TOOL>, else the newest one `make peers` built, else PATH."""
     options = EngineOptions.from_environ()
-    named = options.llama_server
+    named = getattr(options, tool.replace("-", "_"))  # llama_server, llama_batched_bench, llama_bench
     if named:
         return Path(named) if Path(named).is_file() else None
     root = options.cache_dir / "llama-server"
-    built = sorted(root.glob("*/llama-server"), key=lambda p: p.stat().st_mtime, reverse=True)
+    built = sorted(root.glob(f"*/{tool}"), key=lambda p: p.stat().st_mtime, reverse=True)
     if built:
         return built[0]
-    on_path = shutil.which("llama-server")
+    on_path = shutil.which(tool)
     return Path(on_path) if on_path else None
+
+
+def find_server() -> Path | None:
+    return find_tool("llama-server")
+
+
+def missing_tools() -> list[str]:
+    return [tool for tool in TOOLS if find_tool(tool) is None]
+
+
+def peer_model(model: str, sweep: str | None, workload: str | None = None) -> Path:
+    """The GGUF file llama.cpp reads, or ValueError (one line) saying why it cannot compare."""
+    if workload or sweep not in (None, "weights", "precision", "batch"):
+        what = f"--workload {workload}" if workload else f"--sweep {sweep}"
+        raise ValueError(f"--compare llamacpp runs with one setting, --sweep weights/precision or --sweep batch, "
+                         f"not {what}")
+    if model == "default":
+        from engine.io.default_model import find_default_model
+        path = find_default_model()
+    else:
+        path = Path(model).expanduser()
+        if path.suffix.lower() != ".gguf" or not path.is_file():
+            raise ValueError(f"--compare llamacpp needs a .gguf file llama.cpp can read, got {model}")
+    if missing := missing_tools():
+        raise ValueError(how_to_get(missing))
+    return path
+
+
+def _run_tool(args: list[str]) -> str:
+    """A llama.cpp benchmark's standard output; RuntimeError (with its last lines) if it fails."""
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{Path(args[0]).name} did not finish within {BENCH_TIMEOUT_S:.0f} s") from None
+    if done.returncode != 0:
+        tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+        raise RuntimeError(f"{Path(args[0]).name} exited with {done.returncode}: {tail}")
+    return done.stdout
+
+
+@dataclass
+class LlamaBench:
+    """llama-bench's figures for one sequence: pp (a prompt from an empty cache) and tg (tokens
+    generated one at a time after `depth` tokens of context), each its mean over repetitions."""
+    prompt_tokens: int
+    prefill_tokens_per_s: float
+    decode_tokens: int
+    depth: int
+    decode_tokens_per_s: float
+    command: str
+
+
+def run_llama_bench(binary: Path, model: Path, threads: int, prompt_tokens: int, decode_tokens: int,
+                    repetitions: int = 1) -> LlamaBench:
+    """`llama-bench -p P -n D -d 0,P`: prompt processing of P tokens from empty and generation of D
+    tokens at depth P (after the prompt's context, as our decode runs), its own warm-up first."""
+    args = [str(binary), "-m", str(model), "-t", str(threads), "-p", str(prompt_tokens), "-n", str(decode_tokens),
+            "-d", f"0,{prompt_tokens}", "-r", str(max(1, repetitions)), "-o", "json"]
+    rows = json.loads(_run_tool(args))
+
+    def find(n_prompt: int, n_gen: int, depth: int) -> dict:
+        for row in rows:
+            if (row["n_prompt"], row["n_gen"], row["n_depth"]) == (n_prompt, n_gen, depth):
+                return row
+        raise RuntimeError(f"llama-bench gave no test of {n_prompt} prompt and {n_gen} generated tokens at "
+                           f"depth {depth}")
+
+    pp, tg = find(prompt_tokens, 0, 0), find(0, decode_tokens, prompt_tokens)
+    return LlamaBench(prompt_tokens=prompt_tokens, prefill_tokens_per_s=pp["avg_ts"], decode_tokens=decode_tokens,
+                      depth=prompt_tokens, decode_tokens_per_s=tg["avg_ts"], command=" ".join(args))
+
+
+@dataclass
+class BatchedBenchPoint:
+    """llama-batched-bench at one number of parallel sequences: `pl` prompts of `pp` tokens
+    prefilled, then `tg` steps generating one token for each sequence."""
+    batch_size: int
+    prefill_tokens_per_s: float  # S_PP
+    aggregate_tokens_per_s: float  # S_TG: pl * tg / t_tg
+    decode_step_ms: float
+    achieved_gbs: float = float("nan")  # cost model bytes of its decode steps / their time
+    mbu: float = float("nan")
+
+
+def run_batched_bench(binary: Path, model: Path, threads: int, prompt_tokens: int, decode_tokens: int,
+                      parallel: list[int]) -> tuple[dict[int, BatchedBenchPoint], str]:
+    """`llama-batched-bench -npp P -ntg D -npl 1,8,...`, with a context that holds the largest batch
+    (a row that does not fit is skipped by the tool: here that is an error). By batch size."""
+    context = max(parallel) * (prompt_tokens + decode_tokens)
+    args = [str(binary), "-m", str(model), "-c", str(context), "-b", "2048", "-ub", "512", "-npp", str(prompt_tokens),
+            "-ntg", str(decode_tokens), "-npl", ",".join(map(str, parallel)), "-t", str(threads), "-tb", str(threads),
+            "--output-format", "jsonl"]
+    out = {}
+    for line in _run_tool(args).splitlines():
+        if line.startswith("{") and '"speed_tg"' in line:
+            row = json.loads(line)
+            out[row["pl"]] = BatchedBenchPoint(batch_size=row["pl"], prefill_tokens_per_s=row["speed_pp"],
+                                               aggregate_tokens_per_s=row["speed_tg"],
+                                               decode_step_ms=1e3 * row["t_tg"] / row["tg"])
+    if missing := [n for n in parallel if n not in out]:
+        raise RuntimeError(f"llama-batched-bench gave no figure for {missing} parallel sequences")
+    return out, " ".join(args)
+
+
+def batched_bench_traffic(points: dict[int, BatchedBenchPoint], cfg, prompt_tokens: int, decode_tokens: int,
+                          weight_bytes: int, peak_gbs: float) -> None:
+    """Each point's achieved GB/s and MBU from the cost model: its weights once a step for all the
+    sequences, each sequence's f16 KV cache read from `prompt_tokens` on."""
+    from engine.metrics import step_cost
+
+    for p in points.values():
+        moved = sum(step_cost(cfg, batch_size=p.batch_size, new_tokens=1, context_len=prompt_tokens + i,
+                              weight_bytes=weight_bytes, kv_elem_bytes=KV_ELEM_BYTES, act_elem_bytes=4).total_bytes
+                    for i in range(decode_tokens))
+        decode_s = decode_tokens * p.decode_step_ms / 1e3
+        p.achieved_gbs = moved / decode_s / 1e9
+        p.mbu = p.achieved_gbs / peak_gbs
 
 
 class LlamaServer:
@@ -136,21 +268,39 @@ def gguf_matmul_bytes(path: Path) -> int:
 
 def result_of(name: str, timings: dict, cfg, prompt_tokens: int, weight_bytes: int, peak_gbs: float,
               peak_flops: float) -> BenchResult:
-    """llama.cpp's figures as a BenchResult: its own times; bytes and FLOPs from our cost model for
-    what it reads (weight_bytes from the file, an fp16 KV cache), step by step as ours are counted."""
+    """llama-server's figures (its `timings`) as a BenchResult: the first token comes from the
+    prompt's logits, the rest are decode steps."""
+    return peer_result(name, cfg, prompt_tokens=timings["prompt_n"], prefill_s=timings["prompt_ms"] / 1e3,
+                       decode_steps=timings["predicted_n"] - 1, decode_s=timings["predicted_ms"] / 1e3,
+                       weight_bytes=weight_bytes, peak_gbs=peak_gbs, peak_flops=peak_flops,
+                       context_start=prompt_tokens)
+
+
+def llama_bench_result(name: str, bench: LlamaBench, cfg, weight_bytes: int, peak_gbs: float,
+                       peak_flops: float) -> BenchResult:
+    return peer_result(name, cfg, prompt_tokens=bench.prompt_tokens,
+                       prefill_s=bench.prompt_tokens / bench.prefill_tokens_per_s, decode_steps=bench.decode_tokens,
+                       decode_s=bench.decode_tokens / bench.decode_tokens_per_s, weight_bytes=weight_bytes,
+                       peak_gbs=peak_gbs, peak_flops=peak_flops, context_start=bench.depth)
+
+
+def peer_result(name: str, cfg, *, prompt_tokens: int, prefill_s: float, decode_steps: int, decode_s: float,
+                weight_bytes: int, peak_gbs: float, peak_flops: float, context_start: int | None = None) -> BenchResult:
+    """llama.cpp's times as a BenchResult; bytes and FLOPs from our cost model for what it reads
+    (weight_bytes from the file, an fp16 KV cache), step by step from `context_start` (default: after
+    the prompt) as ours are counted."""
     from engine.metrics import step_cost
 
-    decode_steps = timings["predicted_n"] - 1  # the first token comes from the prompt's logits
-    decode_s = timings["predicted_ms"] / 1e3
-    costs = [step_cost(cfg, batch_size=1, new_tokens=1, context_len=prompt_tokens + i, weight_bytes=weight_bytes,
+    start = prompt_tokens if context_start is None else context_start
+    costs = [step_cost(cfg, batch_size=1, new_tokens=1, context_len=start + i, weight_bytes=weight_bytes,
                        kv_elem_bytes=KV_ELEM_BYTES, act_elem_bytes=4) for i in range(decode_steps)]
     d_bytes = sum(c.total_bytes for c in costs)
     d_flops = sum(c.flops for c in costs)
     peak_bps = peak_gbs * 1e9
     return BenchResult(
-        name=name, prompt_tokens=timings["prompt_n"], decode_tokens=decode_steps,
-        prefill_tokens_per_s=timings["prompt_per_second"], decode_tokens_per_s=decode_steps / decode_s,
-        ttft_s=timings["prompt_ms"] / 1e3, decode_achieved_gbs=d_bytes / decode_s / 1e9, peak_gbs=peak_gbs,
+        name=name, prompt_tokens=prompt_tokens, decode_tokens=decode_steps,
+        prefill_tokens_per_s=prompt_tokens / prefill_s, decode_tokens_per_s=decode_steps / decode_s,
+        ttft_s=prefill_s, decode_achieved_gbs=d_bytes / decode_s / 1e9, peak_gbs=peak_gbs,
         mbu=d_bytes / decode_s / peak_bps, mfu=d_flops / decode_s / peak_flops,
         predicted_ceiling_tokens_per_s=decode_steps / sum(c.total_bytes / peak_bps for c in costs),
         decode_bytes_per_token=d_bytes / decode_steps)

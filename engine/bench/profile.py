@@ -32,11 +32,11 @@ def profile_step(engine, settings, prompt_ids: list[int], steps: int = PROFILE_S
     model(torch.tensor([prompt_ids]), start_pos=0, cache=cache)
     pos = len(prompt_ids)
     cpu_step.decode_step(model, token, pos, cache)  # builds the plan
-    plan = cpu_step._PLANS[model]
+    plan = cpu_step.plan_for(model, cache)
     seconds = torch.zeros(len(PHASES), dtype=torch.float64)
     t0 = time.perf_counter()
     for i in range(steps):
-        plan.run(int(token), pos + 1 + i, seconds)
+        plan.run([(int(token), pos + 1 + i, 0, None)], [0], seconds)
     wall_s = (time.perf_counter() - t0) / steps
     context = pos + 1 + steps // 2  # positions cached before the middle step
     bytes_by_phase = phase_bytes(model, context)

@@ -78,13 +78,14 @@ TABLE_ROWS = [
 
 
 def format_table(results: list[BenchResult]) -> str:
+    """Results side by side; with two or more, a last column: the first's figure over the second's."""
     rows = TABLE_ROWS
     names = [r.name for r in results]
-    if len(results) == 2:
+    if len(results) >= 2:
         names.append("ratio")
     width = max(12, *(len(n) for n in names))
     table = rows_of(results, rows)
-    if len(results) == 2:
+    if len(results) >= 2:
         for label, cells in table:
             ratio = ""
             if label in ("prefill tok/s", "decode tok/s", "achieved GB/s", "MBU"):
@@ -107,7 +108,8 @@ def run_weight_sweep(engine, variants: dict, prompt_ids: list[int], decode_token
     label. Each setting is warmed up with the whole workload first; repeats are interleaved across
     settings, so background load falls on each alike; the best run of each is kept. Quality:
     perplexity and top-1 agreement with the first setting. `peer` (a callable returning a
-    BenchResult: llama.cpp's run of the same workload) runs after the settings in each repeat."""
+    BenchResult, or a list of them: llama.cpp's runs of the same workload) runs after the settings in
+    each repeat."""
     from dataclasses import replace
 
     from engine.model.quality import weight_quality
@@ -142,9 +144,10 @@ def run_weight_sweep(engine, variants: dict, prompt_ids: list[int], decode_token
                 results[label], steps[label], paths[label] = replace(result, name=label), run_steps, run_paths
         if peer is not None:
             progress((r + 1) / repeats, f"decoding {decode_tokens} tokens with the peer (run {r + 1}/{repeats})")
-            other = peer()
-            if other.name not in results or other.decode_tokens_per_s > results[other.name].decode_tokens_per_s:
-                results[other.name] = other
+            found = peer()
+            for other in found if isinstance(found, list) else [found]:
+                if other.name not in results or other.decode_tokens_per_s > results[other.name].decode_tokens_per_s:
+                    results[other.name] = other
         if report is not None:  # what is measured so far, in case the run is cut short
             report.update(results=[asdict(res) for res in results.values()], paths=paths, repeats_done=r + 1,
                           seconds=seconds)
@@ -204,7 +207,8 @@ def run_bench(args, progress) -> int:
         raise ValueError("--compare hf runs transformers on floating-point weights: use it without --weights/--sweep")
     gguf = None
     if args.compare == "llamacpp":
-        gguf = _llamacpp_model(args.model, sweep)
+        from engine.bench.llamacpp import peer_model
+        gguf = peer_model(args.model, sweep, getattr(args, "workload", None))
     if sweep in ("weights", "precision") and weights != "fp":
         raise ValueError(f"--sweep {sweep} runs fp, int8 and int4 itself: drop --weights")
     if sweep == "batch" or getattr(args, "workload", None):  # the scheduler under load: engine/bench/batch.py
@@ -319,9 +323,10 @@ def _print_weight_sweep(engine, settings, prompt_ids: list[int], args, progress,
     profiles = _profiles(engine, variants, prompt_ids, args, progress)
     if gguf is not None:
         int4 = ordered[len(variants) - 1]
-        ratio = int4.decode_tokens_per_s / ordered[-1].decode_tokens_per_s
-        print(f"llama.cpp: {gguf.name}, {torch.get_num_threads()} threads, its own timings; "
-              f"{int4.name} / llama.cpp decode tok/s: {ratio:.2f}x")
+        ratios = ", ".join(f"{r.name} {int4.decode_tokens_per_s / r.decode_tokens_per_s:.2f}x"
+                           for r in ordered[len(variants):])
+        print(f"llama.cpp: {gguf.name}, {torch.get_num_threads()} threads; {PEER_SOURCES}")
+        print(f"{int4.name} / llama.cpp decode tok/s: {ratios}")
     report.finish(peak=peak_line, peak_bandwidth_gbs=engine.hardware.peak_bandwidth_gbs,
                   results=[asdict(r) for r in ordered], paths=paths, clocks=clocks, profile=profiles,
                   quality={label: asdict(q) for label, q in quality.items()},
@@ -346,84 +351,80 @@ def _profiles(engine, variants: dict, prompt_ids: list[int], args, progress) -> 
 
 
 # ---- --compare llamacpp -----------------------------------------------------------------------
-def _llamacpp_model(model: str, sweep: str | None):
-    """The GGUF file llama.cpp reads, or ValueError (one line) saying why it cannot compare."""
-    from pathlib import Path
-
-    from engine.bench.llamacpp import HOW_TO_GET, find_server
-    if sweep not in (None, "weights", "precision"):
-        raise ValueError(f"--compare llamacpp runs with one setting or --sweep weights/precision, not --sweep {sweep}")
-    if model == "default":
-        from engine.io.default_model import find_default_model
-        path = find_default_model()
-    else:
-        path = Path(model).expanduser()
-        if path.suffix.lower() != ".gguf" or not path.is_file():
-            raise ValueError(f"--compare llamacpp needs a .gguf file llama.cpp can read, got {model}")
-    if find_server() is None:
-        raise ValueError(HOW_TO_GET)
-    return path
+PEER_SOURCES = ("llama-bench: its own timing of prompt processing and of generation after the prompt's context "
+                "(no sampling); llama-server: its /completion timings over HTTP (prompt_ms, predicted_ms: "
+                "sampling and the server's loop included)")
 
 
 def _llamacpp_peer(stack: contextlib.ExitStack, engine, gguf, prompt_ids: list[int], args):
-    """A callable running llama.cpp's server (started now, stopped with `stack`) on the workload."""
-    from engine.bench.llamacpp import LlamaServer, find_server, gguf_matmul_bytes, result_of
+    """A callable running llama.cpp on the workload: llama-bench, then its server (started now,
+    stopped with `stack`); a BenchResult of each, named by the tool."""
+    from engine.bench.llamacpp import (LlamaServer, find_server, find_tool, gguf_matmul_bytes, llama_bench_result,
+                                       result_of, run_llama_bench)
 
-    n_predict = args.decode_tokens + 1
-    server = stack.enter_context(LlamaServer(find_server(), gguf, torch.get_num_threads(),
-                                             len(prompt_ids) + n_predict + 16))
+    threads = torch.get_num_threads()
+    n_predict = args.decode_tokens + 1  # as ours: the first token, then decode_tokens decode steps
+    server = stack.enter_context(LlamaServer(find_server(), gguf, threads, len(prompt_ids) + n_predict + 16))
     weight_bytes = gguf_matmul_bytes(gguf)
     peak_flops = engine.hardware.peak_flops_for("fp32") or float("nan")
-    return lambda: result_of("llama.cpp", server.complete(prompt_ids, n_predict), engine.cfg, len(prompt_ids),
-                             weight_bytes, engine.hardware.peak_bandwidth_gbs, peak_flops)
+    peak_gbs = engine.hardware.peak_bandwidth_gbs
+
+    def run() -> list[BenchResult]:
+        bench = run_llama_bench(find_tool("llama-bench"), gguf, threads, len(prompt_ids), args.decode_tokens)
+        timings = server.complete(prompt_ids, n_predict)
+        return [llama_bench_result("llama-bench", bench, engine.cfg, weight_bytes, peak_gbs, peak_flops),
+                result_of("llama-server", timings, engine.cfg, len(prompt_ids), weight_bytes, peak_gbs, peak_flops)]
+    return run
 
 
 def _run_against_llamacpp(engine, gguf, settings, prompt_ids: list[int], args, progress, report: JsonReport,
                           load_s: float) -> int:
-    """Ours and llama.cpp's server, warmed up, then their runs interleaved (ours, then its, each
-    repeat): load on a shared machine falls on both alike. The best run of each is kept."""
-    from engine.bench.llamacpp import LlamaServer, find_server, gguf_matmul_bytes, result_of
+    """Ours and llama.cpp (llama-bench, then its server), warmed up, then their runs interleaved
+    (ours, then llama.cpp's, each repeat): load on a shared machine falls on all alike. The best run
+    of each is kept; the ratio is ours over llama-bench's (llama.cpp's own measure)."""
+    from engine.bench.llamacpp import find_server, find_tool, gguf_matmul_bytes
 
     threads = torch.get_num_threads()
-    n_predict = args.decode_tokens + 1  # as ours: the first token, then decode_tokens decode steps
-    weight_bytes = gguf_matmul_bytes(gguf)
-    peak_flops = engine.hardware.peak_flops_for(settings.dtype) or float("nan")
-    with LlamaServer(find_server(), gguf, threads, len(prompt_ids) + n_predict + 16) as server:
+    with contextlib.ExitStack() as stack:
+        peer = _llamacpp_peer(stack, engine, gguf, prompt_ids, args)
         progress(0.0, "warming up membound and llama.cpp")
         t0 = time.perf_counter()
         warm_up(engine, prompt_ids, args.decode_tokens)
-        server.complete(prompt_ids, n_predict)
+        peer()
         warmup_s = time.perf_counter() - t0
-        ours = theirs = steps = paths = None
+        ours = steps = paths = None
+        theirs: dict[str, BenchResult] = {}
         runs = []
         for r in range(args.repeats):
             progress(r / args.repeats, f"decoding {args.decode_tokens} tokens, membound then llama.cpp "
                                        f"(run {r + 1}/{args.repeats})")
             result, run_steps, run_paths = timed_run(engine, prompt_ids, args.decode_tokens)
-            peer = result_of("llama.cpp", server.complete(prompt_ids, n_predict), engine.cfg, len(prompt_ids),
-                             weight_bytes, engine.hardware.peak_bandwidth_gbs, peak_flops)
+            found = peer()
             runs.append({"membound_decode_tokens_per_s": result.decode_tokens_per_s,
-                         "llamacpp_decode_tokens_per_s": peer.decode_tokens_per_s})
+                         **{f"{p.name}_decode_tokens_per_s": p.decode_tokens_per_s for p in found}})
             if ours is None or result.decode_tokens_per_s > ours.decode_tokens_per_s:
                 ours, steps, paths = result, run_steps, run_paths
-            if theirs is None or peer.decode_tokens_per_s > theirs.decode_tokens_per_s:
-                theirs = peer
+            for p in found:
+                if p.name not in theirs or p.decode_tokens_per_s > theirs[p.name].decode_tokens_per_s:
+                    theirs[p.name] = p
             report.update(runs=runs)
     progress(1.0, "done")
     ours = replace(ours, name=f"membound {settings.weights if settings.weights != 'fp' else settings.dtype}")
-    (ours, theirs), peak_line = roof_peak(engine, [ours, theirs])
+    results, peak_line = roof_peak(engine, [ours, *theirs.values()])
     print(f"\nworkload: batch 1, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens} tokens, greedy, "
           f"{threads} threads; membound {settings.label.replace(' · kv', ', KV cache')}; llama.cpp "
-          f"({find_server()}) on {gguf.name}, fp16 KV cache")
-    print(format_table([ours, theirs]))
+          f"({find_server().parent}) on {gguf.name}, fp16 KV cache")
+    print(format_table(results))
+    print(f"ratio: {results[0].name} / {results[1].name}")
     if peak_line:
         print(peak_line)
     print(path_line(paths))
     profiles = _profiles(engine, {settings.label: settings}, prompt_ids, args, progress)
-    print("llama.cpp's times are its server's own (prompt_ms, predicted_ms); its bytes are the cost model's for "
-          "what it reads: the GGUF's tensors as stored")
+    print(f"llama.cpp's times: {PEER_SOURCES}; its bytes are the cost model's for what it reads: the GGUF's "
+          "tensors as stored")
     report.finish(peak=peak_line, peak_bandwidth_gbs=engine.hardware.peak_bandwidth_gbs,
-                  results=[asdict(ours), asdict(theirs)], paths=paths, runs=runs, threads=threads, profile=profiles,
-                  llamacpp={"server": str(find_server()), "model": str(gguf), "weight_bytes": weight_bytes},
+                  results=[asdict(r) for r in results], paths=paths, runs=runs, threads=threads, profile=profiles,
+                  llamacpp={"server": str(find_server()), "llama_bench": str(find_tool("llama-bench")),
+                            "model": str(gguf), "weight_bytes": gguf_matmul_bytes(gguf)},
                   seconds={"load": load_s, "warmup": warmup_s}, steps=[s.to_dict() for s in steps])
     return 0

@@ -1,36 +1,75 @@
-"""The batch-1 decode step on a CPU as one call into C++ (kernels/cpu_decode.cpp): one OpenMP region
-per step instead of ~700 PyTorch operators. `decode_step(model, tokens, start_pos, cache)` returns
-the logits, or None where it does not apply (the caller runs the PyTorch step, its reference).
+"""Decode-shaped steps on a CPU as one call into C++ (kernels/cpu_decode.cpp): one OpenMP region per
+step instead of ~700 PyTorch operators. `decode_step(model, tokens, start_pos, cache)` returns the
+logits, or None where it does not apply (the caller runs the PyTorch step, its reference).
 
 It applies to one sequence, one new token, the contiguous cache, fused attention, fp32 or bf16
 activations, and models whose every matmul module can describe itself (`cpu_matrix()`); the
 reason it does not is kept (`unavailable_reason`). It reads what the PyTorch step reads: each
 weight once at its stored precision, the cache's live positions; no dequantised copy is made.
-MEMBOUND_CPU_STEP=0 in the environment switches it off (PyTorch's step then runs every step): an
-engine reads it when its context is made (engine/options.py)."""
+
+Per format (activation dtype and weight format, on this model's shapes) the C++ step is timed once
+against PyTorch's step, on a stand-in of the model's first layers (`choice`), and runs only where it
+is faster; `path_line` says which runs, why, and at which vector level. MEMBOUND_CPU_STEP=0 switches
+it off (PyTorch's step then runs every step); MEMBOUND_CPU_ISA builds it for another vector level
+(kernels/cpu_decode.py). An engine reads both when its context is made (engine/options.py), and keeps
+what this module knows in it (`EngineContext.cpu_step`, a `CpuStepState`): the library loaded for its
+options or why not, each model's plan over its cache, the timings."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import functools
 import threading
+import time
 import weakref
+from dataclasses import dataclass, replace
 
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
-from engine.context import EngineContext, default_context
+from engine.context import CpuStepState, EngineContext, default_context
 from engine.dispatch import record
 from engine.kv.cache import ContiguousKVCache
 
 ACT_FORMATS = {torch.float32: 0, torch.bfloat16: 1}  # kernels/cpu_decode.py F32, BF16
 STEP_LABEL = "C++ CPU step (one OpenMP region)"  # what the bench's path line calls it
 MAX_HEAD_DIM = 1024  # the C++ step's per-head buffers
+# The timing at load: a stand-in of the model's first layers, at least this many bytes of weights
+# (out of the caches, as the whole model's are) or the whole model, and a 256-row head; each step
+# warmed once, then the best of at least TIMED_STEPS of each, interleaved, and more (up to
+# MAX_TIMED_STEPS) until TIMING_S have passed: on a busy machine a step whose thread lost the core for
+# a time slice falls out of the best, and a short step gets many tries across several slices.
+STAND_IN_BYTES = 32 << 20
+STAND_IN_VOCAB = 256
+TIMED_STEPS = 3
+MAX_TIMED_STEPS = 200
+TIMING_S = 0.1
+# A C++ step that loses is timed again, up to RETIMED_ROUNDS more times after a pause: its OpenMP region
+# meets a barrier per matmul, so a machine busy for a moment (the app drawing beside it, another job)
+# costs it far more than PyTorch's step (seen on 2 shared cores: a tiny model's C++ step 75 ms against
+# PyTorch's 24 ms while busy, 0.04 ms against 0.5 ms a few seconds later).
+RETIMED_ROUNDS = 3
+RETIME_PAUSE_S = 0.05
+PROMPT = 4  # positions prefilled before a timed step
 
-_PLANS = WeakIdKeyDictionary()  # model -> _Plan for its current cache
-_unavailable: str | None = None  # why the library cannot be used in this process ("" when it can)
-_lock = threading.Lock()
 _local = threading.local()  # .pytorch_only: this thread runs PyTorch's step (a reference, a profile)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One format's timing: the C++ step against PyTorch's on the same stand-in, seconds a step."""
+    label: str  # "fp32", "bf16 · int8", …
+    cpp_s: float
+    pytorch_s: float
+    isa: str
+
+    @property
+    def use_cpp(self) -> bool:
+        return self.cpp_s < self.pytorch_s
+
+    @property
+    def speedup(self) -> float:
+        return self.pytorch_s / self.cpp_s if self.cpp_s > 0 else float("inf")
 
 
 @contextlib.contextmanager
@@ -44,28 +83,52 @@ def pytorch_only():
         _local.pytorch_only = before
 
 
+def _context(model) -> EngineContext:
+    return getattr(model, "context", None) or default_context()
+
+
+def _state(context: EngineContext | None) -> CpuStepState:
+    return (context or default_context()).cpu_step
+
+
 def unavailable_reason(context: EngineContext | None = None) -> str:
     """"" when the C++ step can run for the engine of `context` (None: the default); else why not
-    (built on first call, seconds)."""
-    global _unavailable
+    (the library built on first call for the context's options, seconds)."""
     context = context or default_context()
     if not context.options.cpu_step:
         return "switched off by MEMBOUND_CPU_STEP=0"
-    with _lock:
-        if _unavailable is None:
-            try:
-                from kernels.cpu_decode import load
-                load()
-                _unavailable = ""
-            except Exception as error:  # a missing compiler, a failed build: the PyTorch step runs
-                _unavailable = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        return _unavailable or context.kernels.reason("cpu_step")
+    state = context.cpu_step
+    if state.unavailable is None:
+        with state.lock:
+            if state.unavailable is None:
+                try:
+                    from kernels.cpu_decode import load
+                    state.library = load(options=context.options)
+                    state.unavailable = ""
+                except Exception as error:  # a missing compiler, a failed build: the PyTorch step runs
+                    text = str(error).strip()
+                    state.unavailable = text.splitlines()[0] if text else type(error).__name__
+    return state.unavailable or context.kernels.reason("cpu_step")
+
+
+def library(context: EngineContext | None = None):
+    """The library loaded for the context's options (after unavailable_reason(context) == "")."""
+    state = _state(context)
+    if state.library is None:
+        unavailable_reason(context)
+        if state.library is None:
+            raise RuntimeError(f"the C++ CPU step is not loaded: {state.unavailable}")
+    return state.library
 
 
 def fallback_line(context: EngineContext | None = None) -> str:
-    """One line for a terminal when the C++ step cannot run for this engine ("" when it can)."""
+    """One line for a terminal when the C++ step cannot run for this engine, or runs on one thread
+    ("" when it runs as built)."""
     why = unavailable_reason(context)
-    return f"membound: the C++ CPU decode step is off ({why}): PyTorch's step decodes" if why else ""
+    if why:
+        return f"membound: the C++ CPU decode step is off ({why}): PyTorch's step decodes"
+    note = library(context).threads_note
+    return f"membound: {note}" if note else ""
 
 
 def refusal(model, tokens: torch.Tensor, cache, attention: str) -> str:
@@ -74,6 +137,11 @@ def refusal(model, tokens: torch.Tensor, cache, attention: str) -> str:
         return "not a batch-1 decode step on a CPU"
     if not isinstance(cache, ContiguousKVCache) or cache.k.shape[1] != 1:
         return "not the contiguous cache of one sequence"
+    return step_refusal(model, cache, attention)
+
+
+def step_refusal(model, cache, attention: str) -> str:
+    """Why this model's steps over this cache cannot run in C++, whatever their rows ("" when they can)."""
     if attention != "flash":
         return "naive attention runs in PyTorch (its score matrix in memory is the point)"
     if model.dtype not in ACT_FORMATS or cache.k.dtype != model.dtype:
@@ -93,23 +161,272 @@ def model_refusal(cfg) -> str:
 
 def decode_step(model, tokens: torch.Tensor, start_pos: int, cache, attention: str = "flash") -> torch.Tensor | None:
     """Logits (1, 1, vocab) fp32 of the token at start_pos, its K/V written into `cache`; None
-    when the C++ step does not apply here (nothing has been written then)."""
+    when the C++ step does not apply here, or PyTorch's step is faster for this format (nothing has
+    been written then)."""
     if torch.compiler.is_compiling() or getattr(_local, "pytorch_only", False) \
-            or refusal(model, tokens, cache, attention) or unavailable_reason(model.context):
+            or refusal(model, tokens, cache, attention) or unavailable_reason(_context(model)):
         return None
-    plan = _PLANS.get(model)
-    if plan is None or plan.cache() is not cache:
-        plan = _Plan.build(model, cache)
-        if plan is None:
-            return None
-        _PLANS[model] = plan
-    logits = plan.run(int(tokens[0, 0]), start_pos)
+    plan = plan_for(model, cache)
+    if plan is None or not choice(model).use_cpp:
+        return None
+    logits = plan.run([(int(tokens[0, 0]), start_pos, 0, None)], [0])
+    _ran(model, True)
     cache.length = start_pos + 1
     record("decode step", STEP_LABEL)
     record("attention decode", "C++ CPU step", model.cfg.n_layers)
     return logits.view(1, 1, -1)
 
 
+ROWS_LABEL = "C++ CPU step, token rows"  # a step of several rows (a batch, a verify step, a prompt chunk)
+
+
+def ran_in_cpp(model) -> bool:
+    """Whether this thread's last step of a model of `model`'s engine ran in C++ (the cost model
+    charges it as such: engine/metrics.py CPP_STEP)."""
+    return getattr(_context(model).cpu_step.thread, "ran", False)
+
+
+def _ran(model, done: bool) -> None:
+    _context(model).cpu_step.thread.ran = done
+
+
+def mark_pytorch_step(model) -> None:
+    if not torch.compiler.is_compiling():  # (a compiled step is PyTorch's: nothing to trace here)
+        _ran(model, False)
+
+
+def _routable(model, cache, attention: str) -> bool:
+    """Whether this model's steps over this cache may run in C++ now (cheap: asked every step)."""
+    return not (torch.compiler.is_compiling() or getattr(_local, "pytorch_only", False)
+                or step_refusal(model, cache, attention) or unavailable_reason(_context(model)))
+
+
+def sequence_step(model, tokens: torch.Tensor, start_pos: int, cache, attention: str = "flash",
+                  last_only: bool = True, logits_rows: int | None = None) -> torch.Tensor | None:
+    """One sequence's T new tokens (1 <= T <= the library's rows) at positions start_pos.., over the
+    contiguous cache of one sequence or a paged cache of one sequence, causal among themselves:
+    a decode step, a speculative verify step (T = k + 1) or a prompt chunk. Logits (1, rows, vocab)
+    for the last `logits_rows` rows (else the last row, or every row when not `last_only`), as
+    Transformer.forward returns them; None where the C++ step does not apply (nothing written)."""
+    B, T = tokens.shape
+    if tokens.device.type != "cpu" or B != 1 or T < 1:
+        return None
+    _ran(model, False)
+    if T == 1 and isinstance(cache, ContiguousKVCache):
+        return decode_step(model, tokens, start_pos, cache, attention)
+    from engine.kv.cache import PagedKVCache
+    paged = isinstance(cache, PagedKVCache)
+    if not (paged and len(cache.seq_ids) == 1 or isinstance(cache, ContiguousKVCache) and cache.k.shape[1] == 1):
+        return None
+    if not _routable(model, cache, attention) or start_pos + T > cache.max_len:
+        return None
+    plan = plan_for(model, cache)
+    if plan is None or T > plan.lib.max_rows or not choice(model).use_cpp:
+        return None
+    n = T if logits_rows is None and not last_only else (logits_rows or 1)
+    table = None
+    if paged:  # the blocks for the new positions (all or nothing: KVCacheFull leaves the cache as it was)
+        layout = cache._begin_step(start_pos, T)
+        table = torch.tensor(layout.block_tables[0], dtype=torch.int32)
+        if len(layout.block_tables[0]) * cache.block_size > plan.lib.membound_max_blocks() * cache.block_size:
+            return None
+    ids = tokens[0].tolist()
+    rows = [(ids[i], start_pos + i, 0, None if table is None else table.data_ptr()) for i in range(T)]
+    logits = plan.run(rows, list(range(T - n, T)))
+    _ran(model, True)
+    if not paged:
+        cache.length = start_pos + T
+    record("decode step" if T == 1 else "multi-row step", STEP_LABEL if T == 1 else ROWS_LABEL)
+    return logits.view(1, n, -1)
+
+
+def plan_step(model, cache, seqs, attention: str = "flash") -> tuple[list[int], torch.Tensor] | None:
+    """A scheduler plan (engine/serving/batch_forward.py forward_plan's contract) as one C++ step: every
+    sequence's tokens are token rows at their own positions over their own blocks of the paged pool;
+    (request ids that sample, their logits (n, vocab)); None where it does not apply."""
+    _ran(model, False)
+    total = sum(len(s.token_ids) for s in seqs)
+    if not seqs or model.device.type != "cpu" or not _routable(model, cache, attention):
+        return None
+    plan = plan_for(model, cache)
+    if plan is None or total > plan.lib.max_rows or not choice(model).use_cpp:
+        return None
+    bs = cache.block_size
+    rows, wanted, ids, tables = [], [], [], []
+    for s in seqs:
+        if -(-(s.start_pos + len(s.token_ids)) // bs) > len(s.block_table):
+            return None  # (the scheduler allocates before it plans: never seen)
+        table = torch.tensor(s.block_table, dtype=torch.int32)
+        tables.append(table)
+        rows += [(t, s.start_pos + i, 0, table.data_ptr()) for i, t in enumerate(s.token_ids)]
+        if s.samples:
+            wanted.append(len(rows) - 1)
+            ids.append(s.request_id)
+    if max(p for _, p, _, _ in rows) >= model.cfg.max_seq_len:
+        raise ValueError(f"context of {max(p for _, p, _, _ in rows) + 1} tokens exceeds the model's "
+                         f"{model.cfg.max_seq_len}")
+    logits = plan.run(rows, wanted)
+    _ran(model, True)
+    record("batched step", ROWS_LABEL)
+    return ids, logits
+
+
+def checked_step(model, tokens: torch.Tensor, start_pos: int, cache) -> torch.Tensor | None:
+    """decode_step run in C++ whatever the timing says (the load check holds it to PyTorch's step)."""
+    if refusal(model, tokens, cache, "flash") or unavailable_reason(_context(model)):
+        return None
+    plan = plan_for(model, cache)
+    if plan is None:
+        return None
+    logits = plan.run([(int(tokens[0, 0]), start_pos, 0, None)], [0])
+    cache.length = start_pos + 1
+    return logits.view(1, 1, -1)
+
+
+def plan_for(model, cache) -> _Plan | None:
+    """The C structs of `model` over `cache` (made on first use, kept in its engine's context); None
+    where a module cannot describe itself."""
+    plans = _context(model).cpu_step.plans
+    plan = plans.get(model)
+    if plan is None or plan.cache() is not cache:
+        plan = _Plan.build(model, cache)
+        if plan is None:
+            return None
+        plans[model] = plan
+    return plan
+
+
+# ---- which step is faster here, per format ------------------------------------------------------------
+def format_label(model) -> str:
+    """The model's format as the timing keys it: "fp32", "bf16 · int8", …"""
+    dtype = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(model.dtype, str(model.dtype))
+    described = getattr(model.layers[0].wqkv, "cpu_matrix", lambda: None)()
+    weights = {2: "int8", 3: "int4"}.get(described[0] if described else None, "")
+    return f"{dtype} · {weights}" if weights else dtype
+
+
+def _key(model) -> tuple:
+    cfg = model.cfg
+    return (format_label(model), cfg.dim, cfg.ffn_dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+            library(_context(model)).isa)
+
+
+def choice(model) -> Choice:
+    """The timing of this model's format (timed on first use: ~6 steps of a stand-in, once per engine
+    context and format)."""
+    by_model = _context(model).cpu_step.model_timing
+    found = by_model.get(model)
+    if found is None:
+        found = by_model[model] = _choice_of(model)
+    return found
+
+
+def _choice_of(model) -> Choice:
+    key = _key(model)
+    timings = _context(model).cpu_step.timings
+    found = timings.get(key)
+    if found is None:
+        cpp_s, pytorch_s = time_steps(model)
+        found = timings.setdefault(key, Choice(key[0], cpp_s, pytorch_s, key[-1]))
+    return found
+
+
+def known_choices(model) -> list[Choice]:
+    """The timings made so far for this model's shapes and the built level (in the order made)."""
+    cfg, isa = model.cfg, library(_context(model)).isa
+    return [c for k, c in _context(model).cpu_step.timings.items() if k[1:] == (cfg.dim, cfg.ffn_dim, cfg.n_heads, cfg.n_kv_heads,
+                                                        cfg.head_dim, isa)]
+
+
+def stand_in(model, min_bytes: int | None = None):
+    """The model's first layers (at least `min_bytes` of their weights, default STAND_IN_BYTES, or all)
+    and the first STAND_IN_VOCAB rows of its head: the same tensors, a shorter model to time."""
+    min_bytes = STAND_IN_BYTES if min_bytes is None else min_bytes
+    layers, total = 0, 0
+    for block in model.layers:
+        layers += 1
+        total += sum(getattr(m, "weight_bytes", 0) for m in (block.wqkv, block.wo, block.w_gate_up, block.w_down))
+        if total >= min_bytes:
+            break
+    vocab = min(STAND_IN_VOCAB, model.cfg.vocab_size)
+    short = copy.copy(model)
+    short._modules = dict(model._modules)
+    short._parameters = dict(model._parameters)
+    short._buffers = dict(model._buffers)
+    short.cfg = replace(model.cfg, n_layers=layers, vocab_size=vocab)
+    short.layers = torch.nn.ModuleList(list(model.layers)[:layers])
+    head = model.head  # the same format over its first rows (Linear, Int8Linear `first_rows`)
+    short.head = head.first_rows(vocab) if hasattr(head, "first_rows") else head
+    if short.head is not head and "context" in short.head.__dict__:
+        short.head.context = model.context  # its engine's (packed weights, switches)
+    return short
+
+
+@torch.inference_mode()
+def time_steps(model) -> tuple[float, float]:
+    """(C++ step, PyTorch step) seconds on the model's stand-in after PROMPT positions: the best of
+    TIMED_STEPS or more each, interleaved, after one of each to warm up."""
+    short = stand_in(model)
+    cfg = short.cfg
+    cache = ContiguousKVCache(cfg, 1, PROMPT + 1, model.dtype, "cpu")
+    with pytorch_only():
+        short(torch.arange(1, PROMPT + 1)[None] % cfg.vocab_size, 0, cache)
+    plan = _Plan.build(short, cache)
+    if plan is None:
+        return float("inf"), 0.0
+    token = torch.tensor([[PROMPT % cfg.vocab_size]])
+
+    def cpp() -> None:
+        plan.run([(PROMPT % cfg.vocab_size, PROMPT, 0, None)], [0])
+
+    def pytorch() -> None:
+        cache.truncate(PROMPT)
+        with pytorch_only():
+            short(token, PROMPT, cache)
+
+    best = [float("inf"), float("inf")]
+    for rounds in range(1 + RETIMED_ROUNDS):
+        if rounds:  # the C++ step lost: a pause (other work runs, OpenMP's spinning threads sleep), again
+            time.sleep(RETIME_PAUSE_S)
+        start = time.perf_counter()
+        for done in range(MAX_TIMED_STEPS + 1):
+            if done > TIMED_STEPS and time.perf_counter() - start >= TIMING_S:
+                break
+            for i, run in enumerate((cpp, pytorch)):
+                t0 = time.perf_counter()
+                run()
+                best[i] = min(best[i], time.perf_counter() - t0)
+        if best[0] < best[1]:
+            break
+    return best[0], best[1]
+
+
+def path_line(model) -> str:
+    """Which step decodes each format timed so far, at which vector level, and why (one line; "" when
+    the C++ step cannot run here)."""
+    if model is None or unavailable_reason(_context(model)):
+        return ""
+    lib = library(_context(model))
+    made = known_choices(model)
+    cpp = [c for c in made if c.use_cpp]
+    slower = [c for c in made if not c.use_cpp]
+    threads = lib.threads_note or f"{torch.get_num_threads()} threads"
+    line = f"decode: C++ step, {lib.isa}, {threads}"
+    if not made:
+        return line + " (not yet timed against PyTorch's step)"
+    if cpp:
+        line += " — timed at load against PyTorch's step: " + ", ".join(f"{c.label} {c.speedup:.1f}x" for c in cpp)
+    if slower:
+        line += "; PyTorch's step for " + ", ".join(f"{c.label} (the C++ step {1 / c.speedup:.1f}x its time)"
+                                                    for c in slower)
+    return line
+
+
+def slower_formats(model) -> list[Choice]:
+    return [c for c in known_choices(model) if not c.use_cpp]
+
+
+# ---- the C structs -----------------------------------------------------------------------------------
 def matrix(fmt: int, weight: torch.Tensor, scale: torch.Tensor | None = None, mins: torch.Tensor | None = None,
            group: int = 0, n: int | None = None, k: int | None = None) -> tuple:
     """A matmul module's `cpu_matrix()`: (format, N, K, group, tensors to keep alive, codes, scale, min);
@@ -131,7 +448,7 @@ class _Plan:
 
     @classmethod
     def build(cls, model, cache) -> _Plan | None:
-        from kernels.cpu_decode import Layer, Mat, Model, load
+        from kernels.cpu_decode import Layer, Mat, Model
 
         plan = cls()
         plan.keep = []
@@ -155,43 +472,55 @@ class _Plan:
             return t.data_ptr()
 
         cfg = model.cfg
+        if isinstance(cache, ContiguousKVCache):  # (L, B, n_kv, S, hd): a row's sequence b at b * n_kv * S * hd
+            head_stride, block_size, max_len = cache.max_len * cfg.head_dim, 0, cache.max_len
+        else:  # a paged pool (L, n_kv, slots, hd), addressed through each row's block table
+            head_stride, block_size, max_len = cache.k.shape[2] * cfg.head_dim, cache.block_size, cache.k.shape[2]
         layers = (Layer * cfg.n_layers)()
         for i, block in enumerate(model.layers):
             mats = [mat(m) for m in (block.wqkv, block.wo, block.w_gate_up, block.w_down)]
             if any(m is None for m in mats):
                 return None
             layers[i] = Layer(vec(block.attn_norm), vec(block.ffn_norm), vec(block.bqkv), vec(block.qk_norm), *mats,
-                              cache.k[i, 0].data_ptr(), cache.v[i, 0].data_ptr())
+                              cache.k[i].data_ptr(), cache.v[i].data_ptr())
         head = mat(model.head)
         if head is None:
             return None
         plan.layers = layers
+        # max_len: the longest context a row may attend over (the per-thread score buffer)
         plan.model = Model(cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim,
-                           cfg.vocab_size, cache.max_len, ACT_FORMATS[model.dtype], cfg.norm_eps,
-                           vec(model.embed), vec(model.norm), head, layers)
-        plan.lib = load()
+                           cfg.vocab_size, min(max_len, model.rope_cos.shape[0]), ACT_FORMATS[model.dtype],
+                           cfg.norm_eps, vec(model.embed), vec(model.norm), head, layers, head_stride, block_size)
+        plan.lib = library(_context(model))
         plan.cos, plan.sin = model.rope_cos, model.rope_sin  # (max_seq_len, head_dim) fp32
-        plan.row_bytes = cfg.head_dim * 4
         plan.vocab = cfg.vocab_size
         plan.cache = weakref.ref(cache)
         plan.keep += [cache.k, cache.v]
-        plan.threads = 0
-        plan.scratch = None
+        plan.scratch = torch.empty(0, dtype=torch.float32)  # grown to the most rows asked for
         return plan
 
-    def run(self, token: int, pos: int, profile: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits (vocab,) fp32; `profile` (float64, one per kernels.cpu_decode.PHASES): thread 0's
-        seconds per phase are added to it."""
-        if pos >= self.model.max_len or pos >= self.cos.shape[0]:
-            raise ValueError(f"position {pos} is past the cache's {self.model.max_len}")
+    def run(self, rows: list[tuple[int, int, int, int | None]], logit_rows: list[int],
+            profile: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (len(logit_rows), vocab) fp32 of the token rows (token, position, kv_base, block table
+        pointer or None); `profile` (float64, one per kernels.cpu_decode.PHASES): thread 0's seconds
+        per phase are added to it."""
+        from kernels.cpu_decode import Row
+        m = len(rows)
+        limit = self.model.max_len
+        for _, pos, _, _ in rows:
+            if not 0 <= pos < limit:
+                raise ValueError(f"position {pos} is past the cache's {limit}")
         threads = torch.get_num_threads()
-        if threads != self.threads:
-            floats = self.lib.membound_scratch_floats(ctypes.byref(self.model), threads)
-            self.scratch, self.threads = torch.empty(floats, dtype=torch.float32), threads
-        logits = torch.empty(self.vocab, dtype=torch.float32)
-        self.lib.membound_decode_step(ctypes.byref(self.model), token, pos,
-                                      self.cos.data_ptr() + pos * self.row_bytes,
-                                      self.sin.data_ptr() + pos * self.row_bytes,
-                                      logits.data_ptr(), self.scratch.data_ptr(), threads,
-                                      None if profile is None else profile.data_ptr())
+        floats = self.lib.membound_scratch_floats(ctypes.byref(self.model), m, threads)
+        if self.scratch.numel() < floats:
+            self.scratch = torch.empty(floats, dtype=torch.float32)
+        scratch = self.scratch
+        c_rows = (Row * m)(*[Row(t, p, b, table) for t, p, b, table in rows])
+        wanted = (ctypes.c_int64 * max(1, len(logit_rows)))(*logit_rows)
+        logits = torch.empty(len(logit_rows), self.vocab, dtype=torch.float32)
+        failed = self.lib.membound_step(ctypes.byref(self.model), c_rows, m, self.cos.data_ptr(), self.sin.data_ptr(),
+                                        wanted, len(logit_rows), logits.data_ptr(), scratch.data_ptr(), threads,
+                                        None if profile is None else profile.data_ptr())
+        if failed:
+            raise ValueError(f"{m} token rows: the C++ step takes 1 to {self.lib.max_rows}")
         return logits

@@ -95,6 +95,10 @@ class Linear(nn.Module):
     def weight_bytes(self) -> int:
         return self.weight.numel() * self.weight.element_size()
 
+    def first_rows(self, n: int) -> "Linear":
+        """The first n output rows as a module (the same storage: a head cut short to time it)."""
+        return Linear(self.weight.detach()[:n])
+
     def cpu_matrix(self) -> tuple | None:
         """This weight for the C++ CPU decode step (engine/model/cpu_step.py); None: it cannot."""
         fmt = {torch.float32: 0, torch.bfloat16: 1}.get(self.weight.dtype)
@@ -388,10 +392,12 @@ class Transformer(nn.Module):
         B, T = tokens.shape
         if start_pos + T > self.cfg.max_seq_len:
             raise ValueError(f"context of {start_pos + T} tokens exceeds the model's {self.cfg.max_seq_len}")
-        if T == 1 and cache is not None and tokens.device.type == "cpu":  # batch-1 decode: one C++ call
-            logits = cpu_step.decode_step(self, tokens, start_pos, cache, attention)
-            if logits is not None:
-                return logits
+        if tokens.device.type == "cpu":
+            cpu_step.mark_pytorch_step(self)  # (until the C++ step takes it: cpu_step.ran_in_cpp)
+            if cache is not None:  # one sequence's step (T <= 64 rows): one C++ call
+                logits = cpu_step.sequence_step(self, tokens, start_pos, cache, attention, last_only, logits_rows)
+                if logits is not None:
+                    return logits
         x = self.embed_tokens(tokens)
         for i, (layer, (cos, sin)) in enumerate(zip(self.layers, self.rope_rows(slice(start_pos, start_pos + T)))):
             x = layer(x, cos, sin, i, cache, start_pos, attention)

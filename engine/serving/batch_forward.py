@@ -16,7 +16,8 @@ import torch
 from engine.kv.cache import PagedKV, PagedKVCache, PageLayout
 from engine.hardware.roof import Roof
 from engine.hardware.spec import dtype_name
-from engine.metrics import KVCopy, measured, plan_cost
+from engine.metrics import KVCopy, measured, plan_cost, weight_rows
+from engine.model import cpu_step
 from engine.model.attention import attend
 from engine.model.transformer import Transformer
 from engine.serving.scheduler import ScheduledSeq, Scheduler
@@ -35,6 +36,11 @@ def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledS
     the decode rows' attention ran over, or None: each row over its own keys)."""
     if not seqs:
         return [], torch.empty(0, model.cfg.vocab_size)
+    routed = cpu_step.plan_step(model, cache, seqs, attention)  # on a CPU: the whole plan in one C++ step
+    if routed is not None:
+        if moved is not None:  # it reads the pool in place and each weight once (engine/metrics.py weight_rows)
+            moved["cpp_step"] = True
+        return routed
     bs = cache.block_size
     # one-token rows first (decodes: attended together), then prefill chunks, each on its own
     decodes = [s for s in seqs if len(s.token_ids) == 1]
@@ -216,8 +222,9 @@ class BatchRunner:
         step_s = time.perf_counter() - t0
         sampled = dict(zip(ids, tokens))
         self.scheduler.update_from_output(plan, sampled)
-        weight_bytes = self.model.linear_weight_bytes(rows=plan.total_num_scheduled_tokens,
-                                                      head_rows=sum(s.samples for s in plan.seqs))
+        cpp = moved.pop("cpp_step", False)  # the C++ step: no dequantised copy (engine/metrics.py weight_rows)
+        weight_bytes = self.model.linear_weight_bytes(rows=weight_rows(plan.total_num_scheduled_tokens, cpp),
+                                                      head_rows=weight_rows(sum(s.samples for s in plan.seqs), cpp))
         cost = plan_cost(self.model.cfg, plan.seqs, weight_bytes=weight_bytes, elem_bytes=self._elem_bytes,
                          attention=self.attention, block_size=self.cache.block_size, **moved)
         n = len(plan.seqs)

@@ -9,7 +9,8 @@ import torch
 
 from engine.graphs import GraphDecoder
 from engine.kv.cache import DEFAULT_BLOCK_SIZE, ContiguousKVCache, PagedKVCache
-from engine.metrics import StepMetrics, measured, step_cost
+from engine.metrics import StepMetrics, measured, step_cost, weight_rows
+from engine.model import cpu_step
 from engine.model.config import ModelConfig
 from engine.model.sampling import mask_tokens, sample
 from engine.serving.scheduler import common_prefix
@@ -113,10 +114,12 @@ class PlainSteps:
         if use_cache:
             self.cached_ids = list(ids) + guesses[:accepted]
             self.cache.truncate(len(self.cached_ids))  # the rejected guesses' K/V go (paged: their blocks)
+        cpp = not captured and cpu_step.ran_in_cpp(model)  # the C++ step: each weight once, whatever its rows
         # a captured step without the flash kernel reads the whole cache buffer, masked (engine/graphs.py)
         kv_read_tokens = self.graphs.kv_read_tokens(model, start, self.cache.max_len, attention) if captured else None
         cost = step_cost(self.cfg, batch_size=1, new_tokens=len(feed), context_len=start,
-                         weight_bytes=model.linear_weight_bytes(rows=len(feed)), kv_elem_bytes=elem_bytes(model.dtype),
+                         weight_bytes=model.linear_weight_bytes(rows=weight_rows(len(feed), cpp)),
+                         kv_elem_bytes=elem_bytes(model.dtype),
                          act_elem_bytes=elem_bytes(model.dtype), kv_cache=use_cache,
                          logits_rows=len(guesses) + 1, kv_read_tokens=kv_read_tokens, attention=attention,
                          kv_layout=layout, block_size=getattr(self.cache, "block_size", DEFAULT_BLOCK_SIZE),

@@ -152,8 +152,8 @@ def test_the_captured_step_switch_is_greyed_on_a_cpu_with_the_reason(make_window
 
 
 def test_every_switch_shows_its_whole_text_and_the_bar_fits_the_window(make_window, qtbot):
-    """Two more switches filled the bar: at 1600 pixels (normal fonts) no button may be squeezed
-    below its text, and in large fonts the window grows to the bar rather than clipping it."""
+    """Two more switches filled the bar: at 1600 pixels no button may be squeezed below its text, in
+    either type size (in large fonts the bar folds rather than clip: tests/app/test_screens.py)."""
     from PySide6.QtWidgets import QPushButton
 
     window = make_window()

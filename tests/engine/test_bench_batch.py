@@ -170,3 +170,34 @@ def test_cli_refuses_bad_batch_sizes(capsys):
     code, _, err = run_cli(capsys, "bench", "--model", "synthetic:smollm2-135m", "--sweep", "batch",
                            "--batch-sizes", "1,x", "--max-context", "64")
     assert_one_line_error(code, err, "--batch-sizes")
+
+
+def test_cli_sweep_batch_on_the_default_model_with_its_default_prompt(capsys, tmp_path):
+    """At batch 8 the 128-token prompts take three steps to go in (512 tokens a step), so the first
+    replies decode while the last prompts are prefilled: a warm-up of min(decode_tokens, 3) tokens
+    never ran the whole batch and the sweep failed at its warm-up on the default model."""
+    path = tmp_path / "b.json"
+    code, out, err = run_cli(capsys, "bench", "--sweep", "batch", "--batch-sizes", "1,8", "--decode-tokens", "8",
+                             "--json", str(path))
+    assert code == 0, err
+    data = json.loads(path.read_text())
+    assert [p["batch_size"] for p in data["results"]] == [1, 8]
+    one, eight = data["results"]
+    assert one["decode_steps"] == 7 and 0 < eight["decode_steps"] < 7  # the full batch's steps only
+    assert eight["aggregate_tokens_per_s"] == pytest.approx(8 * eight["per_request_tokens_per_s"])
+
+
+def test_cli_sweep_batch_says_why_no_step_ran_the_whole_batch(capsys):
+    code, _, err = run_cli(capsys, "bench", "--sweep", "batch", "--batch-sizes", "8", "--decode-tokens", "2")
+    assert_one_line_error(code, err, "batch of 8", "steps to go in", "--decode-tokens >")
+
+
+def test_a_batched_step_is_profiled_with_the_whole_batch_decoding(model):
+    """4 prompts of 150 tokens take two steps to go in (512 tokens a step): the first requests decode
+    meanwhile, and must not end before the profiled steps do."""
+    from engine.bench.batch import format_batch_profile, profile_batch_step
+    found = profile_batch_step(model, fake_cpu(), "fp32", 4, list(range(1, 151)), steps=3)
+    assert found["batch_size"] == 4 and found["steps"] == 3 and found["step_ms"] > 0
+    assert 0 < found["roofline_ms"] and found["operators_per_step"] > 10
+    assert found["top"] and all(t["ms"] >= 0 and t["calls"] >= 1 for t in found["top"])
+    assert "batch 4:" in format_batch_profile([found])

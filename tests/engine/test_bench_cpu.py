@@ -6,7 +6,8 @@ import json
 import pytest
 import torch
 
-from engine.bench.llamacpp import find_server, gguf_matmul_bytes
+from engine.bench.llamacpp import (find_server, find_tool, gguf_matmul_bytes, missing_tools, run_batched_bench,
+                                   run_llama_bench)
 from engine.bench.profile import PROFILE_STEPS, format_profile, profile_step
 from engine.bench.run import format_sweep, precision_variants, run_weight_sweep
 from engine.bench.single import BenchResult
@@ -78,17 +79,34 @@ def test_compare_llamacpp_interleaves_both_on_the_same_gguf(capsys, tmp_path):
                              "--repeats", "2", "--max-context", "64", "--json", str(path))
     assert code == 0, err
     header = next(line for line in out.splitlines() if line.split()[:1] == ["membound"])
-    assert header.split() == ["membound", "fp32", "llama.cpp", "ratio"]
+    assert header.split() == ["membound", "fp32", "llama-bench", "llama-server", "ratio"]  # each figure's tool
+    assert "ratio: membound fp32 / llama-bench" in out and "over HTTP" in out
     decode = next(line for line in out.splitlines() if line.startswith("decode tok/s")).split()
-    assert decode[-1].endswith("x") and float(decode[-1][:-1]) > 0
+    # the ratio as printed (2 decimals) of the figures as printed: a rounding's worth apart at most
+    ratio = float(decode[2].replace(",", "")) / float(decode[3].replace(",", ""))
+    assert decode[-1].endswith("x") and float(decode[-1][:-1]) == pytest.approx(ratio, rel=0.02, abs=0.006)
     data = json.loads(path.read_text())
     assert len(data["runs"]) == 2 and data["threads"] == torch.get_num_threads()
-    assert all(r["membound_decode_tokens_per_s"] > 0 and r["llamacpp_decode_tokens_per_s"] > 0 for r in data["runs"])
-    ours, theirs = data["results"]
-    assert ours["decode_tokens"] == theirs["decode_tokens"] == 4 and theirs["prompt_tokens"] == 8
+    assert all(r["membound_decode_tokens_per_s"] > 0 and r["llama-bench_decode_tokens_per_s"] > 0
+               and r["llama-server_decode_tokens_per_s"] > 0 for r in data["runs"])
+    ours, bench, server = data["results"]
+    assert ours["decode_tokens"] == bench["decode_tokens"] == server["decode_tokens"] == 4
+    assert bench["prompt_tokens"] == server["prompt_tokens"] == 8
 
 
-@pytest.mark.parametrize("bad", [["--sweep", "kv"]])
+def test_llamacpp_own_benchmarks_on_the_default_gguf():
+    """llama-bench (one sequence) and llama-batched-bench (parallel sequences), as `make peers` builds them."""
+    assert not missing_tools(), "make peers (part of make test) builds llama.cpp's tools"
+    bench = run_llama_bench(find_tool("llama-bench"), find_default_model(), 1, prompt_tokens=8, decode_tokens=4)
+    assert bench.depth == 8 and bench.prefill_tokens_per_s > 0 and bench.decode_tokens_per_s > 0
+    points, command = run_batched_bench(find_tool("llama-batched-bench"), find_default_model(), 1, 8, 4, [1, 3])
+    assert sorted(points) == [1, 3] and "-npl 1,3" in command
+    assert all(p.aggregate_tokens_per_s > 0 and p.decode_step_ms > 0 for p in points.values())
+    one = points[1]
+    assert one.aggregate_tokens_per_s == pytest.approx(1e3 / one.decode_step_ms, rel=1e-3)
+
+
+@pytest.mark.parametrize("bad", [["--sweep", "kv"], ["--workload", "mixed"]])
 def test_compare_llamacpp_refuses_what_it_cannot_compare(capsys, bad):
     code, _, err = run_cli(capsys, "bench", "--compare", "llamacpp", *bad)
     assert_one_line_error(code, err, "--compare llamacpp")

@@ -257,3 +257,18 @@ def test_a_base_model_chats_as_plain_text_and_raw_completes_a_prompt_as_written(
     ids = [e.token_id for e in engine.complete("hello world") if isinstance(e, TokenEvent) and e.token_id >= 0]
     assert ids == hf_greedy(hf, prompt, 8)
     assert engine.messages == []  # a completion is not a conversation turn
+
+
+def test_chat_quantises_the_weights_it_is_asked_to(capsys):
+    code, out, err = run_cli(capsys, "chat", "--prompt", "Say hello.", "--greedy", "--max-tokens", "6",
+                             "--max-context", "256", "--dtype", "bf16", "--weights", "int4", "--group-size", "64")
+    assert code == 0 and out.strip()
+    header = next(line for line in err.splitlines() if line.startswith("membound ·"))
+    summary = next(line for line in err.splitlines() if line.startswith("["))
+    assert "bf16 · int4 g64" in header and "bf16 · int4 g64" in summary  # asked for, and what the steps ran
+
+
+def test_chat_refuses_a_group_size_the_model_cannot_take(capsys):
+    code, _, err = run_cli(capsys, "chat", "--prompt", "hi", "--max-context", "256", "--weights", "int4",
+                           "--group-size", "128")
+    assert_one_line_error(code, err, "group")

@@ -9,11 +9,13 @@ import pytest
 import torch
 from test_engine import CFG
 
+from engine.context import EngineContext
 from engine.io.loader import synthetic_weights
 from engine.kv.cache import PagedKVCache
 from engine.metrics import KVCopy, StepCost, StepMetrics, naive_score_passes, plan_cost, step_cost
 from engine.model.config import ModelConfig
 from engine.model.transformer import Transformer
+from engine.options import EngineOptions
 from engine.serving import batch_forward
 from engine.serving.batch_forward import forward_plan
 from engine.serving.scheduler import ScheduledSeq
@@ -63,7 +65,9 @@ def test_a_graph_bucket_is_charged_for_all_of_it():
 
 @pytest.fixture(scope="module")
 def tiny():
-    return Transformer(CFG, synthetic_weights(CFG, torch.float32, "cpu", seed=1))
+    """PyTorch's batched path (the C++ step, which copies nothing, off: its charge has its own test)."""
+    return Transformer(CFG, synthetic_weights(CFG, torch.float32, "cpu", seed=1),
+                       EngineContext(EngineOptions(cpu_step=False)))
 
 
 def decode_rows() -> list[ScheduledSeq]:

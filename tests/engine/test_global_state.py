@@ -67,11 +67,9 @@ PROCESS_WIDE = {
     "engine.model.attention._QUIET": "this thread is inside the captured step's attention op (a scoped flag)",
     "engine.model.attention._FLASH_OFF": "stateless switches (flash off) for that op, which cannot be handed "
                                          "its engine's context",
-    # the C++ step's plans and build result: moved last, after the kernels helper's rewrite of cpu_step.py
-    "engine.model.cpu_step._PLANS": "model -> its plan over its cache, weakly keyed (to move into the context)",
-    "engine.model.cpu_step._unavailable": "why the C++ library cannot load here (to move into the context)",
-    "engine.model.cpu_step._lock": "guards the library's first load",
-    "engine.model.cpu_step._local": "this thread runs PyTorch's step (`pytorch_only`, a scoped flag)",
+    # (the C++ step's library, plans and timings are its engine's: EngineContext.cpu_step)
+    "engine.model.cpu_step._local": "this thread runs PyTorch's step (`pytorch_only`, a scoped flag: the "
+                                    "references and profiles that ask for it hold no engine's context)",
 }
 IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), frozenset, range, pathlib.PurePath, re.Pattern,
              torch.dtype, enum.Enum, types.MappingProxyType, types.ModuleType, types.FunctionType,

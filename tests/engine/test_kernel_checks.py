@@ -188,8 +188,8 @@ def tiny_weights():
 
 def test_a_cpu_step_that_disagrees_with_pytorch_is_switched_off_and_pytorch_decodes(monkeypatch):
     from engine.model import cpu_step
-    real = cpu_step.decode_step
-    monkeypatch.setattr(cpu_step, "decode_step", lambda *args, **kw: None if (got := real(*args, **kw)) is None
+    real = cpu_step.checked_step
+    monkeypatch.setattr(cpu_step, "checked_step", lambda *args, **kw: None if (got := real(*args, **kw)) is None
                         else got + 1.0)  # a wrong step: every logit off by one
     engine = make_engine()
     notes = check_kernels(engine)

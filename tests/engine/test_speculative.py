@@ -26,15 +26,6 @@ GREEDY = Settings(dtype="fp32", max_new_tokens=16, sampling=SamplingParams(greed
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 40, 41, 42, 43] * 3 + list(range(60, 256)) + [5, 6, 7]
 
 
-@pytest.fixture(autouse=True)
-def pytorch_steps_only(monkeypatch):
-    """Plain decode and verify steps in the same arithmetic (PyTorch's): the C++ CPU step
-    (engine/model/cpu_step.py) rounds int8 and int4 products differently from PyTorch's multi-token
-    verify step, which flips a near-tie of these random models (int8, token 9): that is the two
-    kernels disagreeing, not speculation losing tokens."""
-    monkeypatch.setenv("MEMBOUND_CPU_STEP", "0")  # read by each engine's context as it is made
-
-
 def make_engine(settings=GREEDY, seed=0) -> Engine:
     """test_engine's tiny model (sharpened logits: few near-ties) with room for a long prompt."""
     w = synthetic_weights(CFG, torch.float32, "cpu", seed=seed)

@@ -1,14 +1,16 @@
 """The C++ CPU decode step (kernels/cpu_decode.cpp through engine/model/cpu_step.py) against the
 PyTorch step it replaces: logits and the K/V it writes, for every weight format and both activation
-dtypes, on awkward shapes (GQA, rows not a multiple of 16, Qwen2's biases, Qwen3's q/k norms), built
-for this machine's vector units and for a plain x86-64-v3 (AVX2, the laptop case); and the cases it
-leaves to PyTorch."""
+dtypes, on awkward shapes (GQA, rows not a multiple of 16, Qwen2's biases, Qwen3's q/k norms), at every
+vector level this machine runs (AVX-512, AVX2: the laptop case, scalar); each product against its
+fp64 reference; and the cases it leaves to PyTorch. The build plans of other platforms, the per-format
+timing and the aarch64 builds under qemu: tests/kernels/test_cpu_decode_builds.py."""
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
 
-from engine.context import EngineContext
+from engine.context import EngineContext, reset_default_context
 from engine.io.loader import synthetic_weights
 from engine.kv.cache import ContiguousKVCache, PagedKVCache
 from engine.model import cpu_step
@@ -32,6 +34,16 @@ QWEN = ModelConfig(name="qwen", dim=96, n_layers=2, n_heads=6, n_kv_heads=2, hea
 TOLERANCE = {("fp32", "fp"): 1e-4, ("fp32", "int8"): 1e-4, ("fp32", "int4"): 5e-3, ("bf16", "fp"): 1.5,
              ("bf16", "int8"): 1.5, ("bf16", "int4"): 1.5}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def machine_levels() -> list[str]:
+    """The vector levels this machine runs (MEMBOUND_CPU_ISA values): every one is tested."""
+    flags = cpu_decode.cpu_feature_line().split()
+    return [isa for isa, need in (("avx512", "avx512f"), ("avx2", "avx2"), ("scalar", "")) if not need or need in flags]
+
+
+LEVELS = machine_levels()
+
 PROMPT = 7
 
 
@@ -45,14 +57,15 @@ def model_of(cfg: ModelConfig, dtype: str, weights: str, seed: int = 0) -> Trans
     return model if weights == "fp" else quantize_model(model, weights, 32)
 
 
-def reference_of(model: Transformer) -> Transformer:
+def reference_of(model: Transformer, int4_exact: bool = False) -> Transformer:
     """The same weights through PyTorch's one-line references (dequantise, then matmul); INT4 takes
-    its inputs rounded to bf16, as both CPU paths feed it."""
+    its inputs rounded to bf16, as PyTorch's CPU path and the bf16-dot levels feed it (`int4_exact`:
+    exactly, for the levels whose int16 codes per group come closer to them than bf16 does)."""
     ref = copy.deepcopy(model)
     for m in ref.modules():
         if isinstance(m, (Int8Linear, Int4Linear)):
             m.backend = "reference"
-        if isinstance(m, Int4Linear):
+        if isinstance(m, Int4Linear) and not int4_exact:
             m.forward = lambda x, m=m: m.reference(x.bfloat16().to(x.dtype))
     return ref
 
@@ -63,7 +76,8 @@ def decode(model: Transformer, tokens: list[int], use_cpp: bool) -> tuple[list[t
     or PyTorch); the logits of each step."""
     cache = ContiguousKVCache(model.cfg, 1, model.cfg.max_seq_len, model.dtype, "cpu")
     reference_of(model)(torch.tensor([tokens[:PROMPT]]), 0, cache)  # the same cached prompt for both
-    model.bind(EngineContext(EngineOptions(cpu_step=use_cpp)))  # the reference run: PyTorch's step
+    # the reference run: PyTorch's step; the level: the environment's (MEMBOUND_CPU_ISA)
+    model.bind(EngineContext(replace(EngineOptions.from_environ(), cpu_step=use_cpp)))
     out = [model(torch.tensor([[t]]), pos, cache)[0, 0].float() for pos, t in enumerate(tokens[PROMPT:], PROMPT)]
     return out, cache
 
@@ -72,20 +86,29 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
 
 
+@pytest.mark.parametrize("isa", LEVELS)
 @pytest.mark.parametrize("cfg", [GQA, QWEN], ids=["gqa", "qwen"])
 @pytest.mark.parametrize("dtype,weights", list(TOLERANCE))
-def test_cpp_step_matches_the_pytorch_step(cfg, dtype, weights):
+def test_cpp_step_matches_the_pytorch_step(isa, cfg, dtype, weights, monkeypatch):
+    monkeypatch.setenv(cpu_decode.ISA_VARIABLE, isa)
+    reset_default_context()  # (its options read the level now)
     assert cpu_step.unavailable_reason() == ""  # CI builds it: a C++ compiler is part of `make test`'s set-up
     model = model_of(cfg, dtype, weights)
+    exact = cpu_decode.load(isa).membound_input_rounding(cpu_decode.INT4) == cpu_decode.X_INT16
     tokens = torch.randint(0, cfg.vocab_size, (PROMPT + 6,), generator=torch.Generator().manual_seed(3)).tolist()
+    from engine import dispatch
+    before = dispatch.counts()
     got, got_cache = decode(model, tokens, use_cpp=True)
-    want, want_cache = decode(reference_of(model), tokens, use_cpp=False)  # (the reference of a reference: itself)
+    assert dispatch.since(before)["decode step"] == {cpu_step.STEP_LABEL: len(tokens) - PROMPT}
+    assert model.context.cpu_step.plans[model].lib is cpu_decode.load(isa)
+    # (the reference of a reference: itself)
+    want, want_cache = decode(reference_of(model, exact), tokens, use_cpp=False)
     tol = TOLERANCE[(dtype, weights)]
     if dtype == "fp32":
         for step, (g, w) in enumerate(zip(got, want)):
             assert relative_error(g, w) < tol, f"step {step}: {relative_error(g, w):.2e}"
     else:
-        truth, _ = decode(reference_of(model_of(cfg, "fp32", weights)), tokens, use_cpp=False)
+        truth, _ = decode(reference_of(model_of(cfg, "fp32", weights), exact), tokens, use_cpp=False)
         cpp_error = max(relative_error(g, t) for g, t in zip(got, truth))
         pytorch_error = max(relative_error(w, t) for w, t in zip(want, truth))
         assert cpp_error < tol * pytorch_error + 1e-3, f"C++ {cpp_error:.2e}, PyTorch {pytorch_error:.2e}"
@@ -98,36 +121,71 @@ def test_cpp_step_matches_the_pytorch_step(cfg, dtype, weights):
         assert not kv_got[:, :, :, n:].any()  # nothing past the live positions
 
 
-# per format: the product's largest error allowed, relative to the reference's largest |value|
+# per format: the product's largest error allowed, relative to the reference's largest |value|, by
+# how the level takes its inputs (exactly or rounded to bf16: as the reference does; int16 codes per
+# group: against the exact inputs)
 PRODUCT_TOLERANCE = {"fp32": 1e-6, "bf16": 1e-5, "int8": 1e-6, "int4": 2e-5}
+INT16_TOLERANCE = 2e-4
 
 
-@pytest.mark.parametrize("fmt", list(PRODUCT_TOLERANCE))
-@pytest.mark.parametrize("n,k", [(40, 96), (250, 64), (3, 160)], ids=["n40", "n250", "n3"])
-def test_each_product_matches_its_reference(fmt, n, k):
-    """One matrix-vector product of each format (all threads), against PyTorch's dequantise-then-matmul
-    in fp64; bf16 weights and INT4 take their inputs rounded to bf16, as the step feeds them."""
-    import ctypes
-    gen = torch.Generator().manual_seed(n + k)
+def product_layer(fmt: str, n: int, k: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(n + k + seed)
     w = torch.randn(n, k, generator=gen) * torch.linspace(0.1, 2, n)[:, None]
-    x = torch.randn(k, generator=gen) * 3 + 1  # not centred: INT4's mins and its 128 offset both matter
     if fmt in ("fp32", "bf16"):
-        layer = Linear(w.to(DTYPES[fmt]))
-        want = x.double() @ layer.weight.double().T if fmt == "fp32" else \
-            x.bfloat16().double() @ layer.weight.double().T
+        return Linear(w.to(DTYPES[fmt]))
+    return Int8Linear.from_weight(w) if fmt == "int8" else Int4Linear.from_weight(w, 32)
+
+
+def product_reference(layer, fmt: str, x: torch.Tensor, rounding: int) -> torch.Tensor:
+    """x (m, k) @ the layer's weights dequantised, in fp64, the inputs rounded as the level takes them."""
+    xr = x.bfloat16().double() if rounding == cpu_decode.X_BF16 else x.double()
+    if fmt in ("fp32", "bf16"):
+        deq = layer.weight.double()
     elif fmt == "int8":
-        layer = Int8Linear.from_weight(w)
-        want = x.double() @ (layer.q.double() * layer.scales.double()[:, None]).T
+        deq = layer.q.double() * layer.scales.double()[:, None]
     else:
-        layer = Int4Linear.from_weight(w, 32)
-        deq = unpack_int4(layer.packed).double().view(n, -1, 32) * layer.scales.double()[..., None] \
-            + layer.mins.double()[..., None]
-        want = x.bfloat16().double() @ deq.view(n, k).T
+        n = layer.out_features
+        deq = (unpack_int4(layer.packed).double().view(n, -1, 32) * layer.scales.double()[..., None]
+               + layer.mins.double()[..., None]).view(n, -1)
+    return xr @ deq.T
+
+
+def c_matrix(layer):
     fmt_id, n_, k_, group, tensors, w_ptr, scale, mins = layer.cpu_matrix()
-    mat = cpu_decode.Mat(fmt_id, n_, k_, group, w_ptr, scale, mins)
-    got = torch.full((n,), float("nan"))
-    cpu_decode.load().membound_gemv(ctypes.byref(mat), x.data_ptr(), got.data_ptr(), torch.get_num_threads())
-    assert relative_error(got, want) < PRODUCT_TOLERANCE[fmt], f"{relative_error(got, want):.1e}"
+    return cpu_decode.Mat(fmt_id, n_, k_, group, w_ptr, scale, mins), tensors
+
+
+@pytest.mark.parametrize("isa", LEVELS)
+@pytest.mark.parametrize("fmt", list(PRODUCT_TOLERANCE))
+@pytest.mark.parametrize("n,k", [(40, 96), (250, 64), (3, 160), (37, 224)], ids=["n40", "n250", "n3", "n37k224"])
+def test_each_product_matches_its_reference(isa, fmt, n, k):
+    """One product of each format at each level (all threads), against PyTorch's dequantise-then-matmul
+    in fp64, for 1, 3 and 7 token rows (x not centred: INT4's mins and its 128 offset both matter)."""
+    lib = cpu_decode.load(isa)
+    layer = product_layer(fmt, n, k)
+    mat, _keep = c_matrix(layer)
+    rounding = lib.membound_input_rounding(mat.fmt)
+    tol = INT16_TOLERANCE if rounding == cpu_decode.X_INT16 else PRODUCT_TOLERANCE[fmt]
+    for m in (1, 3, 7):
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 3 + 1
+        got = cpu_decode.gemm(lib, mat, x, torch.get_num_threads())
+        want = product_reference(layer, fmt, x, rounding)
+        assert relative_error(got, want) < tol, f"{lib.isa}, {m} rows: {relative_error(got, want):.1e}"
+
+
+@pytest.mark.parametrize("isa", LEVELS)
+@pytest.mark.parametrize("fmt", list(PRODUCT_TOLERANCE))
+def test_a_token_row_gives_the_same_bits_alone_or_among_others(isa, fmt):
+    """Each output is one chain that depends on its weight row and token row only: the rows of a
+    9-row product (more than a pass takes: the converted / unpacked block is reused) equal each row's
+    product alone, and any thread count gives the same bits."""
+    lib = cpu_decode.load(isa)
+    layer = product_layer(fmt, 70, 96, seed=1)
+    mat, _keep = c_matrix(layer)
+    x = torch.randn(9, 96, generator=torch.Generator().manual_seed(5))
+    together = cpu_decode.gemm(lib, mat, x, 2)
+    for i in range(9):
+        assert torch.equal(cpu_decode.gemm(lib, mat, x[i:i + 1], 1)[0], together[i]), f"{lib.isa} row {i}"
 
 
 def test_steps_say_they_ran_in_cpp_and_pytorch_runs_what_cpp_does_not_take():
@@ -168,25 +226,11 @@ def test_int4_tiles_hold_the_codes_in_the_documented_order():
     assert not tiles[2, :].view(-1, 16, 4)[:, 8:].any()  # rows 40..47 do not exist: zero codes
 
 
-def test_a_build_for_avx2_matches_too(monkeypatch):
-    """The vector paths without AVX-512 (most laptops): the same steps from a library built for x86-64-v3."""
-    flags = tuple(f if f != "-march=native" else "-march=x86-64-v3" for f in cpu_decode.FLAGS)
-    monkeypatch.setattr(cpu_decode, "FLAGS", flags)
-    monkeypatch.setattr(cpu_step, "_PLANS", type(cpu_step._PLANS)())
-    for dtype, weights in (("fp32", "int4"), ("bf16", "fp"), ("fp32", "int8")):
-        model = model_of(QWEN, dtype, weights, seed=1)
-        tokens = list(range(3, 3 + PROMPT + 3))
-        got, _ = decode(model, tokens, use_cpp=True)
-        assert cpu_step._PLANS[model].lib is cpu_decode.load(flags)
-        want, _ = decode(reference_of(model), tokens, use_cpp=False)
-        assert max(relative_error(g, w) for g, w in zip(got, want)) < TOLERANCE[(dtype, weights)]
-
-
 def test_without_a_compiler_the_pytorch_step_runs_and_says_why(monkeypatch, tmp_path):
     monkeypatch.setenv("CXX", "")
     monkeypatch.setenv("PATH", str(tmp_path))  # no g++, c++ or clang++
-    monkeypatch.setattr(cpu_decode, "FLAGS", cpu_decode.FLAGS + ("-DNEVER_BUILT",))  # not in the cache
-    monkeypatch.setattr(cpu_step, "_unavailable", None)
+    monkeypatch.setattr(cpu_decode, "EXTRA_FLAGS", ("-DNEVER_BUILT",))  # not in the cache
+    reset_default_context()  # (its options read CXX now)
     assert cpu_step.unavailable_reason() == "no C++ compiler (g++ or clang++) on PATH"
     model = model_of(GQA, "fp32", "fp")
     cache = ContiguousKVCache(GQA, 1, GQA.max_seq_len, torch.float32, "cpu")
@@ -206,10 +250,10 @@ def test_a_failed_build_is_one_line_and_the_engine_decodes_in_pytorch(monkeypatc
                       "echo 'cpu_decode.cpp:9:10: fatal error: omp.h: No such file or directory' >&2\nexit 1\n")
     broken.chmod(0o755)
     monkeypatch.setenv("CXX", str(broken))
-    monkeypatch.setattr(cpu_decode, "FLAGS", cpu_decode.FLAGS + ("-DNEVER_BUILT",))
+    monkeypatch.setattr(cpu_decode, "EXTRA_FLAGS", ("-DNEVER_BUILT",))
     monkeypatch.setattr(cpu_decode, "_LOADED", {})
-    monkeypatch.setattr(cpu_step, "_unavailable", None)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    reset_default_context()  # (its options read CXX and the cache now)
     reason = cpu_step.unavailable_reason()
     assert reason == f"{broken} could not build kernels/cpu_decode.cpp: " \
                      "cpu_decode.cpp:9:10: fatal error: omp.h: No such file or directory"
@@ -233,7 +277,6 @@ def test_a_failed_build_is_one_line_and_the_engine_decodes_in_pytorch(monkeypatc
 
 def test_the_environment_can_switch_the_cpp_step_off(monkeypatch):
     monkeypatch.setenv("MEMBOUND_CPU_STEP", "0")
-    monkeypatch.setattr(cpu_step, "_unavailable", "")  # built and loaded: the switch still wins
     context = EngineContext()  # an engine's context reads the environment as it is made
     assert cpu_step.unavailable_reason(context) == "switched off by MEMBOUND_CPU_STEP=0"
     assert cpu_step.unavailable_reason(EngineContext(EngineOptions(cpu_step=True))) == ""

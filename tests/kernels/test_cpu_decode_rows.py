@@ -1,0 +1,144 @@
+"""M token rows in one C++ step (engine/model/cpu_step.py sequence_step and plan_step): a speculative
+verify step's k + 1 rows give exactly the bits of k + 1 one-token steps (contiguous and paged), the
+rows of a batch of sequences exactly each sequence's own steps, and both hold to PyTorch's path, at
+every vector level this machine runs and for every weight format; and the engine routes batched,
+verify and paged steps to it (PyTorch's path stays the reference)."""
+import pytest
+import torch
+
+from engine import dispatch
+from engine.context import default_context, reset_default_context
+from engine.kv.cache import ContiguousKVCache, PagedKVCache
+from engine.model import cpu_step
+from engine.serving.batch_forward import forward_plan
+from engine.serving.scheduler import Request, Scheduler
+from kernels import cpu_decode
+from tests.kernels.test_cpu_decode import GQA, LEVELS, QWEN, TOLERANCE, model_of, reference_of, relative_error
+
+FORMATS = [("fp32", "fp"), ("fp32", "int8"), ("fp32", "int4"), ("bf16", "fp"), ("bf16", "int4")]
+
+
+def exact_int4(isa: str) -> bool:
+    """Whether the level takes INT4's inputs as int16 codes (closer to exact than bf16)."""
+    return cpu_decode.load(isa).membound_input_rounding(cpu_decode.INT4) == cpu_decode.X_INT16
+
+
+def new_cache(cfg, dtype, layout: str):
+    if layout == "paged":
+        return PagedKVCache(cfg, num_blocks=16, block_size=4, dtype=dtype, device="cpu")
+    return ContiguousKVCache(cfg, 1, cfg.max_seq_len, dtype, "cpu")
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("isa", LEVELS)
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+@pytest.mark.parametrize("dtype,weights", FORMATS)
+def test_a_verify_steps_rows_are_the_one_token_steps_bits(isa, layout, dtype, weights, monkeypatch):
+    """Five new rows of one sequence (a draft of four and the token before it), causal among
+    themselves, against five one-token steps: the same logits bit for bit, and the same K/V."""
+    monkeypatch.setenv(cpu_decode.ISA_VARIABLE, isa)
+    reset_default_context()  # (its options read the level now)
+    model = model_of(QWEN, dtype, weights)
+    prompt, new = [3, 17, 40, 2, 99, 150, 7], [11, 23, 5, 180, 64]
+    one, many = new_cache(QWEN, model.dtype, layout), new_cache(QWEN, model.dtype, layout)
+    for cache in (one, many):
+        model(torch.tensor([prompt]), 0, cache)
+    singles = torch.cat([model(torch.tensor([[t]]), len(prompt) + i, one)[0] for i, t in enumerate(new)])
+    before = dispatch.counts()
+    rows = model(torch.tensor([new]), len(prompt), many, logits_rows=len(new))[0]
+    assert dispatch.since(before)["multi-row step"] == {cpu_step.ROWS_LABEL: 1}
+    assert torch.equal(rows, singles), f"{cpu_decode.load(isa).isa}: {(rows - singles).abs().max():.2e}"
+    assert torch.equal(one.k, many.k) and torch.equal(one.v, many.v)
+    # and PyTorch's multi-row step of the same weights (dequantise, then matmul), the reference, agrees
+    default_context().kernels.disable("cpu_step", "the reference")
+    ref_model = reference_of(model, exact_int4(isa))
+    ref = new_cache(QWEN, model.dtype, layout)
+    ref_model(torch.tensor([prompt]), 0, ref)
+    want = ref_model(torch.tensor([new]), len(prompt), ref, logits_rows=len(new))[0]
+    assert relative_error(rows, want) < (1e-1 if dtype == "bf16" else TOLERANCE[(dtype, weights)])
+
+
+def schedule_all(model, prompts, block_size=4, num_blocks=48):
+    cache = PagedKVCache(model.cfg, num_blocks=num_blocks, block_size=block_size, dtype=model.dtype, device="cpu")
+    sched = Scheduler(cache.manager, max_batch_size=8, token_budget=64)
+    for i, p in enumerate(prompts):
+        sched.add_request(Request(i, p, 6))
+    return cache, sched
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("isa", LEVELS)
+@pytest.mark.parametrize("dtype,weights", FORMATS)
+def test_a_batch_of_sequences_in_one_step_gives_each_its_own_steps_bits(isa, dtype, weights, monkeypatch):
+    """Four sequences of ragged lengths, prefilled and decoded together through the scheduler's plans
+    (one C++ step each, blocks scattered in the pool): each request's logits are the bits of its
+    own one-sequence steps, and PyTorch's batched forward agrees to rounding."""
+    monkeypatch.setenv(cpu_decode.ISA_VARIABLE, isa)
+    reset_default_context()  # (its options read the level now)
+    model = model_of(GQA, dtype, weights)
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, GQA.vocab_size, (n,), generator=gen).tolist() for n in (5, 11, 2, 8)]
+
+    def run_batched(use_cpp: bool):
+        run_model = model
+        if not use_cpp:
+            default_context().kernels.disable("cpu_step", "the reference")
+            run_model = reference_of(model, exact_int4(isa))
+        cache, sched = schedule_all(run_model, prompts)
+        got = {i: [] for i in range(len(prompts))}
+        routed = 0
+        while sched.has_unfinished:
+            plan = sched.schedule()
+            before = dispatch.counts()
+            ids, out = forward_plan(run_model, cache, plan.seqs)
+            routed += dispatch.since(before).get("batched step", {}).get(cpu_step.ROWS_LABEL, 0)
+            for rid, row in zip(ids, out):
+                got[rid].append(row)
+            sched.update_from_output(plan, {rid: int(row.argmax()) for rid, row in zip(ids, out)})
+        default_context().kernels.reset()
+        return got, routed
+
+    got, routed = run_batched(True)
+    assert routed > 0
+    for i, prompt in enumerate(prompts):  # each alone: its prompt in one step, then one token a step
+        cache = PagedKVCache(GQA, num_blocks=16, block_size=4, dtype=model.dtype, device="cpu")
+        logits = model(torch.tensor([prompt]), 0, cache)[0, -1]
+        alone = []
+        for _ in range(len(got[i])):
+            alone.append(logits)
+            logits = model(torch.tensor([[int(logits.argmax())]]), cache.length, cache)[0, -1]
+        assert torch.equal(torch.stack(got[i]), torch.stack(alone)), f"request {i}"
+    want, _ = run_batched(False)
+    for i in got:  # up to the first token the two paths pick differently (bf16's near-ties), if any
+        n = next((j + 1 for j, (g, w) in enumerate(zip(got[i], want[i])) if g.argmax() != w.argmax()),
+                 min(len(got[i]), len(want[i])))
+        assert relative_error(torch.stack(got[i][:n]), torch.stack(want[i][:n])) < \
+            (1e-1 if dtype == "bf16" else TOLERANCE[(dtype, weights)])
+
+
+@torch.inference_mode()
+def test_steps_past_the_rows_the_cpp_step_takes_run_in_pytorch():
+    cfg = GQA.with_max_seq_len(160)
+    model = model_of(cfg, "fp32", "fp")
+    cache = ContiguousKVCache(cfg, 1, cfg.max_seq_len, torch.float32, "cpu")
+    rows = cpu_step.library(model.context).max_rows
+    before = dispatch.counts()
+    model(torch.randint(1, 200, (1, rows + 1)), 0, cache)  # a long prompt: PyTorch's prefill
+    assert "multi-row step" not in dispatch.since(before) and cache.length == rows + 1
+    assert not cpu_step.ran_in_cpp(model)
+    model(torch.randint(1, 200, (1, 3)), rows + 1, cache)
+    assert cpu_step.ran_in_cpp(model) and cache.length == rows + 4
+
+
+def test_a_batched_step_in_cpp_counts_each_weight_once():
+    """The cost model: a C++ step of 40 INT8 rows reads each weight once as stored (PyTorch's path for
+    that many rows would write and read a dequantised copy, and counts it)."""
+    from engine.serving.batch_forward import BatchRunner
+    model = model_of(GQA, "fp32", "int8")
+    runner = BatchRunner(model, num_blocks=64, block_size=4, max_batch_size=8, token_budget=64)
+    runner.scheduler.add_request(Request(0, list(range(1, 41)), 2))
+    before = dispatch.counts()
+    _, _, metrics = runner.step()
+    assert dispatch.since(before)["batched step"] == {cpu_step.ROWS_LABEL: 1}
+    assert metrics.copy_bytes == 0 and metrics.weight_bytes == model.linear_weight_bytes(rows=1, head_rows=1) + \
+        2 * GQA.n_layers * GQA.dim * 4 + GQA.dim * 4  # (and the norms, once)
