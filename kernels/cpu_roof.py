@@ -4,6 +4,8 @@ ctypes. Each call returns the best of its passes; engine/hardware/roof.py decide
 from __future__ import annotations
 
 import ctypes
+import mmap
+import re
 import threading
 from pathlib import Path
 
@@ -12,6 +14,8 @@ from kernels.cpu_decode import FLAGS, BuildError, _build  # noqa: F401  (BuildEr
 SOURCE = Path(__file__).with_name("cpu_roof.cpp")
 _LANES_X_CHAINS = 16 * 8  # floats a read block holds at the widest width (AVX-512); any width divides it
 CHAINS = 8  # the C++ loops' independent accumulators
+
+HUGE_PAGE_BYTES = 2 << 20  # a transparent huge page (x86-64 and most aarch64 kernels)
 
 _lib: ctypes.CDLL | None = None
 _lock = threading.Lock()
@@ -65,3 +69,43 @@ def bf16_flops(threads: int, iters: int = 2_000_000, repeats: int = 5) -> float 
     sink = ctypes.c_float()
     best_s = lib.membound_bf16_best_s(iters, repeats, threads, ctypes.byref(sink))
     return per_iter * iters * threads / best_s if best_s > 0 else None
+
+
+def read_buffer(n_bytes: int):
+    """A float32 buffer of `n_bytes` for the read probe, every page touched, and the fraction of it on
+    huge pages (None where that cannot be read). Linux: an anonymous map, 2 MiB aligned, advised
+    MADV_HUGEPAGE before the first touch, so the probe streams memory rather than the page walks of
+    4 KiB pages (under a hypervisor each TLB miss walks two page tables: on this project's KVM machine
+    4 KiB pages read 20-33 GB/s, 2 MiB pages 35-61, docs/benchmarks.md). Elsewhere: a plain tensor."""
+    import torch
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    anonymous = getattr(mmap, "MAP_ANONYMOUS", None)
+    if advice is None or anonymous is None:
+        return torch.ones(n_bytes // 4, dtype=torch.float32), None
+    region = mmap.mmap(-1, n_bytes + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | anonymous)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(region))  # (the export ends with the statement)
+    offset = -base % HUGE_PAGE_BYTES
+    try:
+        region.madvise(advice, offset, n_bytes)
+    except OSError:  # a kernel without transparent huge pages: 4 KiB pages, said so by the fraction
+        pass
+    buffer = torch.frombuffer(region, dtype=torch.float32, offset=offset, count=n_bytes // 4)  # keeps `region`
+    buffer.fill_(1.0)  # the first touch: the pages are faulted in here, not in a timed pass
+    return buffer, huge_page_fraction(buffer.data_ptr(), n_bytes)
+
+
+def huge_page_fraction(address: int, n_bytes: int) -> float | None:
+    """The fraction of `n_bytes` from `address` the kernel backs with huge pages (AnonHugePages of
+    the mapping that holds it, /proc/self/smaps); None where smaps cannot be read."""
+    try:
+        with open("/proc/self/smaps") as smaps:
+            inside = False
+            for line in smaps:
+                span = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", line)
+                if span:
+                    inside = int(span[1], 16) <= address < int(span[2], 16)
+                elif inside and line.startswith("AnonHugePages:"):
+                    return min(1.0, int(line.split()[1]) * 1024 / n_bytes)
+    except (OSError, ValueError):
+        return None
+    return None

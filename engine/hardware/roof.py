@@ -98,6 +98,7 @@ class MeasuredRoof:
     flops: dict[str, float]  # dtype -> FLOP/s
     flops_method: dict[str, str]  # dtype -> "FMA loop" | "bf16 dot loop" | "GEMM"
     load_average: float | None = None  # the 1-minute load when measured (a busy machine reads low)
+    read_gbs_rounds: list[float] | None = None  # each round's best over the sizes: the run's own spread
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -109,6 +110,8 @@ class MeasuredRoof:
 
     def describe(self) -> str:
         sizes = ", ".join(f"{size} {gbs:.1f}" for size, gbs in self.read_gbs_by_size.items())
+        if self.read_gbs_rounds and len(self.read_gbs_rounds) > 1:
+            sizes += f"; rounds {min(self.read_gbs_rounds):.1f}–{max(self.read_gbs_rounds):.1f}"
         flops = ", ".join(f"{dtype} {value / 1e12:.3f} TFLOP/s ({self.flops_method.get(dtype, '?')})"
                           for dtype, value in self.flops.items())
         cache = f"; last-level cache ({self.llc_bytes / 2**20:.0f} MiB) read {self.cache_read_gbs:.1f} GB/s" \

@@ -99,3 +99,35 @@ def test_membound_roof_prints_the_cached_roof_and_measures_on_demand(roof_cache,
     out = capsys.readouterr().out
     assert "read 12.0 GB/s" in out and "measured 2025-01-31 14:05 by a test" in out and str(roof_cache) in out
     assert main(["roof", "--measure"]) == 0 and len(measured) == 2
+
+
+def test_the_read_probe_s_buffer_is_touched_aligned_and_says_how_much_sits_on_huge_pages():
+    buffer, huge = probe.read_buffer(8 << 20)
+    assert buffer.numel() == (8 << 20) // 4 and bool((buffer == 1.0).all())  # every page faulted in before a pass
+    assert buffer.data_ptr() % probe.HUGE_PAGE_BYTES == 0  # 2 MiB aligned: whole huge pages, none split
+    assert huge is None or 0.0 <= huge <= 1.0
+    plain = torch.ones(1 << 20)  # PyTorch's allocator: 4 KiB pages where the kernel's THP is madvise-only
+    assert probe.huge_page_fraction(plain.data_ptr(), plain.nbytes) in (None, 0.0) or huge is not None
+    assert probe.huge_page_fraction(0, 1) is None  # no mapping holds it
+
+
+def test_a_roof_cached_by_an_older_probe_method_is_measured_again(roof_cache, monkeypatch):
+    measured = []
+    monkeypatch.setattr(roofs, "measure_cpu_roof", lambda threads, progress: measured.append(1) or
+                        fake_record(roofs.machine_fingerprint(threads)))
+    old = roofs.machine_fingerprint(torch.get_num_threads()).replace(f" | {roofs.PROBE_METHOD}", "")
+    roof_cache.write_text(json.dumps({old: fake_record(old, 3.0).to_dict()}))  # the 4 KiB-page probe's record
+    assert cpu_roof().read_gbs == 12.0 and measured == [1]
+
+
+def test_the_measured_roof_is_the_best_round_and_says_its_spread(monkeypatch):
+    reads = iter([1.0, 1.0, 0.5, 0.5, 0.8, 0.8, 1.0, 1.0, 1.0, 1.0] + [1.0] * 10)  # seconds a pass, per size per round
+    monkeypatch.setattr(probe, "read_best_s", lambda buffer, passes, threads: next(reads) * buffer.nbytes / 1e9)
+    monkeypatch.setattr(probe, "read_buffer", lambda n: (torch.empty(n // 4), 1.0))
+    monkeypatch.setattr(probe, "fma_flops", lambda threads: 1e11)
+    monkeypatch.setattr(probe, "bf16_flops", lambda threads: None)
+    monkeypatch.setattr(roofs, "measure_matmul_flops", lambda *a, **k: 1.0)
+    monkeypatch.setattr(roofs, "READ_ROUND_GAP_S", 0.0)
+    record = roofs.measure_cpu_roof(2, lambda message: None)
+    assert record.read_gbs == pytest.approx(2.0) and record.read_gbs_rounds == [1.0, 2.0, 1.25, 1.0, 1.0]
+    assert "2 MiB pages" in record.method and "rounds 1.0–2.0" in record.describe()
