@@ -157,6 +157,42 @@ def in_app(model: str, tokens: int, replies: int, engine_process: bool = True, d
             if wall_s else {}}
 
 
+def in_app_users(model: str, users: int, seconds: float, dtype: str = "fp32", weights: str = "fp") -> dict:
+    """`users` simulated users served in the window (the engine in its own process) for `seconds`: the
+    aggregate tok/s the serving panel plots, over the samples with every user's request running (the
+    first third of the run left out: the batch filling up)."""
+    import numpy as np
+    from PySide6.QtCore import QEventLoop, QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from app.plots.style import configure_pyqtgraph
+    from app.window import MainWindow
+    from engine.settings import SamplingParams, Settings
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    configure_pyqtgraph()
+    window = MainWindow(model=model, settings=Settings(dtype=dtype, weights=weights, users=users,
+                                                      sampling=SamplingParams(greedy=True)))
+    window.resize(1600, 960)
+    window.show()
+    loop = QEventLoop()
+    window.model_ready.connect(lambda _info: loop.quit())
+    loop.exec()
+    wait = QEventLoop()
+    QTimer.singleShot(int(seconds * 1000), wait.quit)
+    wait.exec()
+    serving = window.data.serving
+    t, running = serving.column("t_s"), serving.column("running")
+    aggregate = serving.column("aggregate_tps")
+    late = t >= t[0] + (t[-1] - t[0]) / 3 if len(t) else t > 0
+    full = late & (running == users)
+    window.close()
+    return {"users": users, "dtype": dtype, "weights": weights, "seconds": seconds, "samples": int(len(t)),
+            "samples_all_running": int(full.sum()),
+            "app_aggregate_tokens_per_s_median": float(np.median(aggregate[full])) if full.any() else float("nan"),
+            "app_aggregate_tokens_per_s_median_any": float(np.median(aggregate[late])) if late.any() else float("nan")}
+
+
 def attached(url: str, replies: int, interval_s: float = 0.25) -> dict:
     """Timer lateness while the window is attached to a server and chats with it."""
     import numpy as np
@@ -206,7 +242,15 @@ def main(argv=None) -> int:
     parser.add_argument("--weights", choices=["fp", "int8", "int4"], default="fp", help="weight storage")
     parser.add_argument("--probe-ms", type=int, default=10,
                         help="the lateness probe's period (its own wake-ups; 1000 to see the app's alone)")
+
+    parser.add_argument("--users", type=int, default=0,
+                        help="serve this many simulated users in the window for --seconds instead of replies: the "
+                             "serving panel's aggregate tok/s (compare `membound bench --sweep batch`)")
+    parser.add_argument("--seconds", type=float, default=60.0)
     args = parser.parse_args(argv)
+    if args.users:
+        print(json.dumps(in_app_users(args.model, args.users, args.seconds, args.dtype, args.weights), indent=2))
+        return 0
     if args.attach:
         print(json.dumps(attached(args.attach, args.replies), indent=2))
         return 0

@@ -47,6 +47,7 @@ static inline double omp_get_wtime(void) {
 // GCC 12 flags the intrinsics' own undefined pass-through operands (its bug 105593, fixed in 13)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 #else
@@ -178,6 +179,19 @@ static inline V vfma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
 static inline V vfnma(V a, V b, V c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a b
 static inline V vmax(V a, V b) { return _mm512_max_ps(a, b); }
 static inline float vhsum(V v) { return _mm512_reduce_add_ps(v); }
+// out[0..3] = vhsum(a), vhsum(b), vhsum(c), vhsum(d), each in vhsum's own order (halves, quarters, pairs),
+// four at a time: 12 instructions where four vhsum take ~32
+#define HAVE_VHSUM4 1
+static inline void vhsum4(V a, V b, V c, V d, float *out) {
+  const V ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));  // x[i] + x[i + 8]
+  const V cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+  // + x[i + 4]: quarter q of s is the four sums of a, b, c, d's own
+  const V s = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+  const V t = _mm512_add_ps(s, _mm512_permute_ps(s, 0x4E));  // lanes 0, 1 of each quarter: [0] + [2], [1] + [3]
+  const V u = _mm512_add_ps(t, _mm512_permute_ps(t, 0xB1));  // lane 0: their sum
+  _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0,
+                                                                                      0, 0, 0, 0), u)));
+}
 static inline float vhmax(V v) { return _mm512_reduce_max_ps(v); }
 static inline V vround(V v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 static inline V vscale2(V p, V k) { return _mm512_scalef_ps(p, k); }  // p 2^k
@@ -357,6 +371,21 @@ static inline V vload_i8n(const int8_t *p, int64_t n) {
 #endif
 
 static inline void prefetch(const void *p) { __builtin_prefetch(p, 0, 3); }
+#if defined(__GNUC__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE inline
+#endif
+
+// Keeps a loaded vector in a register: without it GCC re-reads a block's weights from memory for every
+// token row (a load per FMA, the loads then bound the product), or folds a load into each FMA
+#if (defined(LEVEL_AVX512) || defined(LEVEL_AVX2)) && defined(__GNUC__)
+#define in_register(v) __asm__("" : "+v"(v))
+#elif defined(LEVEL_NEON) && defined(__GNUC__)
+#define in_register(v) __asm__("" : "+w"(v))
+#else
+#define in_register(v) ((void)0)
+#endif
 
 // ---- the rows of this thread --------------------------------------------------------------------
 static inline void my_rows(int64_t n, int64_t align, int64_t *r0, int64_t *r1) {
@@ -464,12 +493,55 @@ static inline int64_t ahead_rows(int64_t row_bytes) {
   return blocks < 1 ? R : blocks * R;
 }
 #if defined(LEVEL_AVX512) || defined(LEVEL_NEON)
-#define G_MAX 4  // token rows per pass: 16 accumulators (of 32 vector registers)
+#define G_MAX 6  // token rows per pass: 24 accumulators, 4 weight vectors and an input (of 32 registers)
 #elif defined(LEVEL_AVX2)
 #define G_MAX 2  // of 16
 #else
 #define G_MAX 1
 #endif
+
+// The passes of a block over m token rows, as even as G_MAX allows (8 rows: 4 + 4, not 6 + 2): pass p
+// takes rows [pass_start(m, passes, p), pass_start(m, passes, p + 1))
+static inline int64_t passes_of(int64_t m) { return (m + G_MAX - 1) / G_MAX; }
+static inline int64_t pass_start(int64_t m, int64_t passes, int64_t p) { return m * p / passes; }
+
+// What a pass prefetches: the same columns of the block `ahead_rows()` on (row 0 at p, null: none),
+// every `every`-th cache line from the `first`-th: the passes of a block share its next one's lines, so
+// memory streams while the later passes compute from L1 (one pass asking for all of them left the memory
+// idle through the others)
+struct Ahead {
+  const char *p;
+  int64_t row_bytes, bytes;  // a row's bytes and an element's, in the matrix's own format
+  int every, first;
+};
+static inline struct Ahead no_ahead(void) { return Ahead{NULL, 0, 1, 1, 0}; }
+
+template <int RR>
+struct Prefetcher {  // the lines of one pass, in column order
+  struct Ahead a;
+  int countdown;
+  explicit Prefetcher(const struct Ahead &ahead) : a(ahead), countdown(ahead.first) {}
+  ALWAYS_INLINE void at(int64_t j) {  // column j of the block (call for every column step, in order)
+    if (!a.p || ((j * a.bytes) & 63) != 0) return;
+    if (countdown-- == 0) {
+      for (int i = 0; i < RR; i++) prefetch(a.p + i * a.row_bytes + j * a.bytes);
+      countdown = a.every - 1;
+    }
+  }
+};
+
+// out[g * R + i] = the sum of acc[g][i]'s lanes
+template <int G, int RR>
+static ALWAYS_INLINE void sums_out(V (*acc)[RR], float *out) {
+#if defined(HAVE_VHSUM4)
+  if (RR == 4) {
+    for (int g = 0; g < G; g++) vhsum4(acc[g][0], acc[g][RR > 1 ? 1 : 0], acc[g][RR > 2 ? 2 : 0], acc[g][RR > 3 ? 3 : 0], out + g * R);
+    return;
+  }
+#endif
+  for (int g = 0; g < G; g++)
+    for (int i = 0; i < RR; i++) out[g * R + i] = vhsum(acc[g][i]);
+}
 
 // the weight rows of a block as fp32 vectors: each format's loader (exact conversions)
 struct F32Rows {
@@ -491,22 +563,25 @@ struct I8Rows {
   V loadn(int i, int64_t j, int64_t n) const { return vload_i8n(p[i] + j, n); }
 };
 
-// out[g * R + i] = sum_j w[i][j] x[g][j] for RR rows and G token rows (x rows ldx apart);
-// `ahead`: row 0 of the block ahead_rows() on in the matrix, to prefetch (null: no prefetch)
+// out[g * R + i] = sum_j w[i][j] x[g][j] for RR rows and G token rows (x rows ldx apart). The weights
+// are loaded once a column step and each input once (in_register: not once per FMA)
 template <int G, int RR, class Rows>
-static inline void block_fma(const Rows &w, const float *x, int64_t ldx, int64_t k, float *out, const char *ahead,
-                             int64_t row_bytes) {
+static inline void block_fma(const Rows &w, const float *x, int64_t ldx, int64_t k, float *out, const struct Ahead &ahead) {
   V acc[G][RR];
   for (int g = 0; g < G; g++)
     for (int i = 0; i < RR; i++) acc[g][i] = vzero();
+  Prefetcher<RR> pf(ahead);
   int64_t j = 0;
   for (; j + W <= k; j += W) {
-    if (ahead && ((j * Rows::BYTES) & 63) == 0)
-      for (int i = 0; i < RR; i++) prefetch(ahead + i * row_bytes + j * Rows::BYTES);
+    pf.at(j);
     V wv[RR];
-    for (int i = 0; i < RR; i++) wv[i] = w.load(i, j);
+    for (int i = 0; i < RR; i++) {
+      wv[i] = w.load(i, j);
+      if (Rows::BYTES == 4) in_register(wv[i]);  // (a converted row is in a register already)
+    }
     for (int g = 0; g < G; g++) {
-      const V xv = vload(x + g * ldx + j);
+      V xv = vload(x + g * ldx + j);
+      in_register(xv);
       for (int i = 0; i < RR; i++) acc[g][i] = vfma(wv[i], xv, acc[g][i]);
     }
   }
@@ -518,22 +593,23 @@ static inline void block_fma(const Rows &w, const float *x, int64_t ldx, int64_t
       for (int i = 0; i < RR; i++) acc[g][i] = vfma(wv[i], xv, acc[g][i]);
     }
   }
-  for (int g = 0; g < G; g++)
-    for (int i = 0; i < RR; i++) out[g * R + i] = vhsum(acc[g][i]);
+  sums_out<G, RR>(acc, out);
 }
 
 template <int RR, class Rows>
 static inline void block_fma_rows(const Rows &w, const float *x, int64_t ldx, int64_t k, int64_t g_rows, float *out,
-                                  const char *ahead, int64_t row_bytes) {
+                                  const struct Ahead &ahead) {
   switch (g_rows) {  // G_MAX >= every case taken
-#if G_MAX >= 4
-    case 4: block_fma<4, RR>(w, x, ldx, k, out, ahead, row_bytes); break;
-    case 3: block_fma<3, RR>(w, x, ldx, k, out, ahead, row_bytes); break;
+#if G_MAX >= 6
+    case 6: block_fma<6, RR>(w, x, ldx, k, out, ahead); break;
+    case 5: block_fma<5, RR>(w, x, ldx, k, out, ahead); break;
+    case 4: block_fma<4, RR>(w, x, ldx, k, out, ahead); break;
+    case 3: block_fma<3, RR>(w, x, ldx, k, out, ahead); break;
 #endif
 #if G_MAX >= 2
-    case 2: block_fma<2, RR>(w, x, ldx, k, out, ahead, row_bytes); break;
+    case 2: block_fma<2, RR>(w, x, ldx, k, out, ahead); break;
 #endif
-    default: block_fma<1, RR>(w, x, ldx, k, out, ahead, row_bytes); break;
+    default: block_fma<1, RR>(w, x, ldx, k, out, ahead); break;
   }
 }
 
@@ -543,9 +619,9 @@ static inline void block_fma_rows(const Rows &w, const float *x, int64_t ldx, in
 template <int RR, class Rows>
 static void rows_times_tokens(const Rows &w, const struct In *in, int64_t k, float *out, float *wbuf,
                               const char *ahead, int64_t row_bytes) {
-  const int64_t m = in->m;
-  if (m <= G_MAX) {
-    block_fma_rows<RR>(w, in->x, in->ld, k, m, out, ahead, row_bytes);
+  const int64_t m = in->m, passes = passes_of(m);
+  if (passes == 1) {
+    block_fma_rows<RR>(w, in->x, in->ld, k, m, out, Ahead{ahead, row_bytes, Rows::BYTES, 1, 0});
     return;
   }
   const int64_t ldb = (k + W - 1) / W * W;
@@ -554,20 +630,16 @@ static void rows_times_tokens(const Rows &w, const struct In *in, int64_t k, flo
     for (int i = 0; i < R; i++) fb.p[i] = (const float *)w.p[i < RR ? i : 0];
   } else {
     int64_t j = 0;
-    for (; j + W <= k; j += W) {
-      if (ahead && ((j * Rows::BYTES) & 63) == 0)
-        for (int i = 0; i < RR; i++) prefetch(ahead + i * row_bytes + j * Rows::BYTES);
+    for (; j + W <= k; j += W)
       for (int i = 0; i < RR; i++) vstore(wbuf + i * ldb + j, w.load(i, j));
-    }
     if (j < k)
       for (int i = 0; i < RR; i++) vstore(wbuf + i * ldb + j, w.loadn(i, j, k - j));
     for (int i = 0; i < R; i++) fb.p[i] = wbuf + (i < RR ? i : 0) * ldb;
   }
-  for (int64_t m0 = 0; m0 < m; m0 += G_MAX) {
-    const int64_t g_rows = m - m0 < G_MAX ? m - m0 : G_MAX;
-    // only the first pass streams from memory (and converts): that one prefetches
-    block_fma_rows<RR>(fb, in->x + m0 * in->ld, in->ld, k, g_rows, out + m0 * R,
-                       m0 == 0 && Rows::BYTES == 4 ? ahead : NULL, row_bytes);
+  for (int64_t p = 0; p < passes; p++) {
+    const int64_t m0 = pass_start(m, passes, p), m1 = pass_start(m, passes, p + 1);
+    block_fma_rows<RR>(fb, in->x + m0 * in->ld, in->ld, k, m1 - m0, out + m0 * R,
+                       Ahead{ahead, row_bytes, Rows::BYTES, (int)passes, (int)p});
   }
 }
 
@@ -598,82 +670,98 @@ static void gemm_rows(const struct Mat *mt, const struct In *in, float *y, int64
 #if defined(LEVEL_AVX512)
 #define DOT_STEP 32
 typedef __m512 DotAcc;
+typedef __m512i DotIn;
 static inline DotAcc dot_zero(void) { return _mm512_setzero_ps(); }
-static inline DotAcc dot_step(DotAcc a, const uint16_t *w, const uint16_t *x) {
-  return _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(w), (__m512bh)_mm512_loadu_si512(x));
-}
+static inline DotIn dot_load(const uint16_t *p) { return _mm512_loadu_si512(p); }
+static inline DotAcc dot_step(DotAcc a, DotIn w, DotIn x) { return _mm512_dpbf16_ps(a, (__m512bh)w, (__m512bh)x); }
 static inline DotAcc dot_stepn(DotAcc a, const uint16_t *w, const uint16_t *x, int64_t n) {
   const __mmask32 mk = (__mmask32)((1ull << n) - 1);
   return _mm512_dpbf16_ps(a, (__m512bh)_mm512_maskz_loadu_epi16(mk, w), (__m512bh)_mm512_maskz_loadu_epi16(mk, x));
 }
-static inline float dot_sum(DotAcc a) { return _mm512_reduce_add_ps(a); }
+static inline float dot_sum(DotAcc a) { return vhsum(a); }
 #else
 #define DOT_STEP 8
 typedef float32x4_t DotAcc;
+typedef uint16x8_t DotIn;
 static inline DotAcc dot_zero(void) { return vdupq_n_f32(0.0f); }
-static inline DotAcc dot_step(DotAcc a, const uint16_t *w, const uint16_t *x) {
-  return vbfdotq_f32(a, vreinterpretq_bf16_u16(vld1q_u16(w)), vreinterpretq_bf16_u16(vld1q_u16(x)));
+static inline DotIn dot_load(const uint16_t *p) { return vld1q_u16(p); }
+static inline DotAcc dot_step(DotAcc a, DotIn w, DotIn x) {
+  return vbfdotq_f32(a, vreinterpretq_bf16_u16(w), vreinterpretq_bf16_u16(x));
 }
 static inline DotAcc dot_stepn(DotAcc a, const uint16_t *w, const uint16_t *x, int64_t n) {
   uint16_t tw[8] = {0}, tx[8] = {0};
   memcpy(tw, w, n * 2);
   memcpy(tx, x, n * 2);
-  return dot_step(a, tw, tx);
+  return dot_step(a, dot_load(tw), dot_load(tx));
 }
 static inline float dot_sum(DotAcc a) { return vaddvq_f32(a); }
 #endif
 
 template <int G, int RR>
 static inline void block_bf16dot(const uint16_t *const *w, const uint16_t *xb, int64_t ldx, int64_t k, float *out,
-                                 const char *ahead, int64_t row_bytes) {
+                                 const struct Ahead &ahead) {
   DotAcc acc[G][RR];
   for (int g = 0; g < G; g++)
     for (int i = 0; i < RR; i++) acc[g][i] = dot_zero();
+  Prefetcher<RR> pf(ahead);
   int64_t j = 0;
   for (; j + DOT_STEP <= k; j += DOT_STEP) {
-    if (ahead && ((j * 2) & 63) == 0)
-      for (int i = 0; i < RR; i++) prefetch(ahead + i * row_bytes + 2 * j);
-    for (int g = 0; g < G; g++)
-      for (int i = 0; i < RR; i++) acc[g][i] = dot_step(acc[g][i], w[i] + j, xb + g * ldx + j);
+    pf.at(j);
+    DotIn wv[RR];
+    for (int i = 0; i < RR; i++) {
+      wv[i] = dot_load(w[i] + j);
+      in_register(wv[i]);
+    }
+    for (int g = 0; g < G; g++) {
+      DotIn xv = dot_load(xb + g * ldx + j);
+      in_register(xv);
+      for (int i = 0; i < RR; i++) acc[g][i] = dot_step(acc[g][i], wv[i], xv);
+    }
   }
   if (j < k)
     for (int g = 0; g < G; g++)
       for (int i = 0; i < RR; i++) acc[g][i] = dot_stepn(acc[g][i], w[i] + j, xb + g * ldx + j, k - j);
+#if defined(LEVEL_AVX512)
+  sums_out<G, RR>(acc, out);  // (DotAcc is V: dot_sum is vhsum)
+#else
   for (int g = 0; g < G; g++)
     for (int i = 0; i < RR; i++) out[g * R + i] = dot_sum(acc[g][i]);
+#endif
 }
 
 template <int RR>
 static inline void bf16dot_rows(const uint16_t *const *w, const uint16_t *xb, int64_t ldx, int64_t k, int64_t g_rows,
-                                float *out, const char *ahead, int64_t row_bytes) {
+                                float *out, const struct Ahead &ahead) {
   switch (g_rows) {
-#if G_MAX >= 4
-    case 4: block_bf16dot<4, RR>(w, xb, ldx, k, out, ahead, row_bytes); break;
-    case 3: block_bf16dot<3, RR>(w, xb, ldx, k, out, ahead, row_bytes); break;
+#if G_MAX >= 6
+    case 6: block_bf16dot<6, RR>(w, xb, ldx, k, out, ahead); break;
+    case 5: block_bf16dot<5, RR>(w, xb, ldx, k, out, ahead); break;
+    case 4: block_bf16dot<4, RR>(w, xb, ldx, k, out, ahead); break;
+    case 3: block_bf16dot<3, RR>(w, xb, ldx, k, out, ahead); break;
 #endif
 #if G_MAX >= 2
-    case 2: block_bf16dot<2, RR>(w, xb, ldx, k, out, ahead, row_bytes); break;
+    case 2: block_bf16dot<2, RR>(w, xb, ldx, k, out, ahead); break;
 #endif
-    default: block_bf16dot<1, RR>(w, xb, ldx, k, out, ahead, row_bytes); break;
+    default: block_bf16dot<1, RR>(w, xb, ldx, k, out, ahead); break;
   }
 }
 
 static void gemm_bf16dot(const struct Mat *mt, const struct In *in, float *y, int64_t ldy, int64_t r0, int64_t r1) {
-  const int64_t k = mt->k;
+  const int64_t k = mt->k, passes = passes_of(in->m);
   const uint16_t *base = (const uint16_t *)mt->w;
   float out[MAX_ROWS * R];
   for (int64_t r = r0; r < r1;) {
     const int rr = r + R <= r1 ? R : 1;
     const uint16_t *w[R];
     for (int i = 0; i < R; i++) w[i] = base + (r + (i < rr ? i : 0)) * k;
-    for (int64_t m0 = 0; m0 < in->m; m0 += G_MAX) {  // later passes read the rows from L1/L2
-      const int64_t g_rows = in->m - m0 < G_MAX ? in->m - m0 : G_MAX;
+    const char *ahead = (const char *)(base + (r + ahead_rows(2 * k)) * k);
+    for (int64_t p = 0; p < passes; p++) {  // later passes read the rows from L1/L2
+      const int64_t m0 = pass_start(in->m, passes, p), m1 = pass_start(in->m, passes, p + 1);
       const uint16_t *xb = in->xb + m0 * in->ld;
-      const char *ahead = m0 == 0 ? (const char *)(base + (r + ahead_rows(2 * k)) * k) : NULL;
       if (rr == R)
-        bf16dot_rows<R>(w, xb, in->ld, k, g_rows, out + m0 * R, ahead, 2 * k);
+        bf16dot_rows<R>(w, xb, in->ld, k, m1 - m0, out + m0 * R, Ahead{ahead, 2 * k, 2, (int)passes, (int)p});
       else
-        bf16dot_rows<1>(w, xb, in->ld, k, g_rows, out + m0 * R, NULL, 2 * k);
+        bf16dot_rows<1>(w, xb, in->ld, k, m1 - m0, out + m0 * R, no_ahead());
     }
     for (int64_t t = 0; t < in->m; t++)
       for (int i = 0; i < rr; i++) y[t * ldy + r + i] = out[t * R + i];
@@ -767,6 +855,7 @@ static inline void int4_unpack(const uint8_t *p, int64_t octets, __m512i *out) {
   const __m512i low4 = _mm512_set1_epi32(0x000F000F), exponent = _mm512_set1_epi32(0x43004300);
   for (int64_t j = 0; j < octets; j++) {
     const __m512i v = _mm512_loadu_si512(p + 64 * j);
+    prefetch(p + 64 * j + 2048);
     out[4 * j] = _mm512_ternarylogic_epi32(v, low4, exponent, 0xEA);
     out[4 * j + 1] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 4), low4, exponent, 0xEA);
     out[4 * j + 2] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 8), low4, exponent, 0xEA);
@@ -775,6 +864,53 @@ static inline void int4_unpack(const uint8_t *p, int64_t octets, __m512i *out) {
 }
 typedef __m512i Unpacked;
 #define UNPACKED_PER_OCTET 4
+
+// A whole tile for G token rows, their accumulators in registers across the groups (the same operations
+// in the same order as int4_group's, which keeps them in memory: a load and a store per row and group
+// less, and six rows a pass instead of four, so a five-row verify step is one pass)
+#define INT4_TILES 1
+#define INT4_TILE_G 6  // token rows a pass: 18 accumulators, four codes and the constants (of 32 registers)
+template <int G>
+static inline void int4_tile(const uint8_t *p, int64_t groups, int64_t octets, const struct In *in, int64_t t0,
+                             int64_t group, const uint16_t *st, const uint16_t *mt, float *acc, const __m512i *unpacked) {
+  const __m512i low4 = _mm512_set1_epi32(0x000F000F), exponent = _mm512_set1_epi32(0x43004300);
+  const int64_t ls = sums_ld(in->ld);
+  __m512 a[G];
+  for (int r = 0; r < G; r++) a[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; g++, p += 64 * octets) {
+    __m512 s0[G], s1[G];
+    for (int r = 0; r < G; r++) s0[r] = s1[r] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < octets; j++) {
+      __m512i c[4];
+      if (unpacked) {
+        for (int b = 0; b < 4; b++) c[b] = unpacked[4 * (g * octets + j) + b];
+      } else {
+        const __m512i v = _mm512_loadu_si512(p + 64 * j);
+        prefetch(p + 64 * j + 2048);
+        c[0] = _mm512_ternarylogic_epi32(v, low4, exponent, 0xEA);
+        c[1] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 4), low4, exponent, 0xEA);
+        c[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 8), low4, exponent, 0xEA);
+        c[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 12), low4, exponent, 0xEA);
+      }
+      for (int b = 0; b < 4; b++) in_register(c[b]);
+      for (int r = 0; r < G; r++) {
+        const uint32_t *xp = (const uint32_t *)(in->xb + (t0 + r) * in->ld + g * group) + 4 * j;
+        s0[r] = _mm512_dpbf16_ps(s0[r], (__m512bh)c[0], (__m512bh)_mm512_set1_epi32((int)xp[0]));
+        s1[r] = _mm512_dpbf16_ps(s1[r], (__m512bh)c[1], (__m512bh)_mm512_set1_epi32((int)xp[1]));
+        s0[r] = _mm512_dpbf16_ps(s0[r], (__m512bh)c[2], (__m512bh)_mm512_set1_epi32((int)xp[2]));
+        s1[r] = _mm512_dpbf16_ps(s1[r], (__m512bh)c[3], (__m512bh)_mm512_set1_epi32((int)xp[3]));
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(st + g * 16)));
+    const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mt + g * 16)));
+    const __m512 corr = _mm512_fnmadd_ps(_mm512_set1_ps(128.0f), d, mn);
+    for (int r = 0; r < G; r++) {
+      a[r] = _mm512_fmadd_ps(_mm512_add_ps(s0[r], s1[r]), d, a[r]);
+      a[r] = _mm512_fmadd_ps(corr, _mm512_set1_ps(in->xsum[(t0 + r) * ls + g]), a[r]);
+    }
+  }
+  for (int r = 0; r < G; r++) _mm512_storeu_ps(acc + (t0 + r) * 16, a[r]);
+}
 
 #elif defined(LEVEL_AVX512) || defined(LEVEL_AVX2)
 // The words' nibble pairs (input 2a, input 2a + 1) masked into the two int16 halves of each lane and
@@ -1009,6 +1145,24 @@ static void gemm_int4(const struct Mat *mt, const struct In *in, float *y, int64
     const uint16_t *st = scale + t * groups * 16, *mnt = mins + t * groups * 16;
     // the rows of this tile to store: those in [r0, r1) (a range may start or end inside a tile)
     const int64_t first = r0 > t * 16 ? r0 - t * 16 : 0, end = r1 - t * 16 < 16 ? r1 - t * 16 : 16;
+#if defined(INT4_TILES)
+    // passes as even as INT4_TILE_G allows; each unpacks the tile's codes again from L1 (cheaper than
+    // reading them back unpacked: four times the bytes)
+    const int64_t passes = (m + INT4_TILE_G - 1) / INT4_TILE_G;
+    (void)unpacked;
+    for (int64_t q = 0; q < passes; q++) {
+      const int64_t m0 = m * q / passes, rows = m * (q + 1) / passes - m0;
+      const Unpacked *u = NULL;
+      switch (rows) {
+        case 6: int4_tile<6>(p, groups, octets, in, m0, group, st, mnt, acc, u); break;
+        case 5: int4_tile<5>(p, groups, octets, in, m0, group, st, mnt, acc, u); break;
+        case 4: int4_tile<4>(p, groups, octets, in, m0, group, st, mnt, acc, u); break;
+        case 3: int4_tile<3>(p, groups, octets, in, m0, group, st, mnt, acc, u); break;
+        case 2: int4_tile<2>(p, groups, octets, in, m0, group, st, mnt, acc, u); break;
+        default: int4_tile<1>(p, groups, octets, in, m0, group, st, mnt, acc, u); break;
+      }
+    }
+#else
     memset(acc, 0, sizeof(float) * 16 * m);
     for (int64_t g = 0; g < groups; g++, p += 64 * octets) {
       const Unpacked *u = NULL;
@@ -1025,6 +1179,7 @@ static void gemm_int4(const struct Mat *mt, const struct In *in, float *y, int64
         }
       }
     }
+#endif
     for (int64_t r = 0; r < m; r++)
       for (int64_t i = first; i < end; i++) y[r * ldy + t * 16 + i] = acc[r * 16 + i];
   }
