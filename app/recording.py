@@ -23,6 +23,7 @@ from typing import Any
 from PySide6.QtCore import QObject, QTimer
 
 from app.i18n import translate
+from app.sources import SIGNALS
 
 DEFAULT_RECORDING = Path(__file__).resolve().parents[1] / "assets" / "tour-default.membound"
 FORMAT = "membound-recording"
@@ -30,9 +31,8 @@ VERSION = 1
 FLUSH_MS = 1000
 KV_SNAPSHOT_EVERY_S = 0.5  # the KV panel's pictures kept in a recording (the plots' data: every one)
 
-# the worker signals a recording keeps (app/worker.py), with what each carries
-WORKER_SIGNALS = ("progress", "model_loaded", "events", "reply_started", "busy_changed", "failed", "kv_snapshot",
-                  "quality", "state", "engine_died")
+# the engine's signals a recording keeps (app/sources.py, where each is described)
+WORKER_SIGNALS = SIGNALS
 # the torch-free contract: every dataclass a recording may hold is defined in one of these
 CONTRACT_MODULES = ("engine.settings", "engine.events", "engine.metrics", "engine.protocol", "engine.model.config",
                     "engine.hardware.spec", "engine.hardware.nvml", "engine.kv.blocks")

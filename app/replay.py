@@ -1,5 +1,5 @@
 """Play a recording (app/recording.py) back in the window, with no engine and no torch: a
-`ReplayWorker` stands in for the engine's worker, a `Player` feeds it the recorded entries as the
+`ReplaySource` stands in for the engine's worker, a `Player` feeds it the recorded entries as the
 playing position passes them, and a `ReplayBar` says plainly that this is a replay."""
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from PySide6.QtWidgets import QComboBox, QFrame, QHBoxLayout, QLabel, QPushButto
 
 from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.recording import WORKER_SIGNALS, Entry, Recording, RecordingError, read_recording
+from app.sources import EventSource
 from engine.events import SettingsRefused
 
 TICK_MS = 30
@@ -25,19 +26,11 @@ REPLAY_REFUSAL = QT_TRANSLATE_NOOP("Replay", "this is a replay: the settings are
                                              "(the engine is not running)")
 
 
-class ReplayWorker(QObject):
-    """Stands in for app.worker.EngineWorker in a replay: the same signals, fed by a `Player`;
-    commands go nowhere and a settings request is refused with one line."""
-    progress = Signal(float, str)
-    model_loaded = Signal(object)
-    events = Signal(object)
-    reply_started = Signal(float)
-    busy_changed = Signal(str, bool)
-    failed = Signal(str, str)
-    kv_snapshot = Signal(object)
-    quality = Signal(object)
-    state = Signal(object)
-    engine_died = Signal(str)
+class ReplaySource(QObject, EventSource):
+    """A recording as the window's source (app/sources.py), standing in for app.worker.EngineWorker:
+    the same signals, fed by a `Player`; commands go nowhere and a settings request is refused with
+    one line. This machine's hardware is not the one recorded (its samples are in the recording)."""
+    local_hardware = False
 
     process_mode = False
     engine = None
@@ -47,33 +40,21 @@ class ReplayWorker(QObject):
         super().__init__(parent)
         self.settings = None  # what the recording's engine last ran
 
-    def start(self) -> None:
-        pass
-
     def submit(self, command) -> None:
         pass  # the recording holds the answers to the commands it was given
 
     def request(self, command) -> None:
         self.events.emit([SettingsRefused(command.request_id, translate("Replay", REPLAY_REFUSAL), self.settings)])
 
-    def stop(self) -> None:
-        pass
-
     def query(self) -> None:
         self.state.emit(self.settings)
-
-    def process_alive(self) -> bool:
-        return False
 
     def isRunning(self) -> bool:
         return False
 
-    def shutdown(self, timeout_s: float = 0.0) -> bool:
-        return True
-
 
 class Player(QObject):
-    """Plays a `Recording` into a window built with a `ReplayWorker`: entries go out when the
+    """Plays a `Recording` into a window built with a `ReplaySource`: entries go out when the
     playing position (seconds of the recording, advancing at `speed`) passes them. `seek` jumps;
     backwards it starts the window over and plays up to the mark at once."""
     position_changed = Signal(float)
@@ -84,7 +65,7 @@ class Player(QObject):
         super().__init__(parent or window)
         self.recording = recording
         self.window = window
-        self.worker: ReplayWorker = window.worker
+        self.worker: ReplaySource = window.worker
         self.speed = speed
         self.position_s = 0.0
         self.index = 0  # the next entry to play
@@ -170,33 +151,14 @@ class Player(QObject):
                     if settings is not None:
                         self.worker.settings = settings
             getattr(self.worker, entry.kind).emit(*entry.args)
-            if entry.kind == "model_loaded":
-                self._no_local_sampler()
             return
         handler = self.handlers.get(entry.kind)
         if handler is not None:  # an action this version does not know is passed over
             handler(*entry.args)
 
-    def _no_local_sampler(self) -> None:
-        """A recording of an NVML-equipped GPU makes the window start sampling NVML: here that would
-        be this machine's GPU. Its samples come from the recording instead."""
-        window = self.window
-        window.nvml_timer.stop()
-        if window._sampler is not None:
-            window._sampler.close()
-            window._sampler = None
-
     def _start_over(self) -> None:
         """The window as before the first entry: no reply streaming, nothing pending, empty plots."""
-        window = self.window
-        if window.replying:
-            window.replying = False
-            window.chat.set_streaming(False)
-        window._pending.clear()
-        window._show_pending()
-        window.data.clear()
-        window.chat.clear()
-        window.clear_error()
+        self.window.start_over()
         self.index = 0
         self.position_s = 0.0
 
@@ -210,7 +172,7 @@ def open_replay(path: str, speed: float = 1.0, theme: str = "dark", large_fonts:
     recording = read_recording(path)
     if recording.model_info is None:
         raise RecordingError(f"{path}: the recording holds no loaded model (nothing to replay)")
-    worker = ReplayWorker()
+    worker = ReplaySource()
     window = MainWindow(model="replay", theme=theme, large_fonts=large_fonts, autoload=False, worker=worker)
     worker.setParent(window)
     player = Player(recording, window, speed)
@@ -254,7 +216,7 @@ class ReplayBar(QFrame):
         row.addWidget(self.speed_box)
         row.addWidget(self.slider, 1)
         row.addWidget(self.time_label)
-        window.centralWidget().layout().insertWidget(1, self)
+        window.add_bar(self)
         # the chat cannot talk to a recording: its input row goes, the transcript stays
         for widget in (window.chat.input, window.chat.send_button, window.chat.stop_button, window.chat.new_button):
             widget.setVisible(False)

@@ -14,6 +14,7 @@ import os
 import re
 import sys
 import time
+import weakref
 
 from PySide6.QtCore import QRect, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
@@ -29,9 +30,10 @@ from app.plots import LiveData, PlotsPanel
 from app.seed_table import SeedTable
 from app.serving_panel import ServingPanel
 from app.theme import SettingColours, stylesheet, themed
+from app.sources import SIGNALS, PlotRow
 from app.worker import EngineWorker
 from engine.events import BatchStats, DoneEvent, SettingsApplied, SettingsRefused, TokenEvent
-from engine.metrics import DECODE_PHASES, StepMetrics, reply_figures, speculation_figures
+from engine.metrics import StepMetrics
 from engine.protocol import Apply, Chat, Load, MeasureQuality, ModelInfo, Reset, settings_delta
 from engine.settings import Settings, weights_label
 
@@ -65,31 +67,6 @@ def fitted_size(available: QSize, frame: QSize = QSize(0, 0)) -> tuple[int, int]
     frame), else the room itself less the frame."""
     return (min(PREFERRED_SIZE[0], available.width() - frame.width()),
             min(PREFERRED_SIZE[1], available.height() - frame.height()))
-
-def ttft_note(done: DoneEvent) -> str:
-    """'TTFT 123 ms', and how much of the prompt the cache spared (DoneEvent.ttft_note, translated)."""
-    if not done.n_cached_tokens:
-        return translate("Window", "TTFT {ms} ms").format(ms=f"{1e3 * done.ttft_s:.0f}")
-    return translate("Window", "TTFT {ms} ms ({cached} of {prompt} prompt tokens cached)").format(
-        ms=f"{1e3 * done.ttft_s:.0f}", cached=f"{done.n_cached_tokens:,}", prompt=f"{done.n_prompt_tokens:,}")
-
-
-def speculation_summary(steps: list[StepMetrics]) -> list[str]:
-    """engine.metrics.speculation_figures in words, translated."""
-    figures = speculation_figures(steps)
-    if figures is None:
-        return []
-    pct, per_step, tokens = figures
-    text = translate("Window", "speculation: {pct}% of guesses kept ({per_step} a step), {tokens} tokens per "
-                               "weight read")
-    return [text.format(pct=f"{pct:.0f}", per_step=f"{per_step:.2f}", tokens=f"{tokens:.2f}")]
-
-
-DONE_WORDS = {"eos": QT_TRANSLATE_NOOP("Window", "finished"),
-              "max_tokens": QT_TRANSLATE_NOOP("Window", "hit max tokens"),
-              "stopped": QT_TRANSLATE_NOOP("Window", "stopped"),
-              "context_full": QT_TRANSLATE_NOOP("Window", "context window full")}
-
 
 class MainWindow(QMainWindow):
     model_ready = Signal(object)  # ModelInfo
@@ -150,9 +127,6 @@ class MainWindow(QMainWindow):
         self.table_button.setChecked(not large_fonts)
         for button in (self.model_button, self.table_button, self.theme_button, self.fonts_button):
             self.controls.extra.addWidget(button)
-        from app.attach_source import add_attach_button  # attach mode: a server's /metrics feeds the plots
-
-        self.attach = add_attach_button(self)  # "Attach to server…" beside "Model…"
         self.chat = ChatPanel(self.theme)
         self.seed_table = SeedTable(self.theme, self.colours)
         self.kv_panel = KVCachePanel(self.theme)
@@ -197,6 +171,9 @@ class MainWindow(QMainWindow):
         layout.addWidget(self.splitter, 1)
         layout.addWidget(self.hardware_strip)
         self.setCentralWidget(central)
+        from app.attach_source import add_attach_button  # attach mode: a server as the window's source
+
+        self.attach = add_attach_button(self)  # "Attach to server…" beside "Model…"
         self.maximize_on_show = False  # fit_to_screen: the screen is smaller than the preferred size
         self.fit_to_screen()
 
@@ -207,14 +184,11 @@ class MainWindow(QMainWindow):
         self.recorder = recorder  # held here: the signals it listens to do not keep it alive
         if recorder is not None:
             recorder.attach(self)
-        self.worker.progress.connect(self._on_progress)
-        self.worker.model_loaded.connect(self._on_model_loaded)
-        self.worker.events.connect(self._on_events)
-        self.worker.reply_started.connect(self._on_reply_started)
-        self.worker.busy_changed.connect(self._on_busy_changed)
-        self.worker.failed.connect(self._on_failed)
-        self.worker.kv_snapshot.connect(self.kv_panel.set_snapshot)
-        self.worker.quality.connect(self._on_quality)
+        # what feeds the window (app/sources.py): its own engine (or a replay) until another source is
+        # handed to use_source; the engine's death is the window's to handle whichever feeds it
+        self.source = self.worker
+        self._messages_of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # each source's conversation
+        self._wire(self.source, True)
         self.worker.engine_died.connect(self._on_engine_died)
 
         # ---- user actions
@@ -250,11 +224,99 @@ class MainWindow(QMainWindow):
         if autoload:
             self.load_model(model, device, hardware, settings)
 
+    # ---- the source ---------------------------------------------------------------------------
+    def _handlers(self, source) -> dict:
+        return {"progress": self._on_progress, "model_loaded": self._on_model_loaded, "events": self._on_events,
+                "reply_started": self._on_reply_started, "busy_changed": self._on_busy_changed,
+                "failed": self._on_failed, "kv_snapshot": self.kv_panel.set_snapshot, "quality": self._on_quality,
+                "state": self._on_state, "notice": self.chat.add_notice}
+
+    def _wire(self, source, connect: bool) -> None:
+        for name, handler in self._handlers(source).items():
+            signal = getattr(source, name)
+            signal.connect(handler) if connect else signal.disconnect(handler)
+
+    def use_source(self, source) -> None:
+        """Let `source` (app/sources.py) feed the window from now on: the reply in flight ends, the
+        plots start empty, and the window shows it as it asks (`source.view()`; None: as its model
+        says). Each source keeps its own conversation; the settings asked of the last one are dropped
+        unanswered, and the window asks the new one what it runs."""
+        if source is self.source:
+            return
+        if self.replying:
+            self.source.stop()
+            self.replying = False
+            self.chat.set_streaming(False)
+            self.reply_finished.emit(None)
+        self._wire(self.source, False)
+        self._messages_of[self.source] = self.messages
+        self.source, self.messages = source, self._messages_of.pop(source, [])
+        self._wire(source, True)
+        self._pending.clear()
+        self._show_pending()
+        self._show_source()
+        if self.model_info is not None:
+            source.query()
+
+    def _show_source(self) -> None:
+        view, data = self.source.view(), self.data
+        data.clear()
+        self.chat.clear()
+        if view is None:  # as its model says
+            data.source, data.x_label, data.notes = "model", QT_TRANSLATE_NOOP("Plots", "step"), {}
+            self.plots.set_hardware(self.hardware)
+            if self.hardware is not None:
+                self.hardware_strip.set_device(self.hardware)
+            self.serving_panel.set_theme(self.theme)  # (its own title)
+            self.chat.model_label.setText(self.model_info.label if self.model_info is not None else "")
+        else:
+            data.source, data.x_label, data.notes = view.origin, view.x_label, dict(view.notes)
+            self.plots.set_hardware(view.hardware)
+            self.hardware_strip.show_source(view.hardware, view.device_line, view.live_line)
+            if view.serving_title:
+                self.serving_panel.set_title(view.serving_title)
+            self.chat.model_label.setText(view.model_line)
+            if view.greeting:
+                self.chat.add_notice(view.greeting)
+        self._show_ready()
+
+    def _show_ready(self, controls: bool | None = None) -> None:
+        """The chat takes a turn when its source can answer one; the controls and "Model…" only where
+        the source takes them (`controls`: the caller's own condition, else a loaded model, not loading)."""
+        has_model = self.model_info is not None or not self.source.needs_model
+        self.chat.set_ready(has_model and not self.loading and not self.replying)
+        if controls is None:
+            controls = self.model_info is not None and not self.loading
+        self.controls.set_enabled(controls and self.source.takes_settings)
+        self.model_button.setEnabled(self.source.picks_models)
+
+    def start_over(self) -> None:
+        """The window as before its source's first event (a replay that seeks back): no reply
+        streaming, nothing pending, empty plots and chat."""
+        if self.replying:
+            self.replying = False
+            self.chat.set_streaming(False)
+        self._pending.clear()
+        self._show_pending()
+        self.data.clear()
+        self.chat.clear()
+        self.clear_error()
+
+    def add_bar(self, bar: QWidget) -> None:
+        """A bar of a source's own (a replay's, attach mode's status) under the toolbar."""
+        self.centralWidget().layout().insertWidget(1, bar)
+
+    def _on_state(self, settings) -> None:
+        """What the source runs (the answer to query()): shown where the window holds settings."""
+        if settings is not None:
+            self.settings = settings
+            self.controls.set_settings(settings)
+
     # ---- commands -----------------------------------------------------------------------------
     def load_model(self, model="default", device: str = "auto", hardware=None,
                    settings: Settings | None = None) -> None:
         if self.replying:
-            self.worker.stop()
+            self.source.stop()
         self.loading = True
         self._restarting = False
         self.engine_dead = ""
@@ -263,7 +325,7 @@ class MainWindow(QMainWindow):
         self.chat.set_ready(False)
         self.controls.set_enabled(False)
         self.hardware_strip.set_progress(0.0, translate("Window", "starting…"))
-        self.worker.submit(Load(model, device, settings, hardware, self.max_context))
+        self.source.submit(Load(model, device, settings, hardware, self.max_context))
 
     def _restart_engine(self) -> None:
         """A fresh engine process with the model, settings and conversation the dead one had."""
@@ -283,7 +345,7 @@ class MainWindow(QMainWindow):
             return
         if self.engine_dead:
             self._restart_engine()  # the chat goes in after the load, on the same queue
-        elif self.model_info is None or self.loading:
+        elif (self.model_info is None and self.source.needs_model) or self.loading:
             return
         self.clear_error()
         self.replying = True
@@ -295,18 +357,18 @@ class MainWindow(QMainWindow):
         self.chat.set_ready(False)
         self.chat.set_streaming(True)
         self.action.emit("send", (text, ignore_eos))
-        self.worker.submit(Chat(text, ignore_eos=ignore_eos))
+        self.source.submit(Chat(text, ignore_eos=ignore_eos))
 
     def stop(self) -> None:
         if self.replying:
-            self.worker.stop()
+            self.source.stop()
 
     def new_chat(self) -> None:
         self.stop()
         self._messages_before_reset, self.messages = self.messages, []
         self.action.emit("new_chat", None)
         if not self.engine_dead:
-            self.worker.submit(Reset())
+            self.source.submit(Reset())
         self.chat.clear()
         self.chat.add_notice(translate("Window", "new chat"))
 
@@ -326,12 +388,12 @@ class MainWindow(QMainWindow):
         if self.loading and self._restarting:
             self._after_load.append(command)  # a fresh engine takes it once it has loaded
         else:
-            self.worker.request(command)
-        if new.weights != "fp" and not self._quality_asked:
+            self.source.request(command)
+        if new.weights != "fp" and not self._quality_asked and self.source.takes_settings:
             # the quantised copies are being made anyway: measure their quality once, on the
             # worker thread after the reply in progress (it waits for the copies)
             self._quality_asked = True
-            self.worker.submit(MeasureQuality())
+            self.source.submit(MeasureQuality())
 
     @property
     def settings_pending(self) -> bool:
@@ -382,7 +444,7 @@ class MainWindow(QMainWindow):
     def pick_model(self) -> None:
         from app.model_picker import ModelPicker
 
-        if self.loading:
+        if self.loading or not self.source.picks_models:
             return
         dialog = ModelPicker(self.model_spec, self, hardware=self.hardware)
         if not dialog.exec():
@@ -505,8 +567,7 @@ class MainWindow(QMainWindow):
         self.model_info = info
         self._loaded_source = self._model_source if not restarted else self._loaded_source or self._model_source
         self.loading = False
-        self.chat.set_ready(not self.replying)
-        self.controls.set_enabled(True)
+        self._show_ready(controls=True)
         self.device = info.device
         self.hardware = info.hardware
         self.settings = info.settings
@@ -531,7 +592,7 @@ class MainWindow(QMainWindow):
             self.chat.add_notice(info.capabilities.decode_path)
         for note in dict.fromkeys(info.capabilities.notes.values()):
             self.chat.add_notice(note, error=True)
-        self.hardware_strip.engine_pid = self.worker.pid
+        self.hardware_strip.engine_pid = self.source.pid
         self.hardware_strip.set_device(info.hardware, info.weight_bytes)
         self._above_roof_note = ""
         self._show_notes()
@@ -540,7 +601,7 @@ class MainWindow(QMainWindow):
         self._start_sampler(info.hardware)
         after, self._after_load = self._after_load, []
         for command in after:
-            self.worker.request(command)
+            self.source.request(command)
         self.model_ready.emit(info)
 
     def _start_sampler(self, spec) -> None:
@@ -548,7 +609,8 @@ class MainWindow(QMainWindow):
             self._sampler.close()
             self._sampler = None
         self.nvml_timer.stop()
-        if spec.kind == "cuda" and spec.nvml and spec.nvml_index is not None:
+        # (a replay's samples are the recording's: this machine's GPU is not the one recorded)
+        if spec.kind == "cuda" and spec.nvml and spec.nvml_index is not None and self.source.local_hardware:
             from engine.hardware.nvml import NvmlSampler
 
             sampler = NvmlSampler(spec.nvml_index)
@@ -557,7 +619,7 @@ class MainWindow(QMainWindow):
                 self.nvml_timer.start()
 
     def _sample_hardware(self) -> None:
-        if self._sampler is not None:
+        if self._sampler is not None and self.source.local_hardware:
             self.show_hardware_sample(self._sampler.sample())
 
     def show_hardware_sample(self, sample) -> None:
@@ -617,6 +679,8 @@ class MainWindow(QMainWindow):
                     self.chat.append_reply(text)
                     text = []
                 self._finish_reply(event)
+            elif isinstance(event, PlotRow):  # a row that is not an engine step (a server's scrape)
+                event.add_to(self.data)
         if text:
             self.chat.append_reply(text)
 
@@ -624,26 +688,10 @@ class MainWindow(QMainWindow):
         self.last_done = done
         if self._reply_steps:
             self.data.end_reply(self._reply_steps[-1].t_s)
-        if self.data.ttft_s is None and done.ttft_s > 0:  # a batched reply: its first token's own time
-            self.data.ttft_s = done.ttft_s
+        if self.data.ttft_s is None and done.ttft_s > 0 and self.data.reply_t0 is not None:
+            self.data.ttft_s = done.ttft_s  # a batched reply: its first token's own time
             self.data.version += 1
-        how = translate("Window", DONE_WORDS[done.reason]) if done.reason in DONE_WORDS else done.reason
-        parts = [translate("Window", "{n} tokens, {how}").format(n=done.n_new_tokens, how=how), ttft_note(done)]
-        figures = reply_figures(self._reply_steps)  # the engine's sums (engine/metrics.py), as the terminal's
-        if figures is not None:
-            decode = [m for m in self._reply_steps if m.phase in DECODE_PHASES]
-            batched = max(m.batch_size for m in decode) > 1
-            # batched, steps also serve other requests (and may run while this one waits): this
-            # reply's own rate is the engine's count of its tokens over its decode time
-            rate = done.decode_tokens_per_s if batched else figures.tokens_per_s
-            decode_text = translate("Window", "decode {tps} tok/s (this reply, batched)") if batched else \
-                translate("Window", "decode {tps} tok/s")
-            parts += [decode_text.format(tps=f"{rate:.1f}"),
-                      translate("Window", "{gbs} GB/s (model) = {pct}% of {peak} GB/s peak").format(
-                          gbs=f"{figures.achieved_gbs:.1f}", pct=f"{100 * figures.mbu:.0f}",
-                          peak=f"{figures.peak_gbs:.0f}")]
-            parts += speculation_summary(decode)
-        self.chat.end_reply("— " + " · ".join(parts))
+        self.chat.end_reply(self.source.reply_summary(done, self._reply_steps))
         self.messages = self.messages + [{"role": "user", "content": self._turn_text},
                                          {"role": "assistant", "content": done.text}]
         self._reply_text = []
@@ -657,9 +705,7 @@ class MainWindow(QMainWindow):
         else:
             self.replying = False
             self.chat.set_streaming(False)
-        ready = self.model_info is not None and not self.loading and not self.replying
-        self.chat.set_ready(ready)
-        self.controls.set_enabled(self.model_info is not None and not self.loading)
+        self._show_ready()
         if kind == "reply":
             done, self.last_done = self.last_done, None
             self.reply_finished.emit(done)
@@ -683,8 +729,8 @@ class MainWindow(QMainWindow):
         self._show_pending()
         self.engine_dead = message
         self.hardware_strip.set_progress(1.0, "")
-        self.chat.set_ready(True)
-        self.controls.set_enabled(self.settings is not None)
+        self._show_ready(controls=self.settings is not None)
+        self.chat.set_ready(True)  # the next message starts the engine again
         what = self.model_info.label if self.model_info is not None else translate("Window", "the model")
         text = translate("Window", "{message} — the conversation is kept; your next message or setting starts it "
                                    "again with {model} and the same settings").format(message=message, model=what)
@@ -716,10 +762,8 @@ class MainWindow(QMainWindow):
     # ---- drawing ------------------------------------------------------------------------------
     @property
     def _engine_shares_the_cpu(self) -> bool:
-        """Whether a local engine decodes on this machine's CPU cores (not on a GPU, not a replay's
-        recording, not a server the window is attached to)."""
-        on_gpu = self.device == "cuda" or str(self.device).startswith("cuda:")
-        return not (on_gpu or self.model_spec == "replay" or self.attach.attached)
+        """Whether the source decodes on this machine's CPU cores (a local engine not on a GPU)."""
+        return self.source.shares_cpu(self.device)
 
     @property
     def gui_cpu_budget(self) -> float:
@@ -756,8 +800,7 @@ class MainWindow(QMainWindow):
 
     def save_screenshot(self, path: str) -> bool:
         self.plots.refresh(force=True)
-        self.plots._readout_version = -1
-        self.plots.update_readouts()
+        self.plots.update_readouts(force=True)
         if self.model_info is not None:
             self.hardware_strip.update_memory(self._sampler.sample() if self._sampler else None)
         return self.grab().save(path, "PNG")

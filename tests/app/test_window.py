@@ -345,7 +345,8 @@ def test_the_frame_budget_guards_only_an_engine_that_shares_the_cpu(qtbot):
     assert window.min_fps == window_module.MIN_FPS_CPU
     window.device = "cuda:0"
     assert window.gui_cpu_budget == window_module.GUI_CPU_BUDGET_GPU and window.min_fps == window_module.MIN_FPS_GPU
-    replay = MainWindow(model="replay", device="cpu", autoload=False)
+    from app.replay import ReplaySource
+    replay = MainWindow(model="replay", device="cpu", autoload=False, worker=ReplaySource())
     qtbot.addWidget(replay)
     assert replay.gui_cpu_budget == window_module.GUI_CPU_BUDGET_GPU
     window._on_frame()  # a tick hands the device's budget to the frame budget
