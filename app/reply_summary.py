@@ -1,10 +1,14 @@
-"""The line under a finished reply of the local engine (or a replay of one): its tokens, why it
-ended, its TTFT and the engine's figures for its steps (engine.metrics.reply_figures), translated."""
+"""The window's lines, translated: the one under a finished reply of the local engine (or a replay of
+one: its tokens, why it ended, its TTFT and the engine's figures for its steps, engine.metrics.
+reply_figures), the model line, and the lines for a failure or a step above the measured roof."""
 from __future__ import annotations
+
+import re
 
 from app.i18n import QT_TRANSLATE_NOOP, translate
 from engine.events import DoneEvent
 from engine.metrics import DECODE_PHASES, StepMetrics, reply_figures, speculation_figures
+from engine.settings import weights_label
 
 DONE_WORDS = {"eos": QT_TRANSLATE_NOOP("Window", "finished"),
               "max_tokens": QT_TRANSLATE_NOOP("Window", "hit max tokens"),
@@ -50,3 +54,40 @@ def engine_reply_summary(done: DoneEvent, steps: list[StepMetrics]) -> str:
                       peak=f"{figures.peak_gbs:.0f}")]
         parts += speculation_summary(decode)
     return "— " + " · ".join(parts)
+
+
+def model_line(info, settings) -> str:
+    """The model line with the precision and weights the engine runs now (the loader's line says what
+    it loaded at): 'tiny (random weights → bf16, int8) · 2 M parameters · cpu'."""
+    params = info.cfg.n_params
+    size = f"{params / 1e9:.1f} B" if params >= 1e9 else f"{params / 1e6:.0f} M"
+    weights = "" if settings.weights == "fp" else f", {weights_label(settings.weights, settings.group_size)}"
+    label = re.sub(r"→ (fp32|bf16|fp16)", f"→ {settings.dtype + weights}", info.label, count=1)
+    return translate("Window", "{model} · {size} parameters · {device}").format(model=label, size=size,
+                                                                              device=info.device)
+
+
+def failure_line(what: str, message: str, model: str | None) -> str:
+    """A failed command in one line (`what`: the source's `failed` kind; `model`: the one still loaded)."""
+    if what == "serving":  # the engine switched the users off (its SettingsApplied says so)
+        return translate("Window", "serving the simulated users failed, so they are off: {message}").format(
+            message=message)
+    if what == "load":
+        text = translate("Window", "could not load the model: {message}").format(message=message)
+        return text + (" " + translate("Window", "(still using {model})").format(model=model) if model else "")
+    if what == "reply":
+        text = translate("Window", "the reply failed: {message}").format(message=message)
+        return text + (" — " + translate("Window", "the conversation so far is kept") if model else "")
+    if what == "reset":
+        return translate("Window", "new chat failed: {message}").format(message=message)
+    if what == "quality":
+        return translate("Window", "measuring quality failed: {message}").format(message=message)
+    return message
+
+
+def above_roof_line(step: StepMetrics) -> str:
+    """A step above its measured roof: the cost model or the probe is wrong, and the line says so."""
+    return translate("Window", "above the measured roof: the cost model or the probe is wrong (step {step}, "
+                               "{phase}: MBU {mbu}%, MFU {mfu}%)").format(
+        step=step.step, phase=step.phase, mbu=f"{100 * step.mbu:.0f}",
+        mfu=f"{100 * step.mfu:.0f}" if step.peak_flops > 0 else "?")

@@ -1,17 +1,17 @@
 """The main window: toggles along the top, chat on the left (a third), the live plots on the right,
-the hardware strip along the bottom. It owns the worker thread and the redraw timer, turns the
-worker's events into chat text, ring-buffer rows and annotations, and shuts the worker down
-cleanly when it closes (also mid-reply).
+the hardware strip along the bottom. It lays out the panels and wires them to one source
+(app/sources.py: the local engine, a replay or a server; `use_source` swaps it) without asking which
+kind it is: the source's events become chat text (app/conversation.py), ring-buffer rows and
+annotations. It owns the redraw timer and its own engine's worker, which it shuts down cleanly when it
+closes (also mid-reply). docs/app.md describes the parts.
 
-Settings are a transaction: a change is sent with a request id and shows (controls, annotation)
-only when the engine confirms it; a refusal puts the controls back and shows its one line. The
-window keeps the conversation, so when the engine process dies the next action starts a fresh one
-with the same model, settings and messages."""
+Settings are a transaction (app/settings_requests.py): a change is sent with a request id and shows
+(controls, annotation) only when the engine confirms it; a refusal puts the controls back and shows
+its one line. The window keeps the conversation, so when the engine process dies the next action
+starts a fresh one with the same model, settings and messages."""
 from __future__ import annotations
 
-import itertools
 import os
-import re
 import sys
 import time
 import weakref
@@ -21,6 +21,7 @@ from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QMainWindow, QPushButton, QSplitter, QTabWidget, QVBoxLayout, QWidget
 
 from app.chat import ChatPanel
+from app.conversation import Conversation
 from app.controls import BAR_SHARE, ControlsBar
 from app.frame_budget import FrameBudget
 from app.hardware_strip import HardwareStrip
@@ -28,14 +29,16 @@ from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.kv_panel import KVCachePanel
 from app.plots import LiveData, PlotsPanel
 from app.seed_table import SeedTable
+from app.reply_summary import above_roof_line, failure_line, model_line
 from app.serving_panel import ServingPanel
+from app.settings_requests import SettingsRequests
 from app.theme import SettingColours, stylesheet, themed
 from app.sources import SIGNALS, PlotRow
 from app.worker import EngineWorker
 from engine.events import BatchStats, DoneEvent, SettingsApplied, SettingsRefused, TokenEvent
 from engine.metrics import StepMetrics
-from engine.protocol import Apply, Chat, Load, MeasureQuality, ModelInfo, Reset, settings_delta
-from engine.settings import Settings, weights_label
+from engine.protocol import Chat, Load, MeasureQuality, ModelInfo, Reset
+from engine.settings import Settings
 
 FRAME_MS = 33  # ~30 fps redraw
 READOUT_EVERY_FRAMES = 8  # numbers in titles and the strip: ~4 Hz
@@ -95,22 +98,11 @@ class MainWindow(QMainWindow):
         self.settings: Settings | None = settings  # what the engine runs (as it last confirmed)
         self.model_info: ModelInfo | None = None
         self.clock = time.monotonic  # the time of the window's own annotations (a replay's is the recording's)
-        self.messages: list[dict[str, str]] = []  # the conversation (kept here too: it outlives the engine)
-        self._turn_text = ""  # the user's turn in flight
-        self._reply_text: list[str] = []  # the reply in flight, as streamed
-        self._requests = itertools.count(1)
-        self._pending: dict[int, tuple] = {}  # settings request id -> its changes, not answered yet
-        self._after_load: list = []  # setting requests made while a restarted engine loads
         self.engine_dead = ""  # why the engine process ended, until the next action restarts it
         self._restarting = False
-        self._messages_before_reset: list[dict[str, str]] = []
         self.loading = False
-        self.replying = False
         self.last_error = ""
         self.quality: dict | None = None  # {label: Quality} once measured
-        self._quality_asked = False
-        self.last_done: DoneEvent | None = None
-        self._reply_steps: list[StepMetrics] = []
         self._frame = self._readout_frame = 0
         self.frame_budget = FrameBudget(GUI_CPU_BUDGET_GPU, MIN_FPS_GPU)  # set from the engine at every tick
         self._closed = False
@@ -118,6 +110,7 @@ class MainWindow(QMainWindow):
 
         # ---- widgets
         self.controls = ControlsBar(self.theme, self.colours)
+        self.requests = SettingsRequests(self.controls)  # asked for, not answered yet
         self.model_button = QPushButton(translate("Window", "Model…  Ctrl+O"))
         self.theme_button = QPushButton(translate("Window", "Light theme  F9"))
         self.fonts_button = QPushButton(translate("Window", "Large fonts  F10"))
@@ -128,6 +121,7 @@ class MainWindow(QMainWindow):
         for button in (self.model_button, self.table_button, self.theme_button, self.fonts_button):
             self.controls.extra.addWidget(button)
         self.chat = ChatPanel(self.theme)
+        self.conversation = Conversation(self.chat, self.data)  # (kept here: it outlives the engine process)
         self.seed_table = SeedTable(self.theme, self.colours)
         self.kv_panel = KVCachePanel(self.theme)
         self.side_tabs = QTabWidget()  # the sixth cell: the seed table, or the KV cache's blocks
@@ -224,15 +218,37 @@ class MainWindow(QMainWindow):
         if autoload:
             self.load_model(model, device, hardware, settings)
 
-    # ---- the source ---------------------------------------------------------------------------
-    def _handlers(self, source) -> dict:
-        return {"progress": self._on_progress, "model_loaded": self._on_model_loaded, "events": self._on_events,
-                "reply_started": self._on_reply_started, "busy_changed": self._on_busy_changed,
-                "failed": self._on_failed, "kv_snapshot": self.kv_panel.set_snapshot, "quality": self._on_quality,
-                "state": self._on_state, "notice": self.chat.add_notice}
+    # ---- what the window keeps (its parts own it) ----------------------------------------------
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        """The conversation with the source, as the window keeps it."""
+        return self.conversation.messages
 
+    @messages.setter
+    def messages(self, messages: list[dict[str, str]]) -> None:
+        self.conversation.messages = messages
+
+    @property
+    def replying(self) -> bool:
+        return self.conversation.replying
+
+    @property
+    def reply_steps(self) -> list[StepMetrics]:
+        """The steps of the reply in flight (or the last one)."""
+        return self.conversation.steps
+
+    @property
+    def settings_pending(self) -> bool:
+        """Some settings request has not been answered by the engine yet."""
+        return self.requests.waiting
+
+    # ---- the source ---------------------------------------------------------------------------
     def _wire(self, source, connect: bool) -> None:
-        for name, handler in self._handlers(source).items():
+        handlers = {"progress": self._on_progress, "model_loaded": self._on_model_loaded, "events": self._on_events,
+                    "reply_started": self.data.start_reply, "busy_changed": self._on_busy_changed,
+                    "failed": self._on_failed, "kv_snapshot": self.kv_panel.set_snapshot, "quality": self._on_quality,
+                    "state": self._on_state, "notice": self.chat.add_notice}
+        for name, handler in handlers.items():
             signal = getattr(source, name)
             signal.connect(handler) if connect else signal.disconnect(handler)
 
@@ -245,15 +261,13 @@ class MainWindow(QMainWindow):
             return
         if self.replying:
             self.source.stop()
-            self.replying = False
-            self.chat.set_streaming(False)
+            self.conversation.ended()
             self.reply_finished.emit(None)
         self._wire(self.source, False)
         self._messages_of[self.source] = self.messages
         self.source, self.messages = source, self._messages_of.pop(source, [])
         self._wire(source, True)
-        self._pending.clear()
-        self._show_pending()
+        self.requests.drop()
         self._show_source()
         if self.model_info is not None:
             source.query()
@@ -294,10 +308,8 @@ class MainWindow(QMainWindow):
         """The window as before its source's first event (a replay that seeks back): no reply
         streaming, nothing pending, empty plots and chat."""
         if self.replying:
-            self.replying = False
-            self.chat.set_streaming(False)
-        self._pending.clear()
-        self._show_pending()
+            self.conversation.ended()
+        self.requests.drop()
         self.data.clear()
         self.chat.clear()
         self.clear_error()
@@ -348,14 +360,7 @@ class MainWindow(QMainWindow):
         elif (self.model_info is None and self.source.needs_model) or self.loading:
             return
         self.clear_error()
-        self.replying = True
-        self._reply_steps = []
-        self._turn_text = text
-        self._reply_text = []
-        self.chat.add_message("user", text)
-        self.chat.begin_reply()
-        self.chat.set_ready(False)
-        self.chat.set_streaming(True)
+        self.conversation.begin(text)
         self.action.emit("send", (text, ignore_eos))
         self.source.submit(Chat(text, ignore_eos=ignore_eos))
 
@@ -365,7 +370,7 @@ class MainWindow(QMainWindow):
 
     def new_chat(self) -> None:
         self.stop()
-        self._messages_before_reset, self.messages = self.messages, []
+        self.conversation.reset()
         self.action.emit("new_chat", None)
         if not self.engine_dead:
             self.source.submit(Reset())
@@ -376,43 +381,26 @@ class MainWindow(QMainWindow):
         """Ask the engine for `new` (from the controls, mid-reply too). Only the changes from what is
         already asked for travel, with a request id; the engine answers with SettingsApplied (the
         controls and plots then show it) or SettingsRefused (the controls go back, one line says why)."""
-        changes = settings_delta(self.controls.requested, new)
-        if not changes:
+        command = self.requests.ask(new)
+        if command is None:
             return
-        request_id = next(self._requests)
-        self._pending[request_id] = changes
-        self._show_pending()
-        command = Apply(changes=changes, request_id=request_id)
         if self.engine_dead:
             self._restart_engine()
         if self.loading and self._restarting:
-            self._after_load.append(command)  # a fresh engine takes it once it has loaded
+            self.requests.after_load.append(command)  # a fresh engine takes it once it has loaded
         else:
             self.source.request(command)
-        if new.weights != "fp" and not self._quality_asked and self.source.takes_settings:
+        if new.weights != "fp" and not self.requests.quality_asked and self.source.takes_settings:
             # the quantised copies are being made anyway: measure their quality once, on the
             # worker thread after the reply in progress (it waits for the copies)
-            self._quality_asked = True
+            self.requests.quality_asked = True
             self.source.submit(MeasureQuality())
-
-    @property
-    def settings_pending(self) -> bool:
-        """Some settings request has not been answered by the engine yet."""
-        return bool(self._pending) or bool(self._after_load)
-
-    def _show_pending(self) -> None:
-        fields: dict = {}
-        for request_id in sorted(self._pending):
-            fields.update(self._pending[request_id])
-        self.controls.set_pending(fields)
 
     def _on_settings_applied(self, event: SettingsApplied) -> None:
         old = self.settings
         self.settings = event.settings
-        for request_id in event.request_ids:
-            self._pending.pop(request_id, None)
         self.controls.set_settings(event.settings)
-        self._show_pending()
+        self.requests.answered(*event.request_ids)
         self._show_model_line()
         if event.changes:  # marks the step at which it took effect
             self.data.annotate(", ".join(event.changes), event.settings.label, event.t_s)
@@ -425,20 +413,13 @@ class MainWindow(QMainWindow):
         info, settings = self.model_info, self.settings
         if info is None or settings is None:
             return
-        params = info.cfg.n_params
-        size = f"{params / 1e9:.1f} B" if params >= 1e9 else f"{params / 1e6:.0f} M"
-        weights = "" if settings.weights == "fp" else f", {weights_label(settings.weights, settings.group_size)}"
-        runs = settings.dtype + weights
-        label = re.sub(r"→ (fp32|bf16|fp16)", f"→ {runs}", info.label, count=1)
-        self.chat.model_label.setText(translate("Window", "{model} · {size} parameters · {device}").format(
-            model=label, size=size, device=info.device))
+        self.chat.model_label.setText(model_line(info, settings))
 
     def _on_settings_refused(self, event: SettingsRefused) -> None:
-        self._pending.pop(event.request_id, None)
         if event.settings is not None:
             self.settings = event.settings
             self.controls.set_settings(event.settings)
-        self._show_pending()
+        self.requests.answered(event.request_id)
         self.show_error(translate("Window", "not applied: {reason}").format(reason=event.reason))
 
     def pick_model(self) -> None:
@@ -599,8 +580,7 @@ class MainWindow(QMainWindow):
         self.hardware_strip.set_decode_path(info.capabilities.decode_path)
         self.seed_table.set_model(info.cfg, info.label, info.hardware, info.settings.dtype)
         self._start_sampler(info.hardware)
-        after, self._after_load = self._after_load, []
-        for command in after:
+        for command in self.requests.take_after_load():
             self.source.request(command)
         self.model_ready.emit(info)
 
@@ -629,9 +609,6 @@ class MainWindow(QMainWindow):
         if self.replying or (self.settings is not None and self.settings.users > 0):
             self.data.add_hardware(sample)
 
-    def _on_reply_started(self, t0: float) -> None:
-        self.data.start_reply(t0)
-
     def _on_quality(self, table: dict) -> None:
         """Perplexity / top-1 agreement per weight setting: shown on the weights switch."""
         self.quality = table
@@ -642,10 +619,7 @@ class MainWindow(QMainWindow):
         the chat and the strip (once per load), and in the recording; the plots draw it past the line."""
         if not step.above_roof or self._above_roof_note:
             return
-        self._above_roof_note = translate("Window", "above the measured roof: the cost model or the probe is "
-                                                    "wrong (step {step}, {phase}: MBU {mbu}%, MFU {mfu}%)").format(
-            step=step.step, phase=step.phase, mbu=f"{100 * step.mbu:.0f}",
-            mfu=f"{100 * step.mfu:.0f}" if step.peak_flops > 0 else "?")
+        self._above_roof_note = above_roof_line(step)
         self.chat.add_notice(self._above_roof_note, error=True)
         self._show_notes()
         self.action.emit("above_roof", (step.step, self._above_roof_note))
@@ -655,46 +629,29 @@ class MainWindow(QMainWindow):
         self.hardware_strip.set_notes(notes + ([self._above_roof_note] if self._above_roof_note else []))
 
     def _on_events(self, batch: list) -> None:
-        text = []
+        text = []  # the reply's pieces: shown at once, before what comes after them
         for event in batch:
             if isinstance(event, StepMetrics):
                 self.data.add_step(event)
                 self._check_roof(event)
-                if self.replying:  # (with simulated users, steps also run between replies)
-                    self._reply_steps.append(event)
+                self.conversation.add_step(event)
             elif isinstance(event, TokenEvent):
                 text.append((event.text, event.drafted))  # an accepted speculative guess is tinted
-                self._reply_text.append(event.text)
             elif isinstance(event, BatchStats):
                 self.data.add_batch_stats(event)
             elif isinstance(event, SettingsApplied):
-                if text:
-                    self.chat.append_reply(text)
-                    text = []
+                self.conversation.stream(text)
+                text = []
                 self._on_settings_applied(event)
             elif isinstance(event, SettingsRefused):
                 self._on_settings_refused(event)
             elif isinstance(event, DoneEvent):
-                if text:
-                    self.chat.append_reply(text)
-                    text = []
-                self._finish_reply(event)
+                self.conversation.stream(text)
+                text = []
+                self.conversation.finish(event, self.source.reply_summary(event, self.conversation.steps))
             elif isinstance(event, PlotRow):  # a row that is not an engine step (a server's scrape)
                 event.add_to(self.data)
-        if text:
-            self.chat.append_reply(text)
-
-    def _finish_reply(self, done: DoneEvent) -> None:
-        self.last_done = done
-        if self._reply_steps:
-            self.data.end_reply(self._reply_steps[-1].t_s)
-        if self.data.ttft_s is None and done.ttft_s > 0 and self.data.reply_t0 is not None:
-            self.data.ttft_s = done.ttft_s  # a batched reply: its first token's own time
-            self.data.version += 1
-        self.chat.end_reply(self.source.reply_summary(done, self._reply_steps))
-        self.messages = self.messages + [{"role": "user", "content": self._turn_text},
-                                         {"role": "assistant", "content": done.text}]
-        self._reply_text = []
+        self.conversation.stream(text)
 
     def _on_busy_changed(self, kind: str, busy: bool) -> None:
         if busy:
@@ -702,31 +659,21 @@ class MainWindow(QMainWindow):
         if kind == "load":
             self.loading = False
             self.hardware_strip.set_progress(1.0, "")
-        else:
-            self.replying = False
-            self.chat.set_streaming(False)
+            self._show_ready()
+            return
+        done = self.conversation.ended()
         self._show_ready()
-        if kind == "reply":
-            done, self.last_done = self.last_done, None
-            self.reply_finished.emit(done)
+        self.reply_finished.emit(done)
 
     def _on_engine_died(self, message: str) -> None:
         """The engine process ended without being told to: say so, mark the reply in flight as
         interrupted, keep the conversation, and restart it with the next action."""
         if self.replying:
-            self.chat.end_reply("— " + translate("Window", "interrupted: {message}").format(message=message))
-            if self._reply_text:  # what was said stays part of the conversation, as a stopped reply does
-                self.messages = self.messages + [{"role": "user", "content": self._turn_text},
-                                                 {"role": "assistant", "content": "".join(self._reply_text)}]
-            self._reply_text = []
-            self.replying = False
-            self.chat.set_streaming(False)
+            self.conversation.interrupt(translate("Window", "interrupted: {message}").format(message=message))
             self.reply_finished.emit(None)
         self.loading = False
         self._restarting = False
-        self._after_load = []
-        self._pending.clear()
-        self._show_pending()
+        self.requests.drop()
         self.engine_dead = message
         self.hardware_strip.set_progress(1.0, "")
         self._show_ready(controls=self.settings is not None)
@@ -738,24 +685,9 @@ class MainWindow(QMainWindow):
         self.show_error(text)
 
     def _on_failed(self, what: str, message: str) -> None:
-        if what == "serving":  # the engine switched the users off (its SettingsApplied says so)
-            message = translate("Window", "serving the simulated users failed, so they are off: {message}").format(
-                message=message)
-        if what == "load":
-            text = translate("Window", "could not load the model: {message}").format(message=message)
-            if self.model_info is not None:
-                text += " " + translate("Window", "(still using {model})").format(model=self.model_info.label)
-        elif what == "reply":
-            text = translate("Window", "the reply failed: {message}").format(message=message)
-            if self.model_info is not None:
-                text += " — " + translate("Window", "the conversation so far is kept")
-        elif what in ("reset", "quality"):
-            text = (translate("Window", "new chat failed: {message}") if what == "reset" else
-                    translate("Window", "measuring quality failed: {message}")).format(message=message)
-            if what == "reset":  # the engine still holds the conversation: so does the window
-                self.messages = self._messages_before_reset
-        else:
-            text = message
+        if what == "reset":  # the engine still holds the conversation: so does the window
+            self.conversation.reset_failed()
+        text = failure_line(what, message, self.model_info.label if self.model_info is not None else None)
         self.chat.add_notice(text, error=True)
         self.show_error(text)
 
