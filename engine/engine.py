@@ -53,6 +53,7 @@ from engine.model.config import ModelConfig
 from engine.model.transformer import Transformer
 from engine.protocol import Capabilities
 from engine.serving.lifecycle import BatchLifecycle
+from engine.serving.server import think_range
 from engine.settings import EngineError, PromptError, QuantError, Settings
 from engine.steps.batched import BatchedSteps
 from engine.steps.plain import PlainSteps
@@ -120,7 +121,8 @@ class Engine:
                                 on_capture_failed=lambda: self.transaction.drop_capture(self.settings))
         self.speculative = SpeculativeSteps(self.plain, self.counter, self.max_context)
         # batched serving (engine/serving/lifecycle.py): made when users > 0, dropped when they are gone
-        self.batch = BatchLifecycle(self.cfg, self.tokenizer, device, self.hardware.memory_total_bytes)
+        self.batch = BatchLifecycle(self.cfg, self.tokenizer, device, self.hardware.memory_total_bytes,
+                                    think_range(self.context.options.user_think_s))
         self.batched = BatchedSteps(self.batch, self.counter, self.max_context)
         self._reply_active = False  # a reply is streaming: serve_step() leaves the batch to it
         refusal = self.refusal(self.settings)

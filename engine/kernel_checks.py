@@ -16,7 +16,7 @@ import torch
 
 from engine.kv.cache import DEFAULT_BLOCK_SIZE, ContiguousKVCache
 from engine.model.config import ModelConfig
-from engine.model.quant import quantize_int4, quantize_int8
+from engine.model.quant import quantize_int4, quantize_int8, quantize_model
 from engine.protocol import one_line
 from engine.settings import GROUP_SIZES, group_size_refusal
 from kernels.registry import KernelSwitches
@@ -248,8 +248,24 @@ def check_cpu_step(engine) -> str | None:
     if not problem:  # which step decodes each weight format here: the C++ one where it is faster
         if engine.progress is not None:
             engine.progress(1.0, "timing the C++ step against PyTorch's, per format…")
-        cpu_step.time_formats(model, _int4_group(engine) or 32)
+        time_cpu_formats(model, _int4_group(engine) or 32)
     return problem
+
+
+def time_cpu_formats(model, group_size: int = 32) -> list:
+    """The timings of the model's format and of INT8 and INT4 weights at its dtype (its stand-in's
+    layers quantised), as the load check makes them (engine/model/cpu_step.py `choice`)."""
+    from engine.model import cpu_step
+    made = [cpu_step.choice(model)]
+    if cpu_step.format_label(model) in ("fp32", "bf16"):
+        # the same layers quantised (fewer bytes: quantising as many bytes' worth took seconds at load)
+        short = cpu_step.stand_in(model)
+        for weights in ("int8", "int4"):
+            try:
+                made.append(cpu_step.choice(quantize_model(short, weights, group_size)))
+            except Exception:  # a shape INT4 cannot take: that format is not offered
+                continue
+    return made
 
 
 def _fp_weight(engine) -> torch.Tensor:

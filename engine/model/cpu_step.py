@@ -341,7 +341,6 @@ def known_choices(model) -> list[Choice]:
 def stand_in(model, min_bytes: int | None = None):
     """The model's first layers (at least `min_bytes` of their weights, default STAND_IN_BYTES, or all)
     and the first STAND_IN_VOCAB rows of its head: the same tensors, a shorter model to time."""
-    from engine.model.transformer import Linear
     min_bytes = STAND_IN_BYTES if min_bytes is None else min_bytes
     layers, total = 0, 0
     for block in model.layers:
@@ -356,12 +355,8 @@ def stand_in(model, min_bytes: int | None = None):
     short._buffers = dict(model._buffers)
     short.cfg = replace(model.cfg, n_layers=layers, vocab_size=vocab)
     short.layers = torch.nn.ModuleList(list(model.layers)[:layers])
-    head = model.head
-    if isinstance(head, Linear):
-        short.head = Linear(head.weight.detach()[:vocab])
-    else:  # a quantised head: the same format over its first rows
-        from engine.model.quant import Int8Linear
-        short.head = Int8Linear(head.q[:vocab], head.scales[:vocab]) if isinstance(head, Int8Linear) else head
+    head = model.head  # the same format over its first rows (Linear, Int8Linear `first_rows`)
+    short.head = head.first_rows(vocab) if hasattr(head, "first_rows") else head
     if short.head is not head and "context" in short.head.__dict__:
         short.head.context = model.context  # its engine's (packed weights, switches)
     return short
@@ -404,22 +399,6 @@ def time_steps(model) -> tuple[float, float]:
         if best[0] < best[1]:
             break
     return best[0], best[1]
-
-
-def time_formats(model, group_size: int = 32) -> list[Choice]:
-    """The timings of the model's format and of INT8 and INT4 weights at its dtype (its stand-in's
-    layers quantised), as the load check makes them."""
-    from engine.model.quant import quantize_model
-    made = [choice(model)]
-    if format_label(model) in ("fp32", "bf16"):
-        # the same layers quantised (fewer bytes: quantising as many bytes' worth took seconds at load)
-        short = stand_in(model)
-        for weights in ("int8", "int4"):
-            try:
-                made.append(choice(quantize_model(short, weights, group_size)))
-            except Exception:  # a shape INT4 cannot take: that format is not offered
-                continue
-    return made
 
 
 def path_line(model) -> str:

@@ -95,6 +95,10 @@ class Linear(nn.Module):
     def weight_bytes(self) -> int:
         return self.weight.numel() * self.weight.element_size()
 
+    def first_rows(self, n: int) -> "Linear":
+        """The first n output rows as a module (the same storage: a head cut short to time it)."""
+        return Linear(self.weight.detach()[:n])
+
     def cpu_matrix(self) -> tuple | None:
         """This weight for the C++ CPU decode step (engine/model/cpu_step.py); None: it cannot."""
         fmt = {torch.float32: 0, torch.bfloat16: 1}.get(self.weight.dtype)

@@ -9,7 +9,7 @@ from typing import Callable
 from engine.hardware.roof import Roof
 from engine.model.config import ModelConfig
 from engine.model.transformer import Transformer
-from engine.serving.server import BatchServer, kv_budget_bytes, per_user_tokens, pool_size, user_workload
+from engine.serving.server import USER_THINK_S, BatchServer, kv_budget_bytes, per_user_tokens, pool_size, user_workload
 from engine.settings import Settings
 
 
@@ -17,8 +17,10 @@ class BatchLifecycle:
     """`server` is the running BatchServer or None. `kv_pool_budget_bytes` and `user_workload` may
     be set before the first server is made (tests, the bench); `on_request` is handed to each one."""
 
-    def __init__(self, cfg: ModelConfig, tokenizer, device: str, memory_total_bytes: int | None):
+    def __init__(self, cfg: ModelConfig, tokenizer, device: str, memory_total_bytes: int | None,
+                 think_s: tuple[float, float] = USER_THINK_S):
         self.cfg = cfg
+        self.think_s = think_s  # the users' think time between requests (EngineOptions.user_think_s)
         self.tokenizer = tokenizer
         self.device = device
         self.memory_total_bytes = memory_total_bytes
@@ -40,7 +42,7 @@ class BatchLifecycle:
 
     def workload(self):
         if self.user_workload is None:
-            self.user_workload = user_workload(self.tokenizer, self.cfg.max_seq_len)
+            self.user_workload = user_workload(self.tokenizer, self.cfg.max_seq_len, think_s=self.think_s)
         return self.user_workload
 
     def ensure(self, model: Transformer, settings: Settings, roof: Roof) -> BatchServer:

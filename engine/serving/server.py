@@ -57,6 +57,16 @@ def pool_size(cfg: ModelConfig, kv_elem_bytes: int, per_user_tokens: int, budget
     return person + users * per_user, users
 
 
+def think_range(text: str) -> tuple[float, float]:
+    """MEMBOUND_USER_THINK_S's "LO,HI" seconds (engine/options.py); USER_THINK_S where empty or not
+    two numbers 0 <= LO <= HI."""
+    try:
+        lo, hi = (float(v) for v in text.split(","))
+    except ValueError:
+        return USER_THINK_S
+    return (lo, hi) if 0 <= lo <= hi else USER_THINK_S
+
+
 def user_workload(tokenizer, max_context: int, output_lens: tuple[int, int] = USER_OUTPUT_LENS,
                   think_s: tuple[float, float] = USER_THINK_S) -> Workload:
     """The bundled prompts (assets/user_prompts.txt) in the model's chat template, each a

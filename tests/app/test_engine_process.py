@@ -119,7 +119,10 @@ def test_closing_mid_reply_ends_the_engine_process(make_process_window, qtbot):
     assert not process.is_alive() and not window.worker.isRunning() and not window.frame_timer.isActive()
 
 
-def test_simulated_users_are_served_by_the_engine_process(make_process_window, qtbot):
+def test_simulated_users_are_served_by_the_engine_process(make_process_window, qtbot, monkeypatch):
+    # users who never think: a request of theirs is always in flight, so the person's reply is batched
+    # (a tiny model's user request takes milliseconds in the C++ step, against think times of seconds)
+    monkeypatch.setenv("MEMBOUND_USER_THINK_S", "0,0")
     window = make_process_window(max_new_tokens=8)
     window.controls.widgets["users"].setValue(3)
     qtbot.waitUntil(lambda: window.data.serving.total >= 10, timeout=30_000)

@@ -65,7 +65,9 @@ def test_users_are_served_between_replies_and_the_panel_draws_them(make_window, 
     qtbot.waitUntil(lambda: window.worker.engine is not None and not window.worker.engine.serving, timeout=30_000)
 
 
-def test_the_person_reply_streams_beside_the_users(make_window, qtbot):
+def test_the_person_reply_streams_beside_the_users(make_window, qtbot, monkeypatch):
+    monkeypatch.setenv("MEMBOUND_USER_THINK_S", "0,0")  # a user request always in flight (the C++ step serves
+    # a tiny model's in milliseconds, against think times of seconds: the reply could run alone)
     window = make_window(max_new_tokens=24)
     users_slider(window).setValue(3)
     qtbot.waitUntil(lambda: window.data.serving.total > 5, timeout=30_000)

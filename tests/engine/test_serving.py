@@ -436,3 +436,11 @@ def test_soak_1000_simulated_requests_under_random_setting_changes():
     # Python objects made by the engine after request 300 and alive at 900 (the ids this test keeps
     # included: ~20 KB); 600 requests kept by mistake would be ~400 KB
     assert python_bytes < 256 << 10, python_bytes
+
+
+def test_the_users_think_time_is_read_from_the_environment_or_the_default():
+    from engine.options import EngineOptions
+    from engine.serving.server import USER_THINK_S, think_range
+    assert think_range(EngineOptions.from_environ({"MEMBOUND_USER_THINK_S": "0,0.5"}).user_think_s) == (0.0, 0.5)
+    for bad in ("", "fast", "1", "2,1", "-1,1"):
+        assert think_range(bad) == USER_THINK_S

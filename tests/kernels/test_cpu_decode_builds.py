@@ -210,6 +210,7 @@ def test_aarch64_steps_match_the_scalar_build(driver_outputs, target):
 def test_a_format_pytorch_steps_faster_decodes_in_pytorch_and_the_path_says_why(monkeypatch):
     from tests.kernels.test_cpu_decode import GQA, model_of
     from engine import dispatch
+    from engine.kernel_checks import time_cpu_formats
     from engine.kv.cache import ContiguousKVCache
     timed = []
 
@@ -218,7 +219,7 @@ def test_a_format_pytorch_steps_faster_decodes_in_pytorch_and_the_path_says_why(
         return (3e-3, 2e-3) if "int4" in cpu_step.format_label(model) else (1e-3, 2.5e-3)
     monkeypatch.setattr(cpu_step, "time_steps", fake_timing)
     fp = model_of(GQA, "fp32", "fp")
-    made = cpu_step.time_formats(fp)
+    made = time_cpu_formats(fp)
     assert [c.label for c in made] == timed == ["fp32", "fp32 · int8", "fp32 · int4"]
     line = cpu_step.path_line(fp)
     isa = cpu_step.library().isa
