@@ -1,16 +1,21 @@
-"""Attach mode in the window: a running vLLM / SGLang / llama.cpp server feeds the same LiveData
-and plots the engine feeds (one row per scrape), and the chat pane streams from its OpenAI API.
+"""Attach mode: a running vLLM / SGLang / llama.cpp server as one more source of the window
+(app/sources.py): its /metrics feeds the same LiveData and plots the engine feeds (one row per
+scrape), and the chat streams from its OpenAI API.
 
 `AttachSource` scrapes and chats on threads of its own and hands plain data to the GUI thread by
-queued signals; `AttachController` puts a window into attach mode and back (`attach`, `detach`)
-and owns the "Attach to server…" button (`add_attach_button`)."""
+queued signals, then to the window as a source's signals: a scrape is a `ScrapeRow` in `events`, a
+streamed piece a TokenEvent, the end of a reply a DoneEvent. `AttachMode` is the "Attach to server…"
+button, its dialog and the status bar with Detach: it makes a source and hands it to the window
+(`MainWindow.use_source`), and hands the window its own engine back."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
+from dataclasses import dataclass, field
 
-from PySide6.QtCore import QEvent, QObject, Signal
+from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
@@ -25,10 +30,13 @@ from PySide6.QtWidgets import (
 
 from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.live_data import LiveData
+from app.sources import EventSource, SourceView
 from engine.attach.client import AttachError, ChatDone, Scraper, normalise_url, server_model, stream_chat
 from engine.attach.peak import GpuPeak, resolve_peak
 from engine.attach.series import ScrapeRecord
 from engine.attach.servers import SERVERS
+from engine.events import DoneEvent, SettingsRefused, TokenEvent
+from engine.protocol import Chat, Reset
 from engine.hardware.spec import KNOWN_GPUS, DeviceSpec
 
 SOURCE = QT_TRANSLATE_NOOP("Plots", "server's estimate")  # data.source: translated where shown
@@ -103,36 +111,120 @@ def status_line(record: ScrapeRecord, url: str) -> str:
     return " · ".join(parts)
 
 
-# ---- the threads --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ScrapeRow:
+    """One scrape for the plots (a `PlotRow` of app/sources.py): the record, the legend label it is
+    drawn under, the peak, the server's pre-emptions so far, and the plots' notes it brings."""
+    record: ScrapeRecord
+    label: str
+    peak: GpuPeak | None
+    preempted_total: float = 0.0
+    notes: dict = field(default_factory=dict)
 
-class AttachSource(QObject):
+    def add_to(self, data: LiveData) -> None:
+        data.notes.update(self.notes)
+        add_record(data, self.record, self.label, self.peak, self.preempted_total)
+
+
+def scrape_notes(record: ScrapeRecord) -> dict:
+    """What the plots say about a server's figures: which flag fills the byte and FLOP counters while
+    they are missing, and what its token counts are."""
+    server = SERVERS.get(record.kind)
+    if server is None:
+        return {}
+    notes = {"memory": server.bytes_hint, "compute": server.bytes_hint, "roofline": server.bytes_hint} \
+        if not math.isfinite(record.gbs) else {}
+    if server.live_note:
+        notes["tokens"] = server.live_note
+    return notes
+
+
+# ---- the source ---------------------------------------------------------------------------------
+
+SETTINGS_REFUSAL = QT_TRANSLATE_NOOP("Attach", "attached to a server: its settings are its own")
+
+
+class AttachSource(QObject, EventSource):
     """Scrapes `url` every `interval_s` on a thread (backing off while it is down) and streams chat
-    replies on another; everything reaches the GUI thread as a queued signal."""
-    record = Signal(object)  # ScrapeRecord
+    replies on another; everything reaches the GUI thread as a queued signal, and the window as a
+    source's signals. It keeps the conversation with the server, as the engine keeps its own."""
+    record = Signal(object)  # ScrapeRecord (the scrape thread's, queued to the GUI thread)
     chat_piece = Signal(str)
     chat_done = Signal(object)  # ChatDone
     chat_failed = Signal(str)
+    status = Signal(str)  # the status line: the server, its state, the figures the plots do not carry
+    state_changed = Signal(str)  # "up" | "down"
+    reply_finished = Signal(object)  # ChatDone, or None when the reply failed
 
-    def __init__(self, url: str, *, peak: GpuPeak | None = None, api_key: str | None = None,
-                 interval_s: float = 1.0, parent=None):
+    takes_settings = False  # the server's settings are its own
+    picks_models = False
+    needs_model = False  # the server has one
+    local_hardware = False  # this machine's NVML and memory are not the server's
+
+    def __init__(self, url: str, *, peak: GpuPeak | None = None, peak_note: str = "", api_key: str | None = None,
+                 interval_s: float = 1.0, max_tokens: int = 256, temperature: float = 0.7, parent=None):
         super().__init__(parent)
         self.url = normalise_url(url)
         self.api_key = api_key
+        self.peak, self.peak_note, self.interval_s = peak, peak_note, interval_s
+        self.max_tokens, self.temperature = max_tokens, temperature
         self.scraper = Scraper(self.url, interval_s=interval_s, peak=peak, api_key=api_key)
+        self.records: list[ScrapeRecord] = []
+        self.messages: list[dict] = []
+        self.server_state = "connecting"  # "up" | "down" once it answered or not
+        self.replying = False
+        self.last_reply: ChatDone | None = None
+        self._reply_t0 = 0.0
+        self._preempted_total = 0.0
+        self._label = "server"
         self._stop = threading.Event()
         self._chat_stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._model: str | None = None
+        self.record.connect(self._on_record)
+        self.chat_piece.connect(self._on_piece)
+        self.chat_done.connect(self._on_chat_done)
+        self.chat_failed.connect(self._on_chat_failed)
 
+    def view(self) -> SourceView:
+        peak, note, url = self.peak, self.peak_note, self.url
+        return SourceView(
+            origin=SOURCE, x_label=translate("Plots", "scrape (every {s} s)").format(s=f"{self.interval_s:g}"),
+            notes={"timeline": NO_TIMELINE}, hardware=device_spec(peak) if peak else None,
+            device_line=translate("Attach", "the server's GPU: unknown — {note}").format(note=note),
+            live_line=translate("Attach", "figures: the server's /metrics — its counters, and its own estimates of "
+                                          "bytes and FLOPs where it publishes them"),
+            serving_title=translate("Attach", "Serving: the server's batch, queue and latencies"),
+            model_line=translate("Attach", "attached to {url}").format(url=url),
+            greeting=translate("Attach", "attached to {url}: replies stream from its /v1/chat/completions; the plots "
+                                         "are its /metrics, one point per scrape · {note}").format(url=url, note=note))
+
+    # ---- commands
     def start(self) -> None:
         thread = threading.Thread(target=self.scraper.run, args=(FOREVER_S, self.record.emit, self._stop),
                                   name="membound-attach-scrape", daemon=True)
         thread.start()
         self._threads.append(thread)
 
-    def send(self, messages: list[dict], max_tokens: int = 256, temperature: float = 0.7) -> None:
+    def submit(self, command) -> None:
+        if isinstance(command, Chat):
+            self.send(command.text)
+        elif isinstance(command, Reset):
+            self.stop()
+            self.messages = []
+
+    def request(self, command) -> None:
+        self.events.emit([SettingsRefused(command.request_id, translate("Attach", SETTINGS_REFUSAL), None)])
+
+    def send(self, text: str) -> None:
+        if self.replying:
+            return
+        self.replying = True
+        self._reply_t0 = time.monotonic()
+        self.messages.append({"role": "user", "content": text})
+        self.busy_changed.emit("reply", True)
         self._chat_stop.clear()
-        thread = threading.Thread(target=self._chat, args=(list(messages), max_tokens, temperature),
+        thread = threading.Thread(target=self._chat, args=(list(self.messages), self.max_tokens, self.temperature),
                                   name="membound-attach-chat", daemon=True)
         self._threads = [t for t in self._threads if t.is_alive()] + [thread]
         thread.start()
@@ -150,10 +242,11 @@ class AttachSource(QObject):
         except AttachError as error:
             self.chat_failed.emit(str(error))
 
-    def stop_reply(self) -> None:
+    def stop(self) -> None:
+        """Stop the reply in progress."""
         self._chat_stop.set()
 
-    def stop(self, timeout_s: float = 5.0) -> bool:
+    def shutdown(self, timeout_s: float = 5.0) -> bool:
         """End both threads; True when they ended within the timeout (a chat read may take until
         the server's next chunk: daemon threads never keep the app alive)."""
         self._stop.set()
@@ -163,8 +256,79 @@ class AttachSource(QObject):
             thread.join(max(0.0, deadline - time.monotonic()))
         return not any(t.is_alive() for t in self._threads)
 
+    # ---- the reply (GUI thread)
+    def _on_piece(self, piece: str) -> None:
+        if self.replying:
+            self.events.emit([TokenEvent(-1, piece, 0)])
 
-# ---- the window in attach mode ------------------------------------------------------------------
+    def _on_chat_done(self, done: ChatDone) -> None:
+        if not self.replying:
+            return
+        self.messages.append({"role": "assistant", "content": done.text})
+        self.last_reply = done
+        self.events.emit([DoneEvent(reason=done.finish_reason, text=done.text, n_prompt_tokens=done.n_prompt_tokens or 0,
+                                    n_new_tokens=done.n_tokens, ttft_s=done.ttft_s, decode_s=done.stream_s)])
+        self._end_reply(done)
+
+    def _on_chat_failed(self, message: str) -> None:
+        if not self.replying:
+            return
+        self.failed.emit("reply", message)
+        self._end_reply(None)
+
+    def _end_reply(self, done: ChatDone | None) -> None:
+        self.replying = False
+        self.busy_changed.emit("reply", False)
+        self.reply_finished.emit(done)
+
+    def reply_summary(self, done: DoneEvent, steps) -> str:
+        """The stream's own figures (network included), and what the whole server generated meanwhile."""
+        reply = self.last_reply
+        parts = [translate("Attach", "{n} tokens ({reason})").format(n=done.n_new_tokens, reason=done.reason)]
+        if math.isfinite(done.ttft_s):
+            parts.append(f"TTFT {1e3 * done.ttft_s:,.0f} ms")
+        if reply is not None and math.isfinite(reply.tokens_per_s):
+            parts.append(translate("Attach", "{tps} tok/s (this reply, from the stream)").format(
+                tps=f"{reply.tokens_per_s:,.1f}"))
+        server_rate = self.server_rate_since(self._reply_t0)
+        if math.isfinite(server_rate):
+            parts.append(translate("Attach", "server: {tps} tok/s generated, every request, since it was sent "
+                                             "(its counters)").format(tps=f"{server_rate:,.1f}"))
+        return "— " + " · ".join(parts)
+
+    def server_rate_since(self, t0_s: float) -> float:
+        """The server's generation tokens/s over the scrapes since t0_s, all requests together (nan
+        without any): the reply's own rate beside what the whole server did meanwhile."""
+        rows = [r for r in self.records if r.t_s >= t0_s and r.ok and math.isfinite(r.generation_tokens)]
+        span = sum(r.interval_s for r in rows)
+        return sum(r.generation_tokens for r in rows) / span if span > 0 else math.nan
+
+    # ---- scrapes (GUI thread)
+    def _on_record(self, record: ScrapeRecord) -> None:
+        if self._stop.is_set():
+            return  # one still queued when it was shut down
+        self.records = (self.records + [record])[-4096:]
+        if math.isfinite(record.preemptions):
+            self._preempted_total += record.preemptions
+        server = SERVERS.get(record.kind)
+        if server is not None:
+            self._label = f"{server.label} server"  # one legend entry and colour; a gap keeps the last
+        self.events.emit([ScrapeRow(record, self._label, self.peak, self._preempted_total, scrape_notes(record))])
+        self.status.emit(status_line(record, self.url))
+        state = "down" if record.status in ("down", "bad answer") else "up"
+        if state != self.server_state:
+            if state == "down":
+                self.notice.emit(translate("Attach", "the server stopped answering: {message} (retrying)").format(
+                    message=record.message), True)
+            elif self.server_state == "down":
+                self.notice.emit(translate("Attach", "the server answers again (it restarted)")
+                                 if record.status == "restarted" else translate("Attach", "the server answers again"),
+                                 False)
+            self.server_state = state
+            self.state_changed.emit(state)
+
+
+# ---- the button, the dialog and the status bar ----------------------------------------------------
 
 class AttachDialog(QDialog):
     def __init__(self, url: str = "http://localhost:8000", parent=None):
@@ -192,10 +356,10 @@ class AttachDialog(QDialog):
         return self.url_edit.text().strip(), self.gpu_box.currentData() or None, self.key_edit.text().strip() or None
 
 
-class AttachController(QObject):
-    """Puts a MainWindow into attach mode and back. While attached, the chat's send / stop / new
-    chat go to the server, the local engine's events stop reaching the plots, and a status line
-    with a Detach button sits under the toolbar."""
+class AttachMode(QObject):
+    """The "Attach to server…" button beside "Model…" and what it does: `attach` makes an AttachSource
+    and hands it to the window (`use_source`), with a status line and a Detach button under the
+    toolbar; `detach` hands the window its own engine back."""
     state_changed = Signal(str)  # "up" | "down" | "detached"
     reply_finished = Signal(object)  # ChatDone, or None when the reply failed
 
@@ -204,15 +368,8 @@ class AttachController(QObject):
         self.window = window
         self.source: AttachSource | None = None
         self.url = ""
-        self.peak: GpuPeak | None = None
-        self.peak_note = ""
         self.state = "detached"
-        self.records: list[ScrapeRecord] = []
-        self.messages: list[dict] = []
-        self.replying = False
-        self._reply_t0 = 0.0
-        self._preempted_total = 0.0
-        self._label = "server"
+        self.records: list[ScrapeRecord] = []  # the last source's, kept after it detached
         self.button = QPushButton(translate("Attach", "Attach to server…"))
         self.button.setToolTip(translate("Attach", "show a running vLLM, SGLang or llama.cpp server's figures and "
                                                    "chat with it"))
@@ -227,16 +384,16 @@ class AttachController(QObject):
         row.addWidget(self.status_label, 1)
         row.addWidget(self.detach_button)
         self.bar.setVisible(False)
-        window.installEventFilter(self)
+        window.add_bar(self.bar)
+        window.closing.connect(lambda: self.detach(restore=False))
 
     @property
     def attached(self) -> bool:
         return self.source is not None
 
-    def eventFilter(self, watched, event) -> bool:
-        if watched is self.window and event.type() == QEvent.Type.Close:
-            self.detach(restore=False)
-        return False
+    @property
+    def messages(self) -> list[dict]:
+        return self.source.messages if self.source is not None else []
 
     def pick_server(self) -> None:
         dialog = AttachDialog(self.url or "http://localhost:8000", self.window)
@@ -255,191 +412,38 @@ class AttachController(QObject):
             return False
         self.detach(restore=False)
         w.clear_error()
-        w.stop()  # the local reply, if one streams
-        if w.settings is not None and w.settings.users > 0:
-            import dataclasses
-
-            w.apply_settings(dataclasses.replace(w.settings, users=0))
-        self._disconnect_window()
-        self.url, self.peak, self.peak_note = url, peak, note
-        self.records, self.messages, self._preempted_total, self._label = [], [], 0.0, "server"
-        data = w.data
-        data.clear()
-        data.source = SOURCE
-        data.x_label = translate("Plots", "scrape (every {s} s)").format(s=f"{interval_s:g}")
-        data.notes = {"timeline": NO_TIMELINE}
-        w.plots.set_hardware(device_spec(peak) if peak else None)
-        strip = w.hardware_strip
-        if peak is not None:
-            strip.set_device(device_spec(peak))
-        else:
-            strip.device_label.setText(translate("Attach", "the server's GPU: unknown — {note}").format(note=note))
-            strip.bandwidth_label.setText("")
-            strip.compute_label.setText("")
-        strip.spec = None  # this machine's memory and NVML readings are not the server's
-        strip.memory_label.setText("")
-        strip.live_label.setText(translate("Attach", "figures: the server's /metrics — its counters, and its own "
-                                                     "estimates of bytes and FLOPs where it publishes them"))
-        w.serving_panel.title.setText(
-            "<b>" + translate("Attach", "Serving: the server's batch, queue and latencies") + "</b>")
-        w.controls.set_enabled(False)
-        w.model_button.setEnabled(False)
-        w.chat.clear()
-        w.chat.model_label.setText(translate("Attach", "attached to {url}").format(url=url))
-        w.chat.add_notice(translate("Attach", "attached to {url}: replies stream from its /v1/chat/completions; the "
-                                              "plots are its /metrics, one point per scrape · {note}").format(
-            url=url, note=note))
-        w.chat.set_ready(True)
-        w.centralWidget().layout().insertWidget(1, self.bar)
+        settings = w.settings
+        if settings is not None and settings.users > 0:  # the local engine's users stop while it is not shown
+            w.apply_settings(dataclasses.replace(settings, users=0))
+        self.url = url
+        source = AttachSource(url, peak=peak, peak_note=note, api_key=api_key, interval_s=interval_s,
+                              max_tokens=settings.max_new_tokens if settings else 256,
+                              temperature=settings.sampling.temperature if settings else 0.7, parent=self)
+        source.status.connect(self.status_label.setText)
+        source.state_changed.connect(self._set_state)
+        source.reply_finished.connect(self.reply_finished)
+        self.source, self.records = source, source.records
         self.status_label.setText(translate("Attach", "connecting to {url}…").format(url=url))
         self.bar.setVisible(True)
-        self.source = AttachSource(url, peak=peak, api_key=api_key, interval_s=interval_s, parent=self)
-        self.source.record.connect(self._on_record)
-        self.source.chat_piece.connect(w.chat.append_reply)
-        self.source.chat_done.connect(self._on_chat_done)
-        self.source.chat_failed.connect(self._on_chat_failed)
-        self.source.start()
+        w.use_source(source)
+        source.start()
         return True
 
     def detach(self, restore: bool = True) -> None:
-        """Stop reading the server; with `restore`, give the window back to the local engine."""
+        """Stop reading the server; with `restore`, give the window back to its own engine."""
         if self.source is None:
             return
         source, self.source = self.source, None
-        source.stop()
-        source.deleteLater()
-        self.replying = False
+        self.records = source.records
+        source.shutdown()
         self.bar.setVisible(False)
         self._set_state("detached")
-        if not restore:
-            return
-        w = self.window
-        self._reconnect_window()
-        w.data.clear()
-        w.data.source, w.data.x_label, w.data.notes = "model", QT_TRANSLATE_NOOP("Plots", "step"), {}
-        w.plots.set_hardware(w.hardware)
-        if w.hardware is not None:
-            w.hardware_strip.set_device(w.hardware)
-        w.serving_panel.set_theme(w.theme)
-        w.chat.clear()
-        ready = w.model_info is not None
-        w.chat.model_label.setText(w.model_info.label if ready else "")
-        w.chat.add_notice(translate("Attach", "detached: the local model again") if ready else
-                          translate("Attach", "detached"))
-        w.chat.set_streaming(False)
-        w.chat.set_ready(ready and not w.loading)
-        w.controls.set_enabled(ready and not w.loading)
-        w.model_button.setEnabled(True)
-
-    # chat and events go to the server while attached (the window's own handlers are reconnected after)
-    def _connections(self):
-        w = self.window
-        return ((w.chat.send_requested, w.send, self.send), (w.chat.stop_requested, w.stop, self.stop_reply),
-                (w.chat.new_chat_requested, w.new_chat, self.new_chat))
-
-    def _disconnect_window(self) -> None:
-        w = self.window
-        for signal, theirs, ours in self._connections():
-            signal.disconnect(theirs)
-            signal.connect(ours)
-        w.worker.events.disconnect(w._on_events)  # the local engine's steps are not the server's
-
-    def _reconnect_window(self) -> None:
-        w = self.window
-        for signal, theirs, ours in self._connections():
-            signal.disconnect(ours)
-            signal.connect(theirs)
-        w.worker.events.connect(w._on_events)
-
-    # ---- chat
-    def send(self, text: str) -> None:
-        if self.source is None or self.replying:
-            return
-        w = self.window
-        self.replying = True
-        self._reply_t0 = time.monotonic()
-        self.messages.append({"role": "user", "content": text})
-        w.chat.add_message("user", text)
-        w.chat.begin_reply()
-        w.chat.set_ready(False)
-        w.chat.set_streaming(True)
-        settings = w.settings
-        self.source.send(self.messages, max_tokens=settings.max_new_tokens if settings else 256,
-                         temperature=settings.sampling.temperature if settings else 0.7)
-
-    def stop_reply(self) -> None:
-        if self.source is not None and self.replying:
-            self.source.stop_reply()
-
-    def new_chat(self) -> None:
-        self.stop_reply()
-        self.messages = []
-        self.window.chat.clear()
-        self.window.chat.add_notice(translate("Attach", "new chat"))
-
-    def _end_reply(self) -> None:
-        self.replying = False
-        self.window.chat.set_streaming(False)
-        self.window.chat.set_ready(self.source is not None)
-
-    def _on_chat_done(self, done: ChatDone) -> None:
-        self.messages.append({"role": "assistant", "content": done.text})
-        parts = [translate("Attach", "{n} tokens ({reason})").format(n=done.n_tokens, reason=done.finish_reason)]
-        if math.isfinite(done.ttft_s):
-            parts.append(f"TTFT {1e3 * done.ttft_s:,.0f} ms")
-        if math.isfinite(done.tokens_per_s):
-            parts.append(translate("Attach", "{tps} tok/s (this reply, from the stream)").format(
-                tps=f"{done.tokens_per_s:,.1f}"))
-        server_rate = self.server_rate_since(self._reply_t0)
-        if math.isfinite(server_rate):
-            parts.append(translate("Attach", "server: {tps} tok/s generated, every request, since it was sent "
-                                             "(its counters)").format(tps=f"{server_rate:,.1f}"))
-        self.window.chat.end_reply("— " + " · ".join(parts))
-        self._end_reply()
-        self.reply_finished.emit(done)
-
-    def _on_chat_failed(self, message: str) -> None:
-        self.window.chat.end_reply("")
-        self.window.chat.add_notice(translate("Attach", "the reply failed: {message}").format(message=message),
-                                    error=True)
-        self._end_reply()
-        self.reply_finished.emit(None)
-
-    def server_rate_since(self, t0_s: float) -> float:
-        """The server's generation tokens/s over the scrapes since t0_s, all requests together (nan
-        without any): the reply's own rate beside what the whole server did meanwhile."""
-        rows = [r for r in self.records if r.t_s >= t0_s and r.ok and math.isfinite(r.generation_tokens)]
-        span = sum(r.interval_s for r in rows)
-        return sum(r.generation_tokens for r in rows) / span if span > 0 else math.nan
-
-    # ---- scrapes
-    def _on_record(self, record: ScrapeRecord) -> None:
-        if self.source is None:
-            return  # one still queued when the window detached
-        self.records = (self.records + [record])[-4096:]
-        if math.isfinite(record.preemptions):
-            self._preempted_total += record.preemptions
-        server = SERVERS.get(record.kind)
-        w = self.window
-        if server is not None:
-            hint = server.bytes_hint
-            w.data.notes.update({"memory": hint, "compute": hint, "roofline": hint} if not math.isfinite(record.gbs)
-                                else {})
-            if server.live_note:
-                w.data.notes["tokens"] = server.live_note
-        if server is not None:
-            self._label = f"{server.label} server"  # one legend entry and colour; a gap keeps the last
-        add_record(w.data, record, self._label, self.peak, self._preempted_total)
-        self.status_label.setText(status_line(record, self.url))
-        state = "down" if record.status in ("down", "bad answer") else "up"
-        if state != self.state:
-            if state == "down":
-                w.chat.add_notice(translate("Attach", "the server stopped answering: {message} (retrying)").format(
-                    message=record.message), error=True)
-            elif self.state == "down":
-                w.chat.add_notice(translate("Attach", "the server answers again (it restarted)")
-                                  if record.status == "restarted" else translate("Attach", "the server answers again"))
-            self._set_state(state)
+        if restore:
+            w = self.window
+            w.use_source(w.worker)
+            w.chat.add_notice(translate("Attach", "detached: the local model again") if w.model_info is not None
+                              else translate("Attach", "detached"))
+        source.deleteLater()
 
     def _set_state(self, state: str) -> None:
         if state != self.state:
@@ -447,9 +451,9 @@ class AttachController(QObject):
             self.state_changed.emit(state)
 
 
-def add_attach_button(window) -> AttachController:
-    """The "Attach to server…" button beside "Model…", and the controller behind it."""
-    controller = AttachController(window)
+def add_attach_button(window) -> AttachMode:
+    """The "Attach to server…" button beside "Model…", and attach mode behind it."""
+    mode = AttachMode(window)
     extra = window.controls.extra
-    extra.insertWidget(extra.indexOf(window.model_button) + 1, controller.button)
-    return controller
+    extra.insertWidget(extra.indexOf(window.model_button) + 1, mode.button)
+    return mode

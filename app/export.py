@@ -148,8 +148,7 @@ def export_session(window, folder: str | Path, replay: str = "") -> list[Path]:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     window.plots.refresh(force=True)
-    window.plots._readout_version = -1
-    window.plots.update_readouts()
+    window.plots.update_readouts(force=True)
     written = [export_window(window, folder / "window.png"), export_window(window, folder / "window.svg")]
     pictures = {translate("Report", "The window"): "window.png"}
     for name, view in window.plots.views.items():

@@ -127,8 +127,8 @@ def in_app(model: str, tokens: int, replies: int, engine_process: bool = True, d
         wall_s += time.monotonic() - wall0
         probe.stop()
         window.reply_finished.disconnect(done_loop.quit)
-        steps = [s for s in window._reply_steps if s.phase == "decode"]
-        figures.append(reply_figures(window._reply_steps))  # as the reply's summary line says it
+        steps = [s for s in window.reply_steps if s.phase == "decode"]
+        figures.append(reply_figures(window.reply_steps))  # as the reply's summary line says it
         if steps:
             # wall clock from the first decode step's end to the last's: the host's own time
             # between steps (events through the pipe) counts, as it does in `membound bench`

@@ -185,6 +185,19 @@ class HardwareStrip(QFrame):
         self.compute_label.setText(compute)
         self.update_memory(None)
 
+    def show_source(self, spec, device_line: str = "", live_line: str = "") -> None:
+        """A source that is not this machine's engine (a server): its peaks, or `device_line` where none
+        is known, and `live_line` on where its figures come from; none of this machine's readings."""
+        if spec is not None:
+            self.set_device(spec)
+        else:
+            self.device_label.setText(device_line)
+            self.bandwidth_label.setText("")
+            self.compute_label.setText("")
+        self.spec = None  # this machine's memory and NVML readings are not the source's
+        self.memory_label.setText("")
+        self.live_label.setText(live_line)
+
     def update_memory(self, sample) -> None:
         """sample: a HardwareSample (GPU, NVML) or None (CPU: the OS's figure for this process)."""
         spec = self.spec

@@ -132,7 +132,8 @@ def main(args=None, *, model="default", device: str = "auto", hardware=None, set
 def run_replay(args) -> int:
     """`membound replay FILE`: the window plays a recording, with no engine and no torch. With
     --screenshot or --export it plays it all at once, writes, and exits."""
-    from app.recording import DEFAULT_RECORDING, RecordingError, open_replay
+    from app.recording import DEFAULT_RECORDING, RecordingError
+    from app.replay import open_replay
 
     path = DEFAULT_RECORDING if args.file == "default" else args.file
     shot, export = getattr(args, "replay_screenshot", None) or getattr(args, "screenshot", None), args.export

@@ -86,6 +86,10 @@ class ServingPanel(QWidget):
                                                   "the chat"))
         self._drawn_version = -1
 
+    def set_title(self, text: str) -> None:
+        """Another title (attach mode: the server's batch); set_theme gives it its own back."""
+        self.title.setText(f"<b>{text}</b>")
+
     def set_theme(self, theme: Theme) -> None:
         self.theme = theme
         self._build()

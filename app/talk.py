@@ -192,7 +192,7 @@ class Talk(QObject):
 def install(window, *, tour=None, lang: str = "en", keep_decoding: bool = False, autoplay: bool = False,
             player=None) -> Talk:
     """Talk mode on `window`. tour: an app.tour.Tour to run (it starts once the model is loaded);
-    player: an app.recording.Player (a replay: recorded captions and layouts, nothing that drives)."""
+    player: an app.replay.Player (a replay: recorded captions and layouts, nothing that drives)."""
     talk = Talk(window, lang)
     window.talk = talk
     if player is not None:

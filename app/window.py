@@ -1,25 +1,27 @@
 """The main window: toggles along the top, chat on the left (a third), the live plots on the right,
-the hardware strip along the bottom. It owns the worker thread and the redraw timer, turns the
-worker's events into chat text, ring-buffer rows and annotations, and shuts the worker down
-cleanly when it closes (also mid-reply).
+the hardware strip along the bottom. It lays out the panels and wires them to one source
+(app/sources.py: the local engine, a replay or a server; `use_source` swaps it) without asking which
+kind it is: the source's events become chat text (app/conversation.py), ring-buffer rows and
+annotations. It owns the redraw timer and its own engine's worker, which it shuts down cleanly when it
+closes (also mid-reply). docs/app.md describes the parts.
 
-Settings are a transaction: a change is sent with a request id and shows (controls, annotation)
-only when the engine confirms it; a refusal puts the controls back and shows its one line. The
-window keeps the conversation, so when the engine process dies the next action starts a fresh one
-with the same model, settings and messages."""
+Settings are a transaction (app/settings_requests.py): a change is sent with a request id and shows
+(controls, annotation) only when the engine confirms it; a refusal puts the controls back and shows
+its one line. The window keeps the conversation, so when the engine process dies the next action
+starts a fresh one with the same model, settings and messages."""
 from __future__ import annotations
 
-import itertools
 import os
-import re
 import sys
 import time
+import weakref
 
 from PySide6.QtCore import QRect, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QMainWindow, QPushButton, QSplitter, QTabWidget, QVBoxLayout, QWidget
 
 from app.chat import ChatPanel
+from app.conversation import Conversation
 from app.controls import BAR_SHARE, ControlsBar
 from app.frame_budget import FrameBudget
 from app.hardware_strip import HardwareStrip
@@ -27,13 +29,16 @@ from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.kv_panel import KVCachePanel
 from app.plots import LiveData, PlotsPanel
 from app.seed_table import SeedTable
+from app.reply_summary import above_roof_line, failure_line, model_line
 from app.serving_panel import ServingPanel
+from app.settings_requests import SettingsRequests
 from app.theme import SettingColours, stylesheet, themed
+from app.sources import SIGNALS, PlotRow
 from app.worker import EngineWorker
 from engine.events import BatchStats, DoneEvent, SettingsApplied, SettingsRefused, TokenEvent
-from engine.metrics import DECODE_PHASES, StepMetrics, reply_figures, speculation_figures
-from engine.protocol import Apply, Chat, Load, MeasureQuality, ModelInfo, Reset, settings_delta
-from engine.settings import Settings, weights_label
+from engine.metrics import StepMetrics
+from engine.protocol import Chat, Load, MeasureQuality, ModelInfo, Reset
+from engine.settings import Settings
 
 FRAME_MS = 33  # ~30 fps redraw
 # With the engine on the CPU the budget below holds the frames to 1-3 a second, so the timer ticks
@@ -69,31 +74,6 @@ def fitted_size(available: QSize, frame: QSize = QSize(0, 0)) -> tuple[int, int]
     frame), else the room itself less the frame."""
     return (min(PREFERRED_SIZE[0], available.width() - frame.width()),
             min(PREFERRED_SIZE[1], available.height() - frame.height()))
-
-def ttft_note(done: DoneEvent) -> str:
-    """'TTFT 123 ms', and how much of the prompt the cache spared (DoneEvent.ttft_note, translated)."""
-    if not done.n_cached_tokens:
-        return translate("Window", "TTFT {ms} ms").format(ms=f"{1e3 * done.ttft_s:.0f}")
-    return translate("Window", "TTFT {ms} ms ({cached} of {prompt} prompt tokens cached)").format(
-        ms=f"{1e3 * done.ttft_s:.0f}", cached=f"{done.n_cached_tokens:,}", prompt=f"{done.n_prompt_tokens:,}")
-
-
-def speculation_summary(steps: list[StepMetrics]) -> list[str]:
-    """engine.metrics.speculation_figures in words, translated."""
-    figures = speculation_figures(steps)
-    if figures is None:
-        return []
-    pct, per_step, tokens = figures
-    text = translate("Window", "speculation: {pct}% of guesses kept ({per_step} a step), {tokens} tokens per "
-                               "weight read")
-    return [text.format(pct=f"{pct:.0f}", per_step=f"{per_step:.2f}", tokens=f"{tokens:.2f}")]
-
-
-DONE_WORDS = {"eos": QT_TRANSLATE_NOOP("Window", "finished"),
-              "max_tokens": QT_TRANSLATE_NOOP("Window", "hit max tokens"),
-              "stopped": QT_TRANSLATE_NOOP("Window", "stopped"),
-              "context_full": QT_TRANSLATE_NOOP("Window", "context window full")}
-
 
 def single_threaded_painting() -> None:
     """Qt's GUI thread pool off: Qt converts and scales large images on a pool of threads, and a repaint
@@ -132,22 +112,11 @@ class MainWindow(QMainWindow):
         self.settings: Settings | None = settings  # what the engine runs (as it last confirmed)
         self.model_info: ModelInfo | None = None
         self.clock = time.monotonic  # the time of the window's own annotations (a replay's is the recording's)
-        self.messages: list[dict[str, str]] = []  # the conversation (kept here too: it outlives the engine)
-        self._turn_text = ""  # the user's turn in flight
-        self._reply_text: list[str] = []  # the reply in flight, as streamed
-        self._requests = itertools.count(1)
-        self._pending: dict[int, tuple] = {}  # settings request id -> its changes, not answered yet
-        self._after_load: list = []  # setting requests made while a restarted engine loads
         self.engine_dead = ""  # why the engine process ended, until the next action restarts it
         self._restarting = False
-        self._messages_before_reset: list[dict[str, str]] = []
         self.loading = False
-        self.replying = False
         self.last_error = ""
         self.quality: dict | None = None  # {label: Quality} once measured
-        self._quality_asked = False
-        self.last_done: DoneEvent | None = None
-        self._reply_steps: list[StepMetrics] = []
         self._frame = 0
         self._readout_s = -float("inf")
         self.frame_budget = FrameBudget(GUI_CPU_BUDGET_GPU, MIN_FPS_GPU)  # set from the engine at every tick
@@ -156,6 +125,7 @@ class MainWindow(QMainWindow):
 
         # ---- widgets
         self.controls = ControlsBar(self.theme, self.colours)
+        self.requests = SettingsRequests(self.controls)  # asked for, not answered yet
         self.model_button = QPushButton(translate("Window", "Model…  Ctrl+O"))
         self.theme_button = QPushButton(translate("Window", "Light theme  F9"))
         self.fonts_button = QPushButton(translate("Window", "Large fonts  F10"))
@@ -165,10 +135,8 @@ class MainWindow(QMainWindow):
         self.table_button.setChecked(not large_fonts)
         for button in (self.model_button, self.table_button, self.theme_button, self.fonts_button):
             self.controls.extra.addWidget(button)
-        from app.attach_source import add_attach_button  # attach mode: a server's /metrics feeds the plots
-
-        self.attach = add_attach_button(self)  # "Attach to server…" beside "Model…"
         self.chat = ChatPanel(self.theme)
+        self.conversation = Conversation(self.chat, self.data)  # (kept here: it outlives the engine process)
         self.seed_table = SeedTable(self.theme, self.colours)
         self.kv_panel = KVCachePanel(self.theme)
         self.side_tabs = QTabWidget()  # the sixth cell: the seed table, or the KV cache's blocks
@@ -214,6 +182,9 @@ class MainWindow(QMainWindow):
         layout.addWidget(self.splitter, 1)
         layout.addWidget(self.hardware_strip)
         self.setCentralWidget(central)
+        from app.attach_source import add_attach_button  # attach mode: a server as the window's source
+
+        self.attach = add_attach_button(self)  # "Attach to server…" beside "Model…"
         self.maximize_on_show = False  # fit_to_screen: the screen is smaller than the preferred size
         self.fit_to_screen()
 
@@ -224,14 +195,11 @@ class MainWindow(QMainWindow):
         self.recorder = recorder  # held here: the signals it listens to do not keep it alive
         if recorder is not None:
             recorder.attach(self)
-        self.worker.progress.connect(self._on_progress)
-        self.worker.model_loaded.connect(self._on_model_loaded)
-        self.worker.events.connect(self._on_events)
-        self.worker.reply_started.connect(self._on_reply_started)
-        self.worker.busy_changed.connect(self._on_busy_changed)
-        self.worker.failed.connect(self._on_failed)
-        self.worker.kv_snapshot.connect(self.kv_panel.set_snapshot)
-        self.worker.quality.connect(self._on_quality)
+        # what feeds the window (app/sources.py): its own engine (or a replay) until another source is
+        # handed to use_source; the engine's death is the window's to handle whichever feeds it
+        self.source = self.worker
+        self._messages_of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # each source's conversation
+        self._wire(self.source, True)
         self.worker.engine_died.connect(self._on_engine_died)
 
         # ---- user actions
@@ -267,11 +235,117 @@ class MainWindow(QMainWindow):
         if autoload:
             self.load_model(model, device, hardware, settings)
 
+    # ---- what the window keeps (its parts own it) ----------------------------------------------
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        """The conversation with the source, as the window keeps it."""
+        return self.conversation.messages
+
+    @messages.setter
+    def messages(self, messages: list[dict[str, str]]) -> None:
+        self.conversation.messages = messages
+
+    @property
+    def replying(self) -> bool:
+        return self.conversation.replying
+
+    @property
+    def reply_steps(self) -> list[StepMetrics]:
+        """The steps of the reply in flight (or the last one)."""
+        return self.conversation.steps
+
+    @property
+    def settings_pending(self) -> bool:
+        """Some settings request has not been answered by the engine yet."""
+        return self.requests.waiting
+
+    # ---- the source ---------------------------------------------------------------------------
+    def _wire(self, source, connect: bool) -> None:
+        handlers = {"progress": self._on_progress, "model_loaded": self._on_model_loaded, "events": self._on_events,
+                    "reply_started": self.data.start_reply, "busy_changed": self._on_busy_changed,
+                    "failed": self._on_failed, "kv_snapshot": self.kv_panel.set_snapshot, "quality": self._on_quality,
+                    "state": self._on_state, "notice": self.chat.add_notice}
+        for name, handler in handlers.items():
+            signal = getattr(source, name)
+            signal.connect(handler) if connect else signal.disconnect(handler)
+
+    def use_source(self, source) -> None:
+        """Let `source` (app/sources.py) feed the window from now on: the reply in flight ends, the
+        plots start empty, and the window shows it as it asks (`source.view()`; None: as its model
+        says). Each source keeps its own conversation; the settings asked of the last one are dropped
+        unanswered, and the window asks the new one what it runs."""
+        if source is self.source:
+            return
+        if self.replying:
+            self.source.stop()
+            self.conversation.ended()
+            self.reply_finished.emit(None)
+        self._wire(self.source, False)
+        self._messages_of[self.source] = self.messages
+        self.source, self.messages = source, self._messages_of.pop(source, [])
+        self._wire(source, True)
+        self.requests.drop()
+        self._show_source()
+        if self.model_info is not None:
+            source.query()
+
+    def _show_source(self) -> None:
+        view, data = self.source.view(), self.data
+        data.clear()
+        self.chat.clear()
+        if view is None:  # as its model says
+            data.source, data.x_label, data.notes = "model", QT_TRANSLATE_NOOP("Plots", "step"), {}
+            self.plots.set_hardware(self.hardware)
+            if self.hardware is not None:
+                self.hardware_strip.set_device(self.hardware)
+            self.serving_panel.set_theme(self.theme)  # (its own title)
+            self.chat.model_label.setText(self.model_info.label if self.model_info is not None else "")
+        else:
+            data.source, data.x_label, data.notes = view.origin, view.x_label, dict(view.notes)
+            self.plots.set_hardware(view.hardware)
+            self.hardware_strip.show_source(view.hardware, view.device_line, view.live_line)
+            if view.serving_title:
+                self.serving_panel.set_title(view.serving_title)
+            self.chat.model_label.setText(view.model_line)
+            if view.greeting:
+                self.chat.add_notice(view.greeting)
+        self._show_ready()
+
+    def _show_ready(self, controls: bool | None = None) -> None:
+        """The chat takes a turn when its source can answer one; the controls and "Model…" only where
+        the source takes them (`controls`: the caller's own condition, else a loaded model, not loading)."""
+        has_model = self.model_info is not None or not self.source.needs_model
+        self.chat.set_ready(has_model and not self.loading and not self.replying)
+        if controls is None:
+            controls = self.model_info is not None and not self.loading
+        self.controls.set_enabled(controls and self.source.takes_settings)
+        self.model_button.setEnabled(self.source.picks_models)
+
+    def start_over(self) -> None:
+        """The window as before its source's first event (a replay that seeks back): no reply
+        streaming, nothing pending, empty plots and chat."""
+        if self.replying:
+            self.conversation.ended()
+        self.requests.drop()
+        self.data.clear()
+        self.chat.clear()
+        self.clear_error()
+
+    def add_bar(self, bar: QWidget) -> None:
+        """A bar of a source's own (a replay's, attach mode's status) under the toolbar."""
+        self.centralWidget().layout().insertWidget(1, bar)
+
+    def _on_state(self, settings) -> None:
+        """What the source runs (the answer to query()): shown where the window holds settings."""
+        if settings is not None:
+            self.settings = settings
+            self.controls.set_settings(settings)
+
     # ---- commands -----------------------------------------------------------------------------
     def load_model(self, model="default", device: str = "auto", hardware=None,
                    settings: Settings | None = None) -> None:
         if self.replying:
-            self.worker.stop()
+            self.source.stop()
         self.loading = True
         self._restarting = False
         self.engine_dead = ""
@@ -280,7 +354,7 @@ class MainWindow(QMainWindow):
         self.chat.set_ready(False)
         self.controls.set_enabled(False)
         self.hardware_strip.set_progress(0.0, translate("Window", "starting…"))
-        self.worker.submit(Load(model, device, settings, hardware, self.max_context))
+        self.source.submit(Load(model, device, settings, hardware, self.max_context))
 
     def _restart_engine(self) -> None:
         """A fresh engine process with the model, settings and conversation the dead one had."""
@@ -300,30 +374,23 @@ class MainWindow(QMainWindow):
             return
         if self.engine_dead:
             self._restart_engine()  # the chat goes in after the load, on the same queue
-        elif self.model_info is None or self.loading:
+        elif (self.model_info is None and self.source.needs_model) or self.loading:
             return
         self.clear_error()
-        self.replying = True
-        self._reply_steps = []
-        self._turn_text = text
-        self._reply_text = []
-        self.chat.add_message("user", text)
-        self.chat.begin_reply()
-        self.chat.set_ready(False)
-        self.chat.set_streaming(True)
+        self.conversation.begin(text)
         self.action.emit("send", (text, ignore_eos))
-        self.worker.submit(Chat(text, ignore_eos=ignore_eos))
+        self.source.submit(Chat(text, ignore_eos=ignore_eos))
 
     def stop(self) -> None:
         if self.replying:
-            self.worker.stop()
+            self.source.stop()
 
     def new_chat(self) -> None:
         self.stop()
-        self._messages_before_reset, self.messages = self.messages, []
+        self.conversation.reset()
         self.action.emit("new_chat", None)
         if not self.engine_dead:
-            self.worker.submit(Reset())
+            self.source.submit(Reset())
         self.chat.clear()
         self.chat.add_notice(translate("Window", "new chat"))
 
@@ -331,43 +398,26 @@ class MainWindow(QMainWindow):
         """Ask the engine for `new` (from the controls, mid-reply too). Only the changes from what is
         already asked for travel, with a request id; the engine answers with SettingsApplied (the
         controls and plots then show it) or SettingsRefused (the controls go back, one line says why)."""
-        changes = settings_delta(self.controls.requested, new)
-        if not changes:
+        command = self.requests.ask(new)
+        if command is None:
             return
-        request_id = next(self._requests)
-        self._pending[request_id] = changes
-        self._show_pending()
-        command = Apply(changes=changes, request_id=request_id)
         if self.engine_dead:
             self._restart_engine()
         if self.loading and self._restarting:
-            self._after_load.append(command)  # a fresh engine takes it once it has loaded
+            self.requests.after_load.append(command)  # a fresh engine takes it once it has loaded
         else:
-            self.worker.request(command)
-        if new.weights != "fp" and not self._quality_asked:
+            self.source.request(command)
+        if new.weights != "fp" and not self.requests.quality_asked and self.source.takes_settings:
             # the quantised copies are being made anyway: measure their quality once, on the
             # worker thread after the reply in progress (it waits for the copies)
-            self._quality_asked = True
-            self.worker.submit(MeasureQuality())
-
-    @property
-    def settings_pending(self) -> bool:
-        """Some settings request has not been answered by the engine yet."""
-        return bool(self._pending) or bool(self._after_load)
-
-    def _show_pending(self) -> None:
-        fields: dict = {}
-        for request_id in sorted(self._pending):
-            fields.update(self._pending[request_id])
-        self.controls.set_pending(fields)
+            self.requests.quality_asked = True
+            self.source.submit(MeasureQuality())
 
     def _on_settings_applied(self, event: SettingsApplied) -> None:
         old = self.settings
         self.settings = event.settings
-        for request_id in event.request_ids:
-            self._pending.pop(request_id, None)
         self.controls.set_settings(event.settings)
-        self._show_pending()
+        self.requests.answered(*event.request_ids)
         self._show_model_line()
         if event.changes:  # marks the step at which it took effect
             self.data.annotate(", ".join(event.changes), event.settings.label, event.t_s)
@@ -380,26 +430,19 @@ class MainWindow(QMainWindow):
         info, settings = self.model_info, self.settings
         if info is None or settings is None:
             return
-        params = info.cfg.n_params
-        size = f"{params / 1e9:.1f} B" if params >= 1e9 else f"{params / 1e6:.0f} M"
-        weights = "" if settings.weights == "fp" else f", {weights_label(settings.weights, settings.group_size)}"
-        runs = settings.dtype + weights
-        label = re.sub(r"→ (fp32|bf16|fp16)", f"→ {runs}", info.label, count=1)
-        self.chat.model_label.setText(translate("Window", "{model} · {size} parameters · {device}").format(
-            model=label, size=size, device=info.device))
+        self.chat.model_label.setText(model_line(info, settings))
 
     def _on_settings_refused(self, event: SettingsRefused) -> None:
-        self._pending.pop(event.request_id, None)
         if event.settings is not None:
             self.settings = event.settings
             self.controls.set_settings(event.settings)
-        self._show_pending()
+        self.requests.answered(event.request_id)
         self.show_error(translate("Window", "not applied: {reason}").format(reason=event.reason))
 
     def pick_model(self) -> None:
         from app.model_picker import ModelPicker
 
-        if self.loading:
+        if self.loading or not self.source.picks_models:
             return
         dialog = ModelPicker(self.model_spec, self, hardware=self.hardware)
         if not dialog.exec():
@@ -546,8 +589,7 @@ class MainWindow(QMainWindow):
         self.model_info = info
         self._loaded_source = self._model_source if not restarted else self._loaded_source or self._model_source
         self.loading = False
-        self.chat.set_ready(not self.replying)
-        self.controls.set_enabled(True)
+        self._show_ready(controls=True)
         self.device = info.device
         self.hardware = info.hardware
         self.settings = info.settings
@@ -572,16 +614,15 @@ class MainWindow(QMainWindow):
             self.chat.add_notice(info.capabilities.decode_path)
         for note in dict.fromkeys(info.capabilities.notes.values()):
             self.chat.add_notice(note, error=True)
-        self.hardware_strip.engine_pid = self.worker.pid
+        self.hardware_strip.engine_pid = self.source.pid
         self.hardware_strip.set_device(info.hardware, info.weight_bytes)
         self._above_roof_note = ""
         self._show_notes()
         self.hardware_strip.set_decode_path(info.capabilities.decode_path)
         self.seed_table.set_model(info.cfg, info.label, info.hardware, info.settings.dtype)
         self._start_sampler(info.hardware)
-        after, self._after_load = self._after_load, []
-        for command in after:
-            self.worker.request(command)
+        for command in self.requests.take_after_load():
+            self.source.request(command)
         self.model_ready.emit(info)
 
     def _start_sampler(self, spec) -> None:
@@ -589,7 +630,8 @@ class MainWindow(QMainWindow):
             self._sampler.close()
             self._sampler = None
         self.nvml_timer.stop()
-        if spec.kind == "cuda" and spec.nvml and spec.nvml_index is not None:
+        # (a replay's samples are the recording's: this machine's GPU is not the one recorded)
+        if spec.kind == "cuda" and spec.nvml and spec.nvml_index is not None and self.source.local_hardware:
             from engine.hardware.nvml import NvmlSampler
 
             sampler = NvmlSampler(spec.nvml_index)
@@ -598,7 +640,7 @@ class MainWindow(QMainWindow):
                 self.nvml_timer.start()
 
     def _sample_hardware(self) -> None:
-        if self._sampler is not None:
+        if self._sampler is not None and self.source.local_hardware:
             self.show_hardware_sample(self._sampler.sample())
 
     def show_hardware_sample(self, sample) -> None:
@@ -607,9 +649,6 @@ class MainWindow(QMainWindow):
         self.hardware_strip.update_memory(sample)
         if self.replying or (self.settings is not None and self.settings.users > 0):
             self.data.add_hardware(sample)
-
-    def _on_reply_started(self, t0: float) -> None:
-        self.data.start_reply(t0)
 
     def _on_quality(self, table: dict) -> None:
         """Perplexity / top-1 agreement per weight setting: shown on the weights switch."""
@@ -621,10 +660,7 @@ class MainWindow(QMainWindow):
         the chat and the strip (once per load), and in the recording; the plots draw it past the line."""
         if not step.above_roof or self._above_roof_note:
             return
-        self._above_roof_note = translate("Window", "above the measured roof: the cost model or the probe is "
-                                                    "wrong (step {step}, {phase}: MBU {mbu}%, MFU {mfu}%)").format(
-            step=step.step, phase=step.phase, mbu=f"{100 * step.mbu:.0f}",
-            mfu=f"{100 * step.mfu:.0f}" if step.peak_flops > 0 else "?")
+        self._above_roof_note = above_roof_line(step)
         self.chat.add_notice(self._above_roof_note, error=True)
         self._show_notes()
         self.action.emit("above_roof", (step.step, self._above_roof_note))
@@ -634,60 +670,29 @@ class MainWindow(QMainWindow):
         self.hardware_strip.set_notes(notes + ([self._above_roof_note] if self._above_roof_note else []))
 
     def _on_events(self, batch: list) -> None:
-        text = []
+        text = []  # the reply's pieces: shown at once, before what comes after them
         for event in batch:
             if isinstance(event, StepMetrics):
                 self.data.add_step(event)
                 self._check_roof(event)
-                if self.replying:  # (with simulated users, steps also run between replies)
-                    self._reply_steps.append(event)
+                self.conversation.add_step(event)
             elif isinstance(event, TokenEvent):
                 text.append((event.text, event.drafted))  # an accepted speculative guess is tinted
-                self._reply_text.append(event.text)
             elif isinstance(event, BatchStats):
                 self.data.add_batch_stats(event)
             elif isinstance(event, SettingsApplied):
-                if text:
-                    self.chat.append_reply(text)
-                    text = []
+                self.conversation.stream(text)
+                text = []
                 self._on_settings_applied(event)
             elif isinstance(event, SettingsRefused):
                 self._on_settings_refused(event)
             elif isinstance(event, DoneEvent):
-                if text:
-                    self.chat.append_reply(text)
-                    text = []
-                self._finish_reply(event)
-        if text:
-            self.chat.append_reply(text)
-
-    def _finish_reply(self, done: DoneEvent) -> None:
-        self.last_done = done
-        if self._reply_steps:
-            self.data.end_reply(self._reply_steps[-1].t_s)
-        if self.data.ttft_s is None and done.ttft_s > 0:  # a batched reply: its first token's own time
-            self.data.ttft_s = done.ttft_s
-            self.data.version += 1
-        how = translate("Window", DONE_WORDS[done.reason]) if done.reason in DONE_WORDS else done.reason
-        parts = [translate("Window", "{n} tokens, {how}").format(n=done.n_new_tokens, how=how), ttft_note(done)]
-        figures = reply_figures(self._reply_steps)  # the engine's sums (engine/metrics.py), as the terminal's
-        if figures is not None:
-            decode = [m for m in self._reply_steps if m.phase in DECODE_PHASES]
-            batched = max(m.batch_size for m in decode) > 1
-            # batched, steps also serve other requests (and may run while this one waits): this
-            # reply's own rate is the engine's count of its tokens over its decode time
-            rate = done.decode_tokens_per_s if batched else figures.tokens_per_s
-            decode_text = translate("Window", "decode {tps} tok/s (this reply, batched)") if batched else \
-                translate("Window", "decode {tps} tok/s")
-            parts += [decode_text.format(tps=f"{rate:.1f}"),
-                      translate("Window", "{gbs} GB/s (model) = {pct}% of {peak} GB/s peak").format(
-                          gbs=f"{figures.achieved_gbs:.1f}", pct=f"{100 * figures.mbu:.0f}",
-                          peak=f"{figures.peak_gbs:.0f}")]
-            parts += speculation_summary(decode)
-        self.chat.end_reply("— " + " · ".join(parts))
-        self.messages = self.messages + [{"role": "user", "content": self._turn_text},
-                                         {"role": "assistant", "content": done.text}]
-        self._reply_text = []
+                self.conversation.stream(text)
+                text = []
+                self.conversation.finish(event, self.source.reply_summary(event, self.conversation.steps))
+            elif isinstance(event, PlotRow):  # a row that is not an engine step (a server's scrape)
+                event.add_to(self.data)
+        self.conversation.stream(text)
 
     def _on_busy_changed(self, kind: str, busy: bool) -> None:
         if busy:
@@ -695,37 +700,25 @@ class MainWindow(QMainWindow):
         if kind == "load":
             self.loading = False
             self.hardware_strip.set_progress(1.0, "")
-        else:
-            self.replying = False
-            self.chat.set_streaming(False)
-        ready = self.model_info is not None and not self.loading and not self.replying
-        self.chat.set_ready(ready)
-        self.controls.set_enabled(self.model_info is not None and not self.loading)
-        if kind == "reply":
-            done, self.last_done = self.last_done, None
-            self.reply_finished.emit(done)
+            self._show_ready()
+            return
+        done = self.conversation.ended()
+        self._show_ready()
+        self.reply_finished.emit(done)
 
     def _on_engine_died(self, message: str) -> None:
         """The engine process ended without being told to: say so, mark the reply in flight as
         interrupted, keep the conversation, and restart it with the next action."""
         if self.replying:
-            self.chat.end_reply("— " + translate("Window", "interrupted: {message}").format(message=message))
-            if self._reply_text:  # what was said stays part of the conversation, as a stopped reply does
-                self.messages = self.messages + [{"role": "user", "content": self._turn_text},
-                                                 {"role": "assistant", "content": "".join(self._reply_text)}]
-            self._reply_text = []
-            self.replying = False
-            self.chat.set_streaming(False)
+            self.conversation.interrupt(translate("Window", "interrupted: {message}").format(message=message))
             self.reply_finished.emit(None)
         self.loading = False
         self._restarting = False
-        self._after_load = []
-        self._pending.clear()
-        self._show_pending()
+        self.requests.drop()
         self.engine_dead = message
         self.hardware_strip.set_progress(1.0, "")
-        self.chat.set_ready(True)
-        self.controls.set_enabled(self.settings is not None)
+        self._show_ready(controls=self.settings is not None)
+        self.chat.set_ready(True)  # the next message starts the engine again
         what = self.model_info.label if self.model_info is not None else translate("Window", "the model")
         text = translate("Window", "{message} — the conversation is kept; your next message or setting starts it "
                                    "again with {model} and the same settings").format(message=message, model=what)
@@ -733,34 +726,17 @@ class MainWindow(QMainWindow):
         self.show_error(text)
 
     def _on_failed(self, what: str, message: str) -> None:
-        if what == "serving":  # the engine switched the users off (its SettingsApplied says so)
-            message = translate("Window", "serving the simulated users failed, so they are off: {message}").format(
-                message=message)
-        if what == "load":
-            text = translate("Window", "could not load the model: {message}").format(message=message)
-            if self.model_info is not None:
-                text += " " + translate("Window", "(still using {model})").format(model=self.model_info.label)
-        elif what == "reply":
-            text = translate("Window", "the reply failed: {message}").format(message=message)
-            if self.model_info is not None:
-                text += " — " + translate("Window", "the conversation so far is kept")
-        elif what in ("reset", "quality"):
-            text = (translate("Window", "new chat failed: {message}") if what == "reset" else
-                    translate("Window", "measuring quality failed: {message}")).format(message=message)
-            if what == "reset":  # the engine still holds the conversation: so does the window
-                self.messages = self._messages_before_reset
-        else:
-            text = message
+        if what == "reset":  # the engine still holds the conversation: so does the window
+            self.conversation.reset_failed()
+        text = failure_line(what, message, self.model_info.label if self.model_info is not None else None)
         self.chat.add_notice(text, error=True)
         self.show_error(text)
 
     # ---- drawing ------------------------------------------------------------------------------
     @property
     def _engine_shares_the_cpu(self) -> bool:
-        """Whether a local engine decodes on this machine's CPU cores (not on a GPU, not a replay's
-        recording, not a server the window is attached to)."""
-        on_gpu = self.device == "cuda" or str(self.device).startswith("cuda:")
-        return not (on_gpu or self.model_spec == "replay" or self.attach.attached)
+        """Whether the source decodes on this machine's CPU cores (a local engine not on a GPU)."""
+        return self.source.shares_cpu(self.device)
 
     @property
     def gui_cpu_budget(self) -> float:
@@ -801,8 +777,7 @@ class MainWindow(QMainWindow):
 
     def save_screenshot(self, path: str) -> bool:
         self.plots.refresh(force=True)
-        self.plots._readout_version = -1
-        self.plots.update_readouts()
+        self.plots.update_readouts(force=True)
         if self.model_info is not None:
             self.hardware_strip.update_memory(self._sampler.sample() if self._sampler else None)
         return self.grab().save(path, "PNG")

@@ -1,7 +1,8 @@
 """The worker: the GUI's only line to the `Engine`, which an `engine.host.EngineHost` owns.
 
-Two ways to run the host, one interface: commands go in (`submit`, `request`, `stop`, `query`),
-events come out as Qt signals carrying plain data (engine/events.py, engine/protocol.py).
+Two ways to run the host, one interface (the window's `EventSource`, app/sources.py): commands go in
+(`submit`, `request`, `stop`, `query`), events come out as Qt signals carrying plain data
+(engine/events.py, engine/protocol.py).
 - `process=True` (the app): the host runs in a process of its own and this QThread relays its
   pipe to the signals. The GUI process never imports torch; the engine's Python never waits for
   the GIL while the GUI draws; closing the window never waits on a long step (the process is ended
@@ -20,7 +21,9 @@ import threading
 import weakref
 from dataclasses import replace
 
-from PySide6.QtCore import QThread, Signal
+from PySide6.QtCore import QThread
+
+from app.sources import EventSource
 
 from engine.options import EngineOptions, openmp_wait_policy
 from engine.protocol import Apply, Load, Query, Quit, Stop, engine_process_main
@@ -58,17 +61,8 @@ def describe_exit(exitcode: int | None) -> str:
     return f"crashed (exit code {exitcode})"
 
 
-class EngineWorker(QThread):
-    progress = Signal(float, str)  # fraction, message (model loading, device measurement)
-    model_loaded = Signal(object)  # engine.protocol.ModelInfo
-    events = Signal(object)  # list of engine events, in order
-    reply_started = Signal(float)  # time.monotonic() when the prompt was handed to the engine
-    busy_changed = Signal(str, bool)  # ("load" | "reply", running): sent at the start and the end
-    failed = Signal(str, str)  # (what failed: "load" | "reply" | "reset" | "quality" | "serving" | "engine", line)
-    kv_snapshot = Signal(object)  # engine.kv.blocks.KVCacheSnapshot: the KV cache's blocks, plain data
-    quality = Signal(object)  # {label: engine.events.Quality} for the weight settings
-    state = Signal(object)  # engine.settings.Settings the engine runs (the answer to query()), or None
-    engine_died = Signal(str)  # process mode: the engine process ended without being told to (one line)
+class EngineWorker(QThread, EventSource):
+    """The local engine as the window's source (app/sources.py: its signals, commands and answers)."""
 
     def __init__(self, parent=None, process: bool = False):
         super().__init__(parent)
@@ -134,6 +128,9 @@ class EngineWorker(QThread):
     def engine(self):
         """The engine itself when it runs on this thread (None in process mode)."""
         return self._host.engine if self._host is not None else None
+
+    def shares_cpu(self, device: str) -> bool:
+        return not (device == "cuda" or str(device).startswith("cuda:"))
 
     @property
     def pid(self) -> int | None:

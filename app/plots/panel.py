@@ -265,9 +265,9 @@ class PlotsPanel(QWidget):
         self.frames_drawn += 1
         return True
 
-    def update_readouts(self) -> None:
+    def update_readouts(self, force: bool = False) -> None:
         """The numbers beside the titles, a few times a second (30 a second cannot be read)."""
-        if self.data.version == self._readout_version:
+        if self.data.version == self._readout_version and not force:
             return
         self._readout_version = self.data.version
         if self.data.steps.total == 0:

@@ -36,6 +36,10 @@
         <translation>aceptación especulativa {pct}%</translation>
     </message>
     <message>
+        <source>attached to a server: its settings are its own</source>
+        <translation>conectado a un servidor: sus ajustes son los suyos</translation>
+    </message>
+    <message>
         <source>Attach to a server</source>
         <translation>Conectar a un servidor</translation>
     </message>
@@ -108,10 +112,6 @@
         <translation>desconectado</translation>
     </message>
     <message>
-        <source>new chat</source>
-        <translation>chat nuevo</translation>
-    </message>
-    <message>
         <source>{n} tokens ({reason})</source>
         <translation>{n} tokens ({reason})</translation>
     </message>
@@ -122,10 +122,6 @@
     <message>
         <source>server: {tps} tok/s generated, every request, since it was sent (its counters)</source>
         <translation>servidor: {tps} tok/s generados, todas las peticiones, desde que se envió (sus contadores)</translation>
-    </message>
-    <message>
-        <source>the reply failed: {message}</source>
-        <translation>la respuesta falló: {message}</translation>
     </message>
     <message>
         <source>the server stopped answering: {message} (retrying)</source>

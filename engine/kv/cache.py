@@ -94,7 +94,7 @@ class PagedKVCache:
         """Write the step's k, v (B, n_kv, T, hd) at positions start_pos.. of each row's sequence;
         return this layer's (PagedKV, PagedKV). Blocks are allocated once per step, at layer 0."""
         if layer == 0:
-            self._step = self._begin_step(start_pos, k.shape[2])
+            self._step = self.begin_step(start_pos, k.shape[2])
         step = self._step
         for b, runs in enumerate(step.write_runs):
             for slot, n, offset in runs:
@@ -102,7 +102,7 @@ class PagedKVCache:
                 self.v[layer, :, slot:slot + n] = v[b, :, offset:offset + n]
         return PagedKV(self.k[layer], step), PagedKV(self.v[layer], step)
 
-    def _begin_step(self, start_pos: int, n_new: int) -> "PageLayout":
+    def begin_step(self, start_pos: int, n_new: int) -> "PageLayout":
         manager = self.manager
         for seq in self.seq_ids:
             have = manager.num_tokens(seq)

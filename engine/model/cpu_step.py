@@ -226,7 +226,7 @@ def sequence_step(model, tokens: torch.Tensor, start_pos: int, cache, attention:
     n = T if logits_rows is None and not last_only else (logits_rows or 1)
     table = None
     if paged:  # the blocks for the new positions (all or nothing: KVCacheFull leaves the cache as it was)
-        layout = cache._begin_step(start_pos, T)
+        layout = cache.begin_step(start_pos, T)
         table = torch.tensor(layout.block_tables[0], dtype=torch.int32)
         if len(layout.block_tables[0]) * cache.block_size > plan.lib.membound_max_blocks() * cache.block_size:
             return None

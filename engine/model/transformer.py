@@ -244,27 +244,27 @@ class Block(nn.Module):
                                     requires_grad=False) if cfg.qk_norm else None  # (n_heads + n_kv, hd)
 
     def forward(self, x, cos, sin, layer: int, cache, start_pos: int, attention: str = "flash"):
-        q, k, v = self._qkv(x, cos, sin)
+        q, k, v = self.qkv(x, cos, sin)
         if cache is not None:  # (B, n_kv, start_pos + T, hd) views, or PagedKV handles (paged cache)
             k, v = cache.update(layer, start_pos, k, v)
         # engine/model/attention.py: "naive" or "flash"; the context: a kernel its engine switched off
         y = attend(q, k, v, attention, context=self.context, **self.attend_options)
-        return self._out_and_ffn(x, y)
+        return self.out_and_ffn(x, y)
 
     def forward_static(self, x, cos, sin, layer: int, cache, pos: torch.Tensor, attention: str = "flash"):
         """One decode token per sequence at tensor position `pos` (B == 1): no Python value
         depends on the data or the context length, so one compiled step (one CUDA graph) serves
         every position. Attention gets the whole cache buffer and reads its live keys
         (engine/model/attention.py: decode_attention)."""
-        q, k, v = self._qkv(x, cos, sin)
+        q, k, v = self.qkv(x, cos, sin)
         k_all = cache.k[layer]  # (B, n_kv, S, hd)
         v_all = cache.v[layer]
         cache_write(k_all, v_all, pos, k, v)  # in place (an op: see engine/model/attention.py)
         y = decode_attention(q, k_all, v_all, pos, attention, **self.attend_options,
                              flash_on=(self.context or default_context()).kernels.enabled("flash"))
-        return self._out_and_ffn(x, y)
+        return self.out_and_ffn(x, y)
 
-    def _qkv(self, x, cos, sin):
+    def qkv(self, x, cos, sin):
         cfg = self.cfg
         B, T, _ = x.shape
         h = rms_norm(x, self.attn_norm, cfg.norm_eps, self.gemma)
@@ -282,7 +282,7 @@ class Block(nn.Module):
         v = qkv[..., cfg.q_dim + cfg.kv_dim:].view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
         return q, k, v
 
-    def _out_and_ffn(self, x, y):
+    def out_and_ffn(self, x, y):
         cfg = self.cfg
         B, _, T, _ = y.shape
         y = y.transpose(1, 2).reshape(B, T, cfg.q_dim)

@@ -69,7 +69,7 @@ def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledS
     # (N, rd) rows per layer: each token at its own position (Gemma 3's sliding layers: their own base)
     for i, (layer, (cos, sin)) in enumerate(zip(model.layers, model.rope_rows(pos))):
         options = layer.attend_options  # the layer's window, query scale, soft cap
-        q, k, v = layer._qkv(x, cos, sin)  # q (1, H, N, hd); k, v (1, n_kv, N, hd)
+        q, k, v = layer.qkv(x, cos, sin)  # q (1, H, N, hd); k, v (1, n_kv, N, hd)
         cache.k[i].index_copy_(1, slots, k[0])  # pool (n_kv, slots, hd)
         cache.v[i].index_copy_(1, slots, v[0])
         parts = []
@@ -92,7 +92,7 @@ def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledS
                                 attention, context=model.context, **options))  # (1, H, T, hd)
             offset += T
         y = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
-        x = layer._out_and_ffn(x, y)
+        x = layer.out_and_ffn(x, y)
 
     # next-token logits only where a request samples (its chunk reaches its last token)
     ends, offset = {}, 0

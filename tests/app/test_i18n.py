@@ -167,18 +167,18 @@ def test_the_reply_summary_speaks_spanish(spanish, make_window):
     from engine.events import DoneEvent
 
     window = make_window(max_new_tokens=4)
-    window.replying = True
-    window._turn_text = "hola"
-    window._reply_steps = speculative_steps()
-    window._finish_reply(DoneEvent(reason="max_tokens", text="abc", n_prompt_tokens=20, n_new_tokens=10,
-                                   ttft_s=0.012, decode_s=0.06, n_cached_tokens=8))
+    window.conversation.begin("hola")
+    window.conversation.steps = speculative_steps()
+    done = DoneEvent(reason="max_tokens", text="abc", n_prompt_tokens=20, n_new_tokens=10, ttft_s=0.012,
+                     decode_s=0.06, n_cached_tokens=8)
+    window.conversation.finish(done, window.source.reply_summary(done, window.reply_steps))
     summary = window.chat.plain_text().splitlines()[-1]
     assert "decodificación" in summary and "tok/s" in summary and "del pico" in summary, summary
     assert "especulación" in summary and "aceptad" in summary and "lectura de pesos" in summary, summary
     assert "de 20 tokens del prompt en caché" in summary, summary
     assert not english_left(summary, ("decode ", "of ", "peak", "speculation", "guesses kept", "a step",
                                       "tokens per weight read", "prompt tokens cached")), summary
-    window.replying = False
+    window.conversation.ended()
     window.close()
 
 

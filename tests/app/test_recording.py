@@ -17,7 +17,8 @@ import pytest
 from app_test_helpers import activate, confirmed, send_and_wait
 from PySide6.QtCore import Qt
 
-from app.recording import DEFAULT_RECORDING, Recorder, RecordingError, open_replay, read_recording
+from app.recording import DEFAULT_RECORDING, Recorder, RecordingError, read_recording
+from app.replay import open_replay
 from engine.hardware.nvml import HardwareSample
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -142,7 +142,7 @@ def test_keep_decoding_runs_past_the_context_window_and_starts_over(qtbot, make_
     qtbot.waitUntil(lambda: not window.replying, timeout=10_000)
     assert not keep.on and window.last_error == ""
     assert STARTING_OVER["en"].format(n=200) in window.chat.plain_text()
-    assert all(not done or done.reason != "eos" for done in [window.last_done])
+    assert all(not done or done.reason != "eos" for done in [window.conversation.last_done])
     assert window.data.steps.total > 3 * 200  # decoding went on well past one context window
 
 
@@ -195,7 +195,7 @@ def test_legends_sit_above_the_data_and_labels_never_overlap(make_window, qtbot)
     qtbot.waitUntil(lambda: not window.replying, timeout=10_000)
     for i in range(12):  # changes close together: their labels compete for room
         window.data.annotate(f"setting change number {i}", window.settings.label, window.clock())
-        window.data.add_step(window._reply_steps[-1])
+        window.data.add_step(window.reply_steps[-1])
     for size, large, layout in (((1920, 1080), False, None), ((1280, 720), True, ["tokens", "memory"])):
         window.set_large_fonts(large)
         window.resize(*size)

@@ -75,9 +75,9 @@ def test_kv_cache_toggled_mid_reply_reaches_the_engine_and_is_annotated(make_win
     with qtbot.waitSignal(window.reply_finished, timeout=10_000) as finished:
         window.stop()
     assert finished.args[0].reason == "stopped"
-    after = [s for s in window._reply_steps if s.step >= window._reply_steps[0].step + note.x]
+    after = [s for s in window.reply_steps if s.step >= window.reply_steps[0].step + note.x]
     assert after and all(s.kv_bytes == 0 and s.new_tokens > 1 for s in after)  # recomputes the context
-    assert all(s.kv_read_bytes > 0 for s in window._reply_steps[1:int(note.x)])
+    assert all(s.kv_read_bytes > 0 for s in window.reply_steps[1:int(note.x)])
     window.plots.refresh(force=True)
     labels = [line.label.format for line in window.plots.tokens.annotation_lines]
     assert any("kv cache off" in text for text in labels)
@@ -98,7 +98,7 @@ def test_a_setting_changed_between_replies_is_annotated_at_once(make_window, qtb
     fp16 = next(b for b in window.controls.widgets["dtype"].buttons() if b.value == "fp16")
     assert not fp16.isEnabled() and "fp16" in fp16.toolTip()
     done = send_and_wait(window, qtbot, "now in bf16")
-    assert done.n_new_tokens == 8 and window._reply_steps[-1].settings_label.startswith("bf16")
+    assert done.n_new_tokens == 8 and window.reply_steps[-1].settings_label.startswith("bf16")
 
 
 def test_stop_ends_the_reply_and_the_chat_goes_on(make_window, qtbot):
@@ -345,7 +345,8 @@ def test_the_frame_budget_guards_only_an_engine_that_shares_the_cpu(qtbot):
     assert window.min_fps == window_module.MIN_FPS_CPU
     window.device = "cuda:0"
     assert window.gui_cpu_budget == window_module.GUI_CPU_BUDGET_GPU and window.min_fps == window_module.MIN_FPS_GPU
-    replay = MainWindow(model="replay", device="cpu", autoload=False)
+    from app.replay import ReplaySource
+    replay = MainWindow(model="replay", device="cpu", autoload=False, worker=ReplaySource())
     qtbot.addWidget(replay)
     assert replay.gui_cpu_budget == window_module.GUI_CPU_BUDGET_GPU
     window._on_frame()  # a tick hands the device's budget to the frame budget
