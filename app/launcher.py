@@ -15,6 +15,9 @@ NO_DISPLAY = "no display here (DISPLAY is not set)"
 def main(argv: list[str] | None = None) -> int:
     from engine.cli import build_parser
     from engine.cli import main as engine_main
+    from engine.options import huge_page_tensors
+
+    huge_page_tensors()  # before torch loads (the headless commands load it here, the app in its engine)
 
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)

@@ -18,7 +18,8 @@ engine process spawned by the app sees what its parent's environment held then. 
     CXX                                  the C++ compiler for the CPU step (else g++, c++, clang++)
 
 Read elsewhere, each by what it belongs to: OMP_WAIT_POLICY by OpenMP itself (set for it by
-`passive_openmp_waits` and `openmp_wait_policy` below), TRITON_INTERPRET by triton (kernels ask it
+`passive_openmp_waits` and `openmp_wait_policy` below), THP_MEM_ALLOC_ENABLE by PyTorch's CPU allocator
+(set for it by `huge_page_tensors` below), TRITON_INTERPRET by triton (kernels ask it
 through kernels/triton_common.py), DISPLAY / WAYLAND_DISPLAY / QT_QPA_PLATFORM by Qt (the app asks
 app/launcher.py), and the model caches of other tools (HF_HOME, LLAMA_CACHE, …) by engine/io/discovery.py,
 which takes the environment as an argument."""
@@ -67,6 +68,17 @@ def passive_openmp_waits() -> None:
     """OpenMP threads that sleep at a barrier rather than spin (OMP_WAIT_POLICY=PASSIVE), unless the
     user chose; it must be set before torch loads. For an engine that shares its process with a GUI."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def huge_page_tensors() -> None:
+    """PyTorch's CPU allocator advises every tensor of 2 MiB or more onto 2 MiB pages
+    (THP_MEM_ALLOC_ENABLE=1, where the kernel grants transparent huge pages on advice), unless the
+    user chose. Decoding streams every weight once a token: on 4 KiB pages a KVM guest walks two page
+    tables at each TLB miss, and the step reads its weights slower than the roof probe reads its own
+    2 MiB-page buffer (docs/benchmarks.md, issue 24). PyTorch reads the variable at its first CPU
+    allocation, so this runs before torch loads: at the `membound` command's start, and the app's
+    engine process inherits it."""
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 
 @contextlib.contextmanager

@@ -3,6 +3,7 @@ loops, built once per machine like the decode step (kernels/cpu_decode.py's buil
 ctypes. Each call returns the best of its passes; engine/hardware/roof.py decides what to probe."""
 from __future__ import annotations
 
+import bisect
 import ctypes
 import mmap
 import re
@@ -92,6 +93,36 @@ def read_buffer(n_bytes: int):
     buffer = torch.frombuffer(region, dtype=torch.float32, offset=offset, count=n_bytes // 4)  # keeps `region`
     buffer.fill_(1.0)  # the first touch: the pages are faulted in here, not in a timed pass
     return buffer, huge_page_fraction(buffer.data_ptr(), n_bytes)
+
+
+def huge_page_share(spans) -> tuple[float, bool] | None:
+    """The share of the memory `spans` (address, bytes) — say, a model's weights — that the kernel
+    backs with huge pages, from /proc/self/smaps, which counts them per mapping: a mapping's huge
+    pages are charged to the spans inside it, at most their bytes. Exact where the spans fill their
+    mappings (PyTorch maps each big tensor alone); where a mapping also holds other memory (the heap)
+    its huge pages may be another's, so the share is an upper bound: (share, exact). None where smaps
+    cannot be read or no mapping holds them."""
+    maps, huge, rss = [], {}, {}
+    try:
+        with open("/proc/self/smaps") as smaps:
+            for line in smaps:
+                span = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", line)
+                if span:
+                    maps.append((int(span[1], 16), int(span[2], 16)))
+                elif line.startswith(("Rss:", "AnonHugePages:")):
+                    (rss if line[0] == "R" else huge)[maps[-1]] = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    starts, held = [a for a, _ in maps], {}
+    for address, n_bytes in spans:
+        i = bisect.bisect_right(starts, address) - 1
+        if i >= 0 and address < maps[i][1]:
+            held[maps[i]] = held.get(maps[i], 0) + min(n_bytes, maps[i][1] - address)
+    total = sum(held.values())
+    if not total:
+        return None
+    share = sum(min(huge.get(m, 0), n) for m, n in held.items()) / total
+    return share, all(n >= 0.99 * rss.get(m, 0) for m, n in held.items())
 
 
 def huge_page_fraction(address: int, n_bytes: int) -> float | None:

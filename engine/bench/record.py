@@ -78,6 +78,17 @@ def matmul_paths(model) -> dict[str, str]:
     return paths
 
 
+def weight_pages(model) -> dict | None:
+    """How much of a CPU model's weights sit on 2 MiB pages (kernels/cpu_roof.py: {"share", "exact"}),
+    None on a GPU or where the kernel does not say: a decode step streams its weights faster from
+    huge pages (issue 24)."""
+    tensors = {t.data_ptr(): t.nbytes for t in (*model.parameters(), *model.buffers())
+               if t.device.type == "cpu" and t.numel()}
+    from kernels.cpu_roof import huge_page_share
+    found = huge_page_share(tensors.items()) if tensors else None
+    return None if found is None else {"share": found[0], "exact": found[1]}
+
+
 def _dynamo_graphs() -> int:
     try:
         from torch._dynamo.utils import counters
@@ -123,4 +134,5 @@ class PathWatch:
         }
         if model is not None:
             out["matmul"] = matmul_paths(model)
+            out["weight_pages"] = weight_pages(model)
         return out

@@ -96,7 +96,14 @@ def path_line(paths: dict) -> str:
     return (f"path: CUDA graphs {paths['cuda_graphs']}; decode steps "
             + (", ".join(f"{n} {impl}" for impl, n in decode.items()) or "(their path not recorded)")
             + "; decode attention " + (", ".join(attention) or "none")
-            + "; matmul " + ", ".join(f"{k} {v}" for k, v in paths.get("matmul", {}).items()))
+            + "; matmul " + ", ".join(f"{k} {v}" for k, v in paths.get("matmul", {}).items())
+            + pages_note(paths.get("weight_pages")))
+
+
+def pages_note(pages: dict | None) -> str:
+    if pages is None:
+        return ""
+    return f"; weights {'' if pages['exact'] else 'at most '}{100 * pages['share']:.0f}% on 2 MiB pages"
 
 
 def roof_peak(engine, results: list[BenchResult]) -> tuple[list[BenchResult], str]:

@@ -1,0 +1,44 @@
+"""Weights on 2 MiB pages: the `membound` command asks PyTorch's CPU allocator for them before torch
+loads (engine/options.py huge_page_tensors), and the bench says how much of a model's memory got them."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import app.launcher as launcher
+import engine.cli
+
+THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+SHARE = ("import sys; from engine.options import huge_page_tensors; huge_page_tensors(); import torch; "
+         "from engine.bench.record import weight_pages; m = torch.nn.Linear(2048, 2048); m.weight.data.fill_(1); "
+         "print(weight_pages(m))")
+
+
+def thp_mode() -> str:  # "always", "madvise" or "never": the bracketed word
+    return THP_MODE.read_text().split("[")[1].split("]")[0]
+
+
+def share_in_a_fresh_process(**env) -> float:
+    environ = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"} | env
+    out = subprocess.run([sys.executable, "-c", SHARE], env=environ, capture_output=True, text=True, check=True)
+    return eval(out.stdout.strip())["share"]  # the dict weight_pages printed
+
+
+def test_the_command_asks_for_huge_pages_before_torch_loads_and_a_user_s_choice_wins(monkeypatch):
+    seen = []
+    monkeypatch.setattr(engine.cli, "main", lambda argv: seen.append(os.environ.get("THP_MEM_ALLOC_ENABLE")) or 0)
+    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
+    assert launcher.main(["bench"]) == 0
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "0")
+    assert launcher.main(["bench"]) == 0
+    assert seen == ["1", "0"]
+
+
+def test_a_16_mib_weight_sits_on_huge_pages_where_the_kernel_grants_them_on_advice():
+    mode = thp_mode()
+    asked, refused = share_in_a_fresh_process(), share_in_a_fresh_process(THP_MEM_ALLOC_ENABLE="0")
+    if mode == "never":
+        assert asked == refused == 0.0
+    else:  # madvise or always: the advice is granted (most of the mapping: its unaligned ends are 4 KiB pages)
+        assert asked > 0.8  # 7 of its 8 huge pages at least (PyTorch aligns it to 4 KiB, not 2 MiB)
+        assert refused == 0.0 if mode == "madvise" else refused > 0.5
