@@ -302,13 +302,15 @@ def run_chat(args) -> int:
 
 def run_roof(args) -> int:
     """The CPU roof every front end measures against (engine/hardware/roof.py), from the cache or now."""
-    from engine.hardware.probe import cache_file, cpu_roof
+    from engine.hardware.probe import cache_file, cpu_roof, measured_busy
     roof = cpu_roof(remeasure=args.measure, progress=lambda message: print(f"… {message}", file=sys.stderr))
     print(roof.describe())
     print(f"machine: {roof.machine}")
     if roof.load_average is not None:
         print(f"load average when measured: {roof.load_average:.2f}")
     print(f"cached in {cache_file()} (membound roof --measure measures again)")
+    if measured_busy(roof):
+        print("measured while other work ran (it reads low): the first start on a quiet machine measures again")
     return 0
 
 

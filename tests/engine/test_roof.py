@@ -4,6 +4,7 @@ policy every front end takes a step's peak from."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -131,3 +132,18 @@ def test_the_measured_roof_is_the_best_round_and_says_its_spread(monkeypatch):
     record = roofs.measure_cpu_roof(2, lambda message: None)
     assert record.read_gbs == pytest.approx(2.0) and record.read_gbs_rounds == [1.0, 2.0, 1.25, 1.0, 1.0]
     assert "2 MiB pages" in record.method and "rounds 1.0–2.0" in record.describe()
+
+
+def test_a_roof_measured_while_the_machine_was_busy_is_measured_again_once_it_is_quiet(roof_cache, monkeypatch):
+    measured = []
+    fresh = replace(fake_record(roofs.machine_fingerprint(torch.get_num_threads()), 36.0), load_average=0.2)
+    monkeypatch.setattr(roofs, "measure_cpu_roof", lambda threads, progress: measured.append(1) or fresh)
+    monkeypatch.setattr(roofs.os, "cpu_count", lambda: 2)
+    busy = replace(fresh, read_gbs=8.9, load_average=3.1)  # another job beside the probe: it read low
+    roof_cache.write_text(json.dumps({busy.machine: busy.to_dict()}))
+    monkeypatch.setattr(roofs, "load_now", lambda: 2.5)  # still busy: the busy record, no probe at every start
+    assert cpu_roof().read_gbs == 8.9 and measured == []
+    monkeypatch.setattr(roofs, "load_now", lambda: 0.3)  # quiet now: measured again, and kept
+    assert cpu_roof().read_gbs == 36.0 and measured == [1]
+    assert cpu_roof().read_gbs == 36.0 and measured == [1]
+    assert roofs.measured_busy(busy) and not roofs.measured_busy(fresh) and not roofs.measured_busy(fake_record("m"))
