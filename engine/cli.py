@@ -307,7 +307,9 @@ def run_roof(args) -> int:
     print(roof.describe())
     print(f"machine: {roof.machine}")
     if roof.load_average is not None:
-        print(f"load average when measured: {roof.load_average:.2f}")
+        print(f"load average when measured: {roof.load_average:.2f}"
+              + (f"; other processes used {roof.other_cores:.2f} cores during the read probe"
+                 if roof.other_cores is not None else ""))
     print(f"cached in {cache_file()} (membound roof --measure measures again)")
     if measured_busy(roof):
         print("measured while other work ran (it reads low): the first start on a quiet machine measures again")

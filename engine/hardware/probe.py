@@ -233,11 +233,14 @@ def _write_cache(record: MeasuredRoof) -> None:
         pass  # an unwritable cache: measured again next time, nothing lost
 
 
-# A roof probed while other work ran reads low (seen: 8.9 GB/s cached at load 3+ on 2 cores, where the
-# machine alone reads 35-38), and every MBU after it reads high. Such a record is kept (the best there
-# is while the machine stays busy: a busy run does not probe at every start) but measured again at the
-# first start that finds the machine quiet, and the CLI's `roof` says so.
-BUSY_LOAD_PER_CORE = 0.5  # the 1-minute load average before the probe, per core, above which it is busy
+# A roof probed while other work ran reads low (seen: 8.9 GB/s cached while other jobs ran on 2 cores,
+# where the machine alone reads 35-59), and every MBU after it reads high. Such a record is kept (the
+# best there is while the machine stays busy: a busy run does not probe at every start) but measured
+# again at the first start that finds the machine quiet, and the CLI's `roof` says so. Busy: other
+# processes used a quarter of a core or more during the read probe (the CPU time /proc/stat counts
+# beyond this process's own); where that cannot be read, the 1-minute load average before it.
+BUSY_OTHER_CORES = 0.25
+BUSY_LOAD_PER_CORE = 0.5
 
 
 def busy(load: float | None, cores: int | None = None) -> bool:
@@ -252,7 +255,40 @@ def load_now() -> float | None:
 
 
 def measured_busy(record: MeasuredRoof) -> bool:
+    if record.other_cores is not None:
+        return record.other_cores >= BUSY_OTHER_CORES
     return busy(record.load_average)
+
+
+def quiet_now(seconds: float = 0.2) -> bool:
+    """Whether other processes use less than BUSY_OTHER_CORES now (a short look at /proc/stat; the
+    load average where that cannot be read)."""
+    before = cpu_ticks()
+    time.sleep(seconds)
+    others = other_cores_between(before, cpu_ticks())
+    return others < BUSY_OTHER_CORES if others is not None else not busy(load_now())
+
+
+def cpu_ticks() -> tuple[int, int, int] | None:
+    """(the machine's busy ticks, all its ticks, this process's own ticks), or None off Linux."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+        with open("/proc/self/stat") as own:
+            mine = own.read().rsplit(")", 1)[1].split()
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields), int(mine[11]) + int(mine[12])  # utime + stime, every thread
+
+
+def other_cores_between(before, after) -> float | None:
+    """Cores' worth of CPU time other processes used between two cpu_ticks() readings (the steal
+    of a hypervisor's other guests counts as theirs)."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    others = (after[0] - before[0]) - (after[2] - before[2])
+    return max(0.0, others) / (after[1] - before[1]) * (os.cpu_count() or 1)
 
 
 def cached_cpu_roof(threads: int | None = None) -> MeasuredRoof | None:
@@ -273,7 +309,7 @@ def cpu_roof(remeasure: bool = False, progress: Callable[[str], None] | None = N
     threads = _decode_threads()
     if not remeasure:
         cached = cached_cpu_roof(threads)
-        if cached is not None and not (measured_busy(cached) and not busy(load_now())):
+        if cached is not None and not (measured_busy(cached) and quiet_now()):
             return cached
     record = measure_cpu_roof(threads, progress or (lambda message: None))
     _write_cache(record)
@@ -302,12 +338,14 @@ def measure_cpu_roof(threads: int, progress: Callable[[str], None]) -> MeasuredR
     flops: dict[str, float] = {}
     flops_method: dict[str, str] = {}
     rounds: list[float] = []
+    others = None
     if probe is not None:
         cap = min(MAX_READ_BYTES, ram // 16) if ram else MAX_READ_BYTES  # both sizes held at once: <= 1/8 of RAM
         sizes = sorted({min(cap, max(MIN_READ_BYTES, factor * llc)) for factor in READ_SIZE_FACTORS})
         progress(f"measuring CPU read bandwidth ({', '.join(f'{n >> 20}' for n in sizes)} MiB, {threads} threads, "
                  f"{READ_ROUNDS} rounds)…")
         buffers = [probe.read_buffer(n) for n in sizes]
+        ticks = cpu_ticks()
         huge = [fraction for _, fraction in buffers]
         for round_ in range(READ_ROUNDS):  # the sizes interleaved, so a slow spell of the host hits both
             if round_:
@@ -320,6 +358,7 @@ def measure_cpu_roof(threads: int, progress: Callable[[str], None]) -> MeasuredR
                 best = max(best, gbs)
             rounds.append(round(best, 2))
         del buffers
+        others = other_cores_between(ticks, cpu_ticks())
         progress("measuring CPU last-level cache read…")
         resident, _ = probe.read_buffer(max(llc // 2, 2**20))
         passes = max(READ_PASSES, int(2**30 // resident.nbytes))  # about a GiB read in all
@@ -346,4 +385,5 @@ def measure_cpu_roof(threads: int, progress: Callable[[str], None]) -> MeasuredR
     return MeasuredRoof(machine=fingerprint, measured_at=time.strftime("%Y-%m-%d %H:%M"), method=method,
                         threads=threads, llc_bytes=llc, read_gbs=max(by_size.values()),
                         read_gbs_by_size=by_size, cache_read_gbs=cache_gbs, flops=flops,
-                        flops_method=flops_method, load_average=load, read_gbs_rounds=rounds or None)
+                        flops_method=flops_method, load_average=load, read_gbs_rounds=rounds or None,
+                        other_cores=others)

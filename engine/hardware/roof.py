@@ -99,6 +99,7 @@ class MeasuredRoof:
     flops_method: dict[str, str]  # dtype -> "FMA loop" | "bf16 dot loop" | "GEMM"
     load_average: float | None = None  # the 1-minute load when measured (a busy machine reads low)
     read_gbs_rounds: list[float] | None = None  # each round's best over the sizes: the run's own spread
+    other_cores: float | None = None  # cores other processes kept busy during the read probe (/proc/stat)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -141,9 +141,25 @@ def test_a_roof_measured_while_the_machine_was_busy_is_measured_again_once_it_is
     monkeypatch.setattr(roofs.os, "cpu_count", lambda: 2)
     busy = replace(fresh, read_gbs=8.9, load_average=3.1)  # another job beside the probe: it read low
     roof_cache.write_text(json.dumps({busy.machine: busy.to_dict()}))
-    monkeypatch.setattr(roofs, "load_now", lambda: 2.5)  # still busy: the busy record, no probe at every start
+    monkeypatch.setattr(roofs, "quiet_now", lambda: False)  # still busy: the busy record, no probe at every start
     assert cpu_roof().read_gbs == 8.9 and measured == []
-    monkeypatch.setattr(roofs, "load_now", lambda: 0.3)  # quiet now: measured again, and kept
+    monkeypatch.setattr(roofs, "quiet_now", lambda: True)  # quiet now: measured again, and kept
     assert cpu_roof().read_gbs == 36.0 and measured == [1]
     assert cpu_roof().read_gbs == 36.0 and measured == [1]
     assert roofs.measured_busy(busy) and not roofs.measured_busy(fresh) and not roofs.measured_busy(fake_record("m"))
+    # what ran beside the probe, when /proc/stat says it, decides over the load average (which lags a minute)
+    assert not roofs.measured_busy(replace(busy, other_cores=0.05)) and roofs.measured_busy(replace(fresh, other_cores=0.6))
+
+
+def test_other_processes_cpu_time_is_counted_apart_from_the_probe_s_own(monkeypatch):
+    monkeypatch.setattr(roofs.os, "cpu_count", lambda: 2)
+    # (machine busy ticks, machine ticks, this process's ticks): 200 ticks of 2 cores, 120 busy, 100 of them ours
+    assert roofs.other_cores_between((1000, 5000, 300), (1120, 5200, 400)) == pytest.approx(0.2)
+    assert roofs.other_cores_between((1000, 5000, 300), (1180, 5200, 400)) == pytest.approx(0.8)
+    assert roofs.other_cores_between(None, (1, 2, 3)) is None
+    ticks = roofs.cpu_ticks()  # this machine's: busy <= all, and this process has run
+    assert ticks is not None and 0 <= ticks[0] <= ticks[1] and ticks[2] > 0
+    monkeypatch.setattr(roofs, "cpu_ticks", iter([(1000, 5000, 300), (1120, 5200, 400)]).__next__)
+    assert roofs.quiet_now(0.0)  # 0.2 cores beside it
+    monkeypatch.setattr(roofs, "cpu_ticks", iter([(1000, 5000, 300), (1180, 5200, 400)]).__next__)
+    assert not roofs.quiet_now(0.0)
