@@ -482,7 +482,7 @@ class MainWindow(QMainWindow):
         self._apply_theme()
         self.show_seed_table(not large)
         self._fit_strip(self.height())
-        self.controls.height_budget = None  # the new type's sizes: choose the bar's form again
+        self.controls.folding.height_budget = None  # the new type's sizes: choose the bar's form again
         self.controls.set_height_budget(int(BAR_SHARE * self.height()))
 
     def show_seed_table(self, visible: bool) -> None:
