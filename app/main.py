@@ -112,7 +112,7 @@ def main(args=None, *, model="default", device: str = "auto", hardware=None, set
                  autoplay=getattr(args, "autoplay", False))
     if tour is not None and getattr(args, "autoplay", False):
         window.talk.runner.finished.connect(window.close)
-    window.show_fitted()
+    window.screen_fit.show_fitted()
     if getattr(args, "command", None) == "attach":  # `membound attach URL`: a server, not the local model
         if not window.attach.attach(args.url, args.gpu, args.api_key, args.interval):
             print(f"membound: error: {window.last_error}", file=sys.stderr)
@@ -178,7 +178,7 @@ def run_replay(args) -> int:
                 code = 2
         window.close()
         return code
-    window.show_fitted()
+    window.screen_fit.show_fitted()
     player.play()
     code = app.exec()
     window.shutdown()

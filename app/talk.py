@@ -235,7 +235,7 @@ def install(window, *, tour=None, lang: str = "en", keep_decoding: bool = False,
 
 def set_look(window, name: str, large: bool) -> None:
     if window.theme.name != name:
-        window.toggle_theme()
+        window.view.toggle_theme()
     if window.theme.large != large:
         window.set_large_fonts(large)
 

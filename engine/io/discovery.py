@@ -20,7 +20,8 @@ from engine.io.file_headers import (
     type_name,
     weights_summary,
 )
-from engine.model.config import FAMILY_NAMES, GGUF_ARCHITECTURES, ConfigError, ModelConfig, read_hf_config
+from engine.model.config import FAMILY_NAMES, GGUF_ARCHITECTURES, ConfigError, ModelConfig
+from engine.model.config_hf import read_hf_config
 
 MAX_DEPTH = 4  # how deep a model folder is searched (LM Studio: publisher/model/file.gguf)
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"

@@ -39,7 +39,7 @@ def test_the_window_speaks_spanish(spanish, make_window):
     assert window.controls.widgets["kv_cache"].text() == "SÍ"
     titles = {name: view.title_label.text() for name, view in window.plots.views.items()}
     assert "Tráfico de memoria" in titles["memory"] and "Cómputo" in titles["compute"]
-    window.toggle_theme()
+    window.view.toggle_theme()
     assert window.theme_button.text() == "Tema oscuro  F9"
     window.close()
 

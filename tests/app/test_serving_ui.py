@@ -36,7 +36,7 @@ def test_the_users_slider_is_bounded_by_memory_and_steps_by_doubling(make_window
 
 def test_users_are_served_between_replies_and_the_panel_draws_them(make_window, qtbot):
     window = make_window(max_new_tokens=8)
-    window.show_seed_table(True)
+    window.view.show_seed_table(True)
     slider = users_slider(window)
     slider.setValue(4)  # keyboard or a drag's end: one change
     confirmed(window, qtbot)

@@ -66,7 +66,7 @@ class StandIn(QObject, EventSource):
 
 
 def test_the_window_shows_any_source_it_is_handed(qtbot, tiny_model):
-    from app import window as window_module
+    from app import frame_clock as clock_module
     from app.window import MainWindow
 
     window = MainWindow(model=tiny_model, hardware=fake_cpu(), autoload=False)
@@ -78,7 +78,7 @@ def test_the_window_shows_any_source_it_is_handed(qtbot, tiny_model):
     assert window.chat.model_label.text() == "a stand-in" and "hello from it" in window.chat.plain_text()
     assert not window.model_button.isEnabled()  # it takes no model, and no settings
     assert window.hardware_strip.device_label.text() == "no device"
-    assert window.gui_cpu_budget == window_module.GUI_CPU_BUDGET_GPU  # it shares no core with the GUI
+    assert window.frames.gui_cpu_budget == clock_module.GUI_CPU_BUDGET_GPU  # it shares no core with the GUI
     with qtbot.waitSignal(window.reply_finished) as finished:
         window.chat.send_requested.emit("say two words")
     assert isinstance(finished.args[0], DoneEvent) and isinstance(source.commands[-1], Chat)

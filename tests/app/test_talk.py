@@ -160,7 +160,7 @@ def test_the_chat_text_is_readable_after_a_theme_switch_mid_reply(make_window, q
     window.send("a long reply")
     qtbot.waitUntil(lambda: len(window.chat.reply_text) > 20, timeout=10_000)
     for _ in range(2):
-        window.toggle_theme()  # light, then dark again
+        window.view.toggle_theme()  # light, then dark again
         window.set_large_fonts(not window.theme.large)
         qtbot.waitUntil(lambda: len(window.chat.reply_text) > 40, timeout=10_000)
         background = window.theme.panel

@@ -187,7 +187,7 @@ def test_themes_and_large_fonts_redraw_the_same_data(make_window, qtbot):
     window = make_window(max_new_tokens=12)
     send_and_wait(window, qtbot, "colours")
     colour_dark = window.colours.colour(window.data.labels[0])
-    window.toggle_theme()
+    window.view.toggle_theme()
     assert window.theme.name == "light" and window.theme.background in window.styleSheet()
     window.set_large_fonts(True)
     assert window.theme.font_pt >= 15 and window.fonts_button.isChecked()
@@ -195,7 +195,7 @@ def test_themes_and_large_fonts_redraw_the_same_data(make_window, qtbot):
     assert window.colours.colour(window.data.labels[0]) != colour_dark  # same slot, light palette
     x, _ = window.plots.tokens.series[0].getData()
     assert len(x) == 12
-    window.toggle_theme()
+    window.view.toggle_theme()
     window.set_large_fonts(False)
     assert window.theme.name == "dark" and window.colours.colour(window.data.labels[0]) == colour_dark
 
@@ -337,20 +337,20 @@ def test_the_frame_budget_guards_only_an_engine_that_shares_the_cpu(qtbot):
     GPU, in a replay or attached to a server, the GUI may draw at its timer's rate."""
     import os
 
-    from app import window as window_module
+    from app import frame_clock as clock_module
     from app.window import MainWindow
     window = MainWindow(device="cpu", autoload=False)
     qtbot.addWidget(window)
-    assert window.gui_cpu_budget == pytest.approx(window_module.GUI_SHARE_OF_CPU_MACHINE * (os.cpu_count() or 2))
-    assert window.min_fps == window_module.MIN_FPS_CPU
+    assert window.frames.gui_cpu_budget == pytest.approx(clock_module.GUI_SHARE_OF_CPU_MACHINE * (os.cpu_count() or 2))
+    assert window.frames.min_fps == clock_module.MIN_FPS_CPU
     window.device = "cuda:0"
-    assert window.gui_cpu_budget == window_module.GUI_CPU_BUDGET_GPU and window.min_fps == window_module.MIN_FPS_GPU
+    assert window.frames.gui_cpu_budget == clock_module.GUI_CPU_BUDGET_GPU and window.frames.min_fps == clock_module.MIN_FPS_GPU
     from app.replay import ReplaySource
     replay = MainWindow(model="replay", device="cpu", autoload=False, worker=ReplaySource())
     qtbot.addWidget(replay)
-    assert replay.gui_cpu_budget == window_module.GUI_CPU_BUDGET_GPU
-    window._on_frame()  # a tick hands the device's budget to the frame budget
-    assert window.frame_budget.budget_cores == window_module.GUI_CPU_BUDGET_GPU
+    assert replay.frames.gui_cpu_budget == clock_module.GUI_CPU_BUDGET_GPU
+    window.frames.tick()  # a tick hands the device's budget to the frame budget
+    assert window.frames.frame_budget.budget_cores == clock_module.GUI_CPU_BUDGET_GPU
     window.close()
     replay.close()
 
