@@ -72,25 +72,36 @@ def bf16_flops(threads: int, iters: int = 2_000_000, repeats: int = 5) -> float 
     return per_iter * iters * threads / best_s if best_s > 0 else None
 
 
-def read_buffer(n_bytes: int):
-    """A float32 buffer of `n_bytes` for the read probe, every page touched, and the fraction of it on
-    huge pages (None where that cannot be read). Linux: an anonymous map, 2 MiB aligned, advised
-    MADV_HUGEPAGE before the first touch, so the probe streams memory rather than the page walks of
-    4 KiB pages (under a hypervisor each TLB miss walks two page tables: on this project's KVM machine
-    4 KiB pages read 20-33 GB/s, 2 MiB pages 35-61, docs/benchmarks.md). Elsewhere: a plain tensor."""
+def huge_buffer(n_bytes: int):
+    """A uint8 tensor of `n_bytes`, 2 MiB aligned, advised MADV_HUGEPAGE before its first touch, on an
+    anonymous map of its own (Linux); None where the platform has no such advice. Not touched: the
+    kernel backs each 2 MiB page with a huge page when it is first written, where it grants them."""
     import torch
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     anonymous = getattr(mmap, "MAP_ANONYMOUS", None)
     if advice is None or anonymous is None:
-        return torch.ones(n_bytes // 4, dtype=torch.float32), None
+        return None
     region = mmap.mmap(-1, n_bytes + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | anonymous)
     base = ctypes.addressof(ctypes.c_char.from_buffer(region))  # (the export ends with the statement)
     offset = -base % HUGE_PAGE_BYTES
     try:
         region.madvise(advice, offset, n_bytes)
-    except OSError:  # a kernel without transparent huge pages: 4 KiB pages, said so by the fraction
+    except OSError:  # a kernel without transparent huge pages: 4 KiB pages
         pass
-    buffer = torch.frombuffer(region, dtype=torch.float32, offset=offset, count=n_bytes // 4)  # keeps `region`
+    return torch.frombuffer(region, dtype=torch.uint8, offset=offset, count=n_bytes)  # keeps `region`
+
+
+def read_buffer(n_bytes: int):
+    """A float32 buffer of `n_bytes` for the read probe, every page touched, and the fraction of it on
+    huge pages (None where that cannot be read). Linux: huge_buffer, so the probe streams memory
+    rather than the page walks of 4 KiB pages (under a hypervisor each TLB miss walks two page
+    tables: on this project's KVM machine 4 KiB pages read 20-33 GB/s, 2 MiB pages 35-61,
+    docs/benchmarks.md). Elsewhere: a plain tensor."""
+    import torch
+    raw = huge_buffer(n_bytes)
+    if raw is None:
+        return torch.ones(n_bytes // 4, dtype=torch.float32), None
+    buffer = raw[:n_bytes // 4 * 4].view(torch.float32)
     buffer.fill_(1.0)  # the first touch: the pages are faulted in here, not in a timed pass
     return buffer, huge_page_fraction(buffer.data_ptr(), n_bytes)
 

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from engine.context import EngineContext, default_context
 from engine.metrics import dequantised_copy_bytes
-from engine.model import cpu_step
+from engine.model import cpu_step, huge_pages
 from engine.model.transformer import Linear, Transformer
 from engine.settings import GROUP_SIZES, QuantError, check_weights, weights_label
 from kernels.int4_pack import pack_int4, unpack_int4
@@ -301,10 +301,13 @@ def quantize_model(model: Transformer, weights: str, group_size: int = 32,
     done = 0
     label = weights_label(weights, group_size)
 
+    new_layers = []
+
     def swap(module: nn.Module, name: str = "") -> nn.Module:
         nonlocal done
         if isinstance(module, Linear):
             made = quantize_linear(module, HEAD_WEIGHTS if name == "head" else weights, group_size)
+            new_layers.append(made)
             done += 1
             if progress:
                 progress(done / total, f"quantising weights to {label}: {done}/{total} layers")
@@ -316,7 +319,15 @@ def quantize_model(model: Transformer, weights: str, group_size: int = 32,
                           for child_name, child in module._modules.items()}
         return clone
 
-    return swap(model).bind(model.context)  # the new modules belong to the source's engine
+    quantised = swap(model).bind(model.context)  # the new modules belong to the source's engine
+    if model.embed.device.type == "cpu":  # the new layers' tensors only: the shared ones are the source's
+        for layer in new_layers:
+            try:
+                layer.cpu_matrix()  # the C++ step's tiles made now, so they are packed too
+            except ValueError:  # a layer the C++ step cannot take: it says so when a plan is built
+                pass
+        huge_pages.pack(huge_pages.model_tensors(nn.ModuleList(new_layers)))
+    return quantised
 
 
 class QuantisedModels:

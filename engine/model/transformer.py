@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from engine.context import EngineContext, default_context
-from engine.model import cpu_step
+from engine.model import cpu_step, huge_pages
 from engine.model.attention import attend, cache_write, decode_attention
 from engine.model.config import ModelConfig
 from engine.model.rope import rope_tables
@@ -347,6 +347,8 @@ class Transformer(nn.Module):
             self.register_buffer("rope_sin_local", sin, persistent=False)
         self.layer_local_rope = [cfg.layer_rope_local(i) for i in range(cfg.n_layers)]
         self.bind(context)
+        if self.embed.device.type == "cpu":  # before any plan or thread holds a pointer into them
+            huge_pages.pack(huge_pages.model_tensors(self), aliases=weights)
 
     def bind(self, context: EngineContext | None) -> "Transformer":
         """This model, and every module in it that reads an engine's state (a kernel switched off,

@@ -42,3 +42,34 @@ def test_a_16_mib_weight_sits_on_huge_pages_where_the_kernel_grants_them_on_advi
     else:  # madvise or always: the advice is granted (most of the mapping: its unaligned ends are 4 KiB pages)
         assert asked > 0.8  # 7 of its 8 huge pages at least (PyTorch aligns it to 4 KiB, not 2 MiB)
         assert refused == 0.0 if mode == "madvise" else refused > 0.5
+
+
+def test_a_model_s_weights_are_packed_onto_huge_pages_with_their_values_and_aliases():
+    import torch
+
+    from engine.io.loader import synthetic_weights
+    from engine.model import huge_pages
+    from engine.model.config import ModelConfig
+    from engine.model.quant import quantize_model
+    from engine.model.transformer import Transformer
+
+    cfg = ModelConfig(name="packed", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=768, vocab_size=1024,
+                      max_seq_len=64)
+    weights = synthetic_weights(cfg, torch.float32, "cpu", seed=3)
+    before = {k: v.clone() for k, v in weights.items()}
+    model = Transformer(cfg, weights)
+    tensors = huge_pages.model_tensors(model)
+    buffer = {t.untyped_storage().data_ptr() for t in tensors}
+    assert len(buffer) == 1  # every weight, norm and table in one buffer
+    for name, value in weights.items():  # the loaded table points there too: the old memory is freed
+        assert value.untyped_storage().data_ptr() in buffer and torch.equal(value, before[name]), name
+    assert model.layers[0].wqkv.weight.data_ptr() == weights["layers.0.wq"].data_ptr()  # still the fused view
+    assert model.head.weight is model.embed or torch.equal(model.head.weight, before.get("head", before["embed"]))
+    tokens = torch.arange(8)[None]
+    fresh = Transformer(cfg, {k: v.clone() for k, v in before.items()})
+    huge_pages.pack([])  # nothing asked: nothing moved
+    assert torch.equal(model(tokens, 0, None), fresh(tokens, 0, None))
+    int4 = quantize_model(model, "int4", 32)
+    moved = {t.untyped_storage().data_ptr() for layer in int4.layers for t in huge_pages.model_tensors(layer.wqkv)}
+    assert len(moved) == 1 and not moved & buffer  # the new layers in a buffer of their own; the shared ones stay
+    assert int4.embed is model.embed
