@@ -460,11 +460,39 @@ static void quantise_groups(const float *x, int64_t k, int64_t group, int bits, 
   }
 }
 
+#if defined(LEVEL_AVX512)
+// prepare's bf16 rounding 16 inputs at a time (each as f32_to_bf16 rounds it), the group sums in a tree
+static inline __m512i bf16_bits(__m512 v) {  // in each lane's low half
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  return _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd)), 16);
+}
+
+// x (k inputs) rounded to bf16 into xb; with `sums` (group % 16 == 0), each group's sum of the rounded inputs
+static void round_bf16_row(const float *x, int64_t k, int64_t group, uint16_t *xb, float *sums) {
+  int64_t j = 0;
+  for (; j + 16 <= k; j += 16) _mm256_storeu_si256((__m256i *)(xb + j), _mm512_cvtepi32_epi16(bf16_bits(vload(x + j))));
+  for (; j < k; j++) xb[j] = f32_to_bf16(x[j]);
+  if (sums)
+    for (int64_t g = 0; g < k / group; g++) {
+      V a = vzero();
+      for (int64_t i = g * group; i < (g + 1) * group; i += 16) a = vadd(a, vload_bf16(xb + i));
+      sums[g] = vhsum(a);
+    }
+}
+#endif
+
 static void prepare(struct In *in, const struct Mat *m) {
   const int rounding = input_rounding(m->fmt);
   const int64_t k = m->k, ls = sums_ld(in->ld);
   for (int64_t r = 0; r < in->m; r++) {
     const float *x = in->x + r * in->ld;
+#if defined(LEVEL_AVX512)
+    if (rounding == X_BF16 && (m->fmt != INT4 || m->group % 16 == 0)) {
+      round_bf16_row(x, k, m->group, in->xb + r * in->ld, m->fmt == INT4 ? in->xsum + r * ls : NULL);
+      continue;
+    }
+#endif
     if (rounding == X_BF16) {
       uint16_t *xb = in->xb + r * in->ld;
       for (int64_t j = 0; j < k; j++) xb[j] = f32_to_bf16(x[j]);
@@ -1331,6 +1359,31 @@ inline V load_kvn<float>(const float *p, int64_t n) { return vloadn(p, n); }
 template <>
 inline V load_kvn<uint16_t>(const uint16_t *p, int64_t n) { return vload_bf16n(p, n); }
 
+// out[i + b W] for NB full column blocks from i: the positions' values weighed by their scores, two
+// chains a block over the positions (even and odd ones of each run); the blocks side by side, so one
+// block's chains do not wait on each other's latency
+template <class T, int NB>
+static ALWAYS_INLINE void weigh_values(const T *vc, const struct Run *runs, int64_t n_runs, const float *scores, int64_t hd,
+                                       int64_t i, V inv, float *out) {
+  V a0[NB], a1[NB];
+  for (int b = 0; b < NB; b++) a0[b] = a1[b] = vzero();
+  for (int64_t u = 0; u < n_runs; u++) {
+    const T *vr = vc + runs[u].offset + i;
+    const float *sc = scores + runs[u].pos;
+    int64_t t = 0;
+    for (; t + 2 <= runs[u].len; t += 2) {
+      const V s0 = vset1(sc[t]), s1 = vset1(sc[t + 1]);
+      for (int b = 0; b < NB; b++) a0[b] = vfma(s0, load_kv<T>(vr + t * hd + b * W), a0[b]);
+      for (int b = 0; b < NB; b++) a1[b] = vfma(s1, load_kv<T>(vr + (t + 1) * hd + b * W), a1[b]);
+    }
+    for (; t < runs[u].len; t++) {
+      const V s0 = vset1(sc[t]);
+      for (int b = 0; b < NB; b++) a0[b] = vfma(s0, load_kv<T>(vr + t * hd + b * W), a0[b]);
+    }
+  }
+  for (int b = 0; b < NB; b++) vstore(out + i + b * W, vmul(vadd(a0[b], a1[b]), inv));
+}
+
 template <class T>
 static void attend_head(const struct Model *md, const struct Row *row, int64_t kv_head, const void *kc_, const void *vc_,
                         const float *q, int64_t n, float *scores, float *out, struct Run *runs) {
@@ -1339,8 +1392,28 @@ static void attend_head(const struct Model *md, const struct Row *row, int64_t k
   const float scale = 1.0f / sqrtf((float)hd);
   const int64_t n_runs = runs_of(md, row, kv_head, n, runs, MAX_RUNS);
   float mx = -INFINITY;
-  for (int64_t u = 0; u < n_runs; u++)
-    for (int64_t t = 0; t < runs[u].len; t++) {
+  for (int64_t u = 0; u < n_runs; u++) {
+    int64_t t = 0;
+#if defined(HAVE_VHSUM4)
+    if (full == hd)  // four positions at a time, their sums in one tree (each in vhsum's own order)
+      for (; t + 4 <= runs[u].len; t += 4) {
+        const T *kr = kc + runs[u].offset + t * hd;
+        V a[4] = {vzero(), vzero(), vzero(), vzero()};
+        for (int64_t i = 0; i < full; i += W) {
+          V qv = vload(q + i);
+          in_register(qv);
+          for (int c = 0; c < 4; c++) a[c] = vfma(load_kv<T>(kr + c * hd + i), qv, a[c]);
+        }
+        float s4[4];
+        vhsum4(a[0], a[1], a[2], a[3], s4);
+        for (int c = 0; c < 4; c++) {
+          const float s = s4[c] * scale;
+          scores[runs[u].pos + t + c] = s;
+          mx = s > mx ? s : mx;
+        }
+      }
+#endif
+    for (; t < runs[u].len; t++) {
       const T *kr = kc + runs[u].offset + t * hd;
       V a = vzero();
       int64_t i = 0;
@@ -1350,32 +1423,28 @@ static void attend_head(const struct Model *md, const struct Row *row, int64_t k
       scores[runs[u].pos + t] = s;
       mx = s > mx ? s : mx;
     }
+  }
   exp_shifted(scores, n, mx);
   float total = 0;
   for (int64_t t = 0; t < n; t++) total += scores[t];
   const V inv = vset1(1.0f / total);
-  for (int64_t i = 0; i < hd; i += W) {  // one column block at a time: each cache line of V read once
-    const int64_t w = hd - i < W ? hd - i : W;
-    V a0 = vzero(), a1 = vzero();  // two chains over the positions
+  int64_t i0 = 0;  // the full column blocks, up to four side by side
+  for (; i0 + 4 * W <= full; i0 += 4 * W) weigh_values<T, 4>(vc, runs, n_runs, scores, hd, i0, inv, out);
+  switch ((full - i0) / W) {
+    case 3: weigh_values<T, 3>(vc, runs, n_runs, scores, hd, i0, inv, out); break;
+    case 2: weigh_values<T, 2>(vc, runs, n_runs, scores, hd, i0, inv, out); break;
+    case 1: weigh_values<T, 1>(vc, runs, n_runs, scores, hd, i0, inv, out); break;
+    default: break;
+  }
+  if (full < hd) {  // the last, partial block: one chain
+    const int64_t w = hd - full;
+    V a0 = vzero();
     for (int64_t u = 0; u < n_runs; u++) {
-      const T *vr = vc + runs[u].offset + i;
+      const T *vr = vc + runs[u].offset + full;
       const float *sc = scores + runs[u].pos;
-      int64_t t = 0;
-      if (w == W) {
-        for (; t + 2 <= runs[u].len; t += 2) {
-          a0 = vfma(vset1(sc[t]), load_kv<T>(vr + t * hd), a0);
-          a1 = vfma(vset1(sc[t + 1]), load_kv<T>(vr + (t + 1) * hd), a1);
-        }
-        for (; t < runs[u].len; t++) a0 = vfma(vset1(sc[t]), load_kv<T>(vr + t * hd), a0);
-      } else {
-        for (; t < runs[u].len; t++) a0 = vfma(vset1(sc[t]), load_kvn<T>(vr + t * hd, w), a0);
-      }
+      for (int64_t t = 0; t < runs[u].len; t++) a0 = vfma(vset1(sc[t]), load_kvn<T>(vr + t * hd, w), a0);
     }
-    const V o = vmul(vadd(a0, a1), inv);
-    if (w == W)
-      vstore(out + i, o);
-    else
-      vstoren(out + i, o, w);
+    vstoren(out + full, vmul(vadd(a0, vzero()), inv), w);
   }
 }
 
