@@ -460,11 +460,39 @@ static void quantise_groups(const float *x, int64_t k, int64_t group, int bits, 
   }
 }
 
+#if defined(LEVEL_AVX512)
+// prepare's bf16 rounding 16 inputs at a time (each as f32_to_bf16 rounds it)
+static inline __m512i bf16_bits(__m512 v) {  // in each lane's low half
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  return _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd)), 16);
+}
+
+// x (k inputs) rounded to bf16 into xb; with `sums`, each group's sum of the rounded inputs
+static void round_bf16_row(const float *x, int64_t k, int64_t group, uint16_t *xb, float *sums) {
+  int64_t j = 0;
+  for (; j + 16 <= k; j += 16) _mm256_storeu_si256((__m256i *)(xb + j), _mm512_cvtepi32_epi16(bf16_bits(vload(x + j))));
+  for (; j < k; j++) xb[j] = f32_to_bf16(x[j]);
+  if (sums)  // (in order, as the scalar loop: INT4's bits as before)
+    for (int64_t g = 0; g < k / group; g++) {
+      float a = 0;
+      for (int64_t i = g * group; i < (g + 1) * group; i++) a += bf16_to_f32(xb[i]);
+      sums[g] = a;
+    }
+}
+#endif
+
 static void prepare(struct In *in, const struct Mat *m) {
   const int rounding = input_rounding(m->fmt);
   const int64_t k = m->k, ls = sums_ld(in->ld);
   for (int64_t r = 0; r < in->m; r++) {
     const float *x = in->x + r * in->ld;
+#if defined(LEVEL_AVX512)
+    if (rounding == X_BF16) {
+      round_bf16_row(x, k, m->group, in->xb + r * in->ld, m->fmt == INT4 ? in->xsum + r * ls : NULL);
+      continue;
+    }
+#endif
     if (rounding == X_BF16) {
       uint16_t *xb = in->xb + r * in->ld;
       for (int64_t j = 0; j < k; j++) xb[j] = f32_to_bf16(x[j]);
@@ -596,6 +624,28 @@ static inline void block_fma(const Rows &w, const float *x, int64_t ldx, int64_t
   sums_out<G, RR>(acc, out);
 }
 
+// One token row (the one-token step): the loop as it was before the passes of several rows, the same
+// operations in the same order as block_fma<1, RR> (the same bits; vhsum4 sums in vhsum's order), which
+// GCC schedules better for one row (its loads folded into the FMAs, the prefetch test on constants)
+template <int RR, class Rows>
+static inline void block_fma_one(const Rows &w, const float *x, int64_t k, float *out, const char *ahead,
+                                 int64_t row_bytes) {
+  V acc[RR];
+  for (int i = 0; i < RR; i++) acc[i] = vzero();
+  int64_t j = 0;
+  for (; j + W <= k; j += W) {
+    if (ahead && ((j * Rows::BYTES) & 63) == 0)
+      for (int i = 0; i < RR; i++) prefetch(ahead + i * row_bytes + j * Rows::BYTES);
+    const V xv = vload(x + j);
+    for (int i = 0; i < RR; i++) acc[i] = vfma(w.load(i, j), xv, acc[i]);
+  }
+  if (j < k) {
+    const V xv = vloadn(x + j, k - j);
+    for (int i = 0; i < RR; i++) acc[i] = vfma(w.loadn(i, j, k - j), xv, acc[i]);
+  }
+  for (int i = 0; i < RR; i++) out[i] = vhsum(acc[i]);
+}
+
 template <int RR, class Rows>
 static inline void block_fma_rows(const Rows &w, const float *x, int64_t ldx, int64_t k, int64_t g_rows, float *out,
                                   const struct Ahead &ahead) {
@@ -620,6 +670,10 @@ template <int RR, class Rows>
 static void rows_times_tokens(const Rows &w, const struct In *in, int64_t k, float *out, float *wbuf,
                               const char *ahead, int64_t row_bytes) {
   const int64_t m = in->m, passes = passes_of(m);
+  if (m == 1) {
+    block_fma_one<RR>(w, in->x, k, out, ahead, row_bytes);
+    return;
+  }
   if (passes == 1) {
     block_fma_rows<RR>(w, in->x, in->ld, k, m, out, Ahead{ahead, row_bytes, Rows::BYTES, 1, 0});
     return;
@@ -729,6 +783,23 @@ static inline void block_bf16dot(const uint16_t *const *w, const uint16_t *xb, i
 #endif
 }
 
+// one token row: the loop as it was before the passes (as block_fma_one is block_fma's)
+template <int RR>
+static inline void block_bf16dot_one(const uint16_t *const *w, const uint16_t *xb, int64_t k, float *out, const char *ahead,
+                                     int64_t row_bytes) {
+  DotAcc acc[RR];
+  for (int i = 0; i < RR; i++) acc[i] = dot_zero();
+  int64_t j = 0;
+  for (; j + DOT_STEP <= k; j += DOT_STEP) {
+    if (ahead && ((j * 2) & 63) == 0)
+      for (int i = 0; i < RR; i++) prefetch(ahead + i * row_bytes + 2 * j);
+    for (int i = 0; i < RR; i++) acc[i] = dot_step(acc[i], dot_load(w[i] + j), dot_load(xb + j));
+  }
+  if (j < k)
+    for (int i = 0; i < RR; i++) acc[i] = dot_stepn(acc[i], w[i] + j, xb + j, k - j);
+  for (int i = 0; i < RR; i++) out[i] = dot_sum(acc[i]);
+}
+
 template <int RR>
 static inline void bf16dot_rows(const uint16_t *const *w, const uint16_t *xb, int64_t ldx, int64_t k, int64_t g_rows,
                                 float *out, const struct Ahead &ahead) {
@@ -755,7 +826,13 @@ static void gemm_bf16dot(const struct Mat *mt, const struct In *in, float *y, in
     const uint16_t *w[R];
     for (int i = 0; i < R; i++) w[i] = base + (r + (i < rr ? i : 0)) * k;
     const char *ahead = (const char *)(base + (r + ahead_rows(2 * k)) * k);
-    for (int64_t p = 0; p < passes; p++) {  // later passes read the rows from L1/L2
+    if (in->m == 1) {
+      if (rr == R)
+        block_bf16dot_one<R>(w, in->xb, k, out, ahead, 2 * k);
+      else
+        block_bf16dot_one<1>(w, in->xb, k, out, NULL, 2 * k);
+    }
+    for (int64_t p = 0; p < passes && in->m > 1; p++) {  // later passes read the rows from L1/L2
       const int64_t m0 = pass_start(in->m, passes, p), m1 = pass_start(in->m, passes, p + 1);
       const uint16_t *xb = in->xb + m0 * in->ld;
       if (rr == R)
@@ -1146,9 +1223,13 @@ static void gemm_int4(const struct Mat *mt, const struct In *in, float *y, int64
     // the rows of this tile to store: those in [r0, r1) (a range may start or end inside a tile)
     const int64_t first = r0 > t * 16 ? r0 - t * 16 : 0, end = r1 - t * 16 < 16 ? r1 - t * 16 : 16;
 #if defined(INT4_TILES)
+    if (m == 1) {  // one token row: a group at a time, as before the tiles (the same operations, in order)
+      memset(acc, 0, sizeof(float) * 16);
+      for (int64_t g = 0; g < groups; g++) int4_group<1>(p + g * 64 * octets, octets, in, 0, g, group, st, mnt, acc, NULL);
+    }
     // passes as even as INT4_TILE_G allows; each unpacks the tile's codes again from L1 (cheaper than
     // reading them back unpacked: four times the bytes)
-    const int64_t passes = (m + INT4_TILE_G - 1) / INT4_TILE_G;
+    const int64_t passes = m == 1 ? 0 : (m + INT4_TILE_G - 1) / INT4_TILE_G;
     (void)unpacked;
     for (int64_t q = 0; q < passes; q++) {
       const int64_t m0 = m * q / passes, rows = m * (q + 1) / passes - m0;
@@ -1331,6 +1412,31 @@ inline V load_kvn<float>(const float *p, int64_t n) { return vloadn(p, n); }
 template <>
 inline V load_kvn<uint16_t>(const uint16_t *p, int64_t n) { return vload_bf16n(p, n); }
 
+// out[i + b W] for NB full column blocks from i: the positions' values weighed by their scores, two
+// chains a block over the positions (even and odd ones of each run); the blocks side by side, so one
+// block's chains do not wait on each other's latency
+template <class T, int NB>
+static ALWAYS_INLINE void weigh_values(const T *vc, const struct Run *runs, int64_t n_runs, const float *scores, int64_t hd,
+                                       int64_t i, V inv, float *out) {
+  V a0[NB], a1[NB];
+  for (int b = 0; b < NB; b++) a0[b] = a1[b] = vzero();
+  for (int64_t u = 0; u < n_runs; u++) {
+    const T *vr = vc + runs[u].offset + i;
+    const float *sc = scores + runs[u].pos;
+    int64_t t = 0;
+    for (; t + 2 <= runs[u].len; t += 2) {
+      const V s0 = vset1(sc[t]), s1 = vset1(sc[t + 1]);
+      for (int b = 0; b < NB; b++) a0[b] = vfma(s0, load_kv<T>(vr + t * hd + b * W), a0[b]);
+      for (int b = 0; b < NB; b++) a1[b] = vfma(s1, load_kv<T>(vr + (t + 1) * hd + b * W), a1[b]);
+    }
+    for (; t < runs[u].len; t++) {
+      const V s0 = vset1(sc[t]);
+      for (int b = 0; b < NB; b++) a0[b] = vfma(s0, load_kv<T>(vr + t * hd + b * W), a0[b]);
+    }
+  }
+  for (int b = 0; b < NB; b++) vstore(out + i + b * W, vmul(vadd(a0[b], a1[b]), inv));
+}
+
 template <class T>
 static void attend_head(const struct Model *md, const struct Row *row, int64_t kv_head, const void *kc_, const void *vc_,
                         const float *q, int64_t n, float *scores, float *out, struct Run *runs) {
@@ -1339,8 +1445,28 @@ static void attend_head(const struct Model *md, const struct Row *row, int64_t k
   const float scale = 1.0f / sqrtf((float)hd);
   const int64_t n_runs = runs_of(md, row, kv_head, n, runs, MAX_RUNS);
   float mx = -INFINITY;
-  for (int64_t u = 0; u < n_runs; u++)
-    for (int64_t t = 0; t < runs[u].len; t++) {
+  for (int64_t u = 0; u < n_runs; u++) {
+    int64_t t = 0;
+#if defined(HAVE_VHSUM4)
+    if (full == hd)  // four positions at a time, their sums in one tree (each in vhsum's own order)
+      for (; t + 4 <= runs[u].len; t += 4) {
+        const T *kr = kc + runs[u].offset + t * hd;
+        V a[4] = {vzero(), vzero(), vzero(), vzero()};
+        for (int64_t i = 0; i < full; i += W) {
+          V qv = vload(q + i);
+          in_register(qv);
+          for (int c = 0; c < 4; c++) a[c] = vfma(load_kv<T>(kr + c * hd + i), qv, a[c]);
+        }
+        float s4[4];
+        vhsum4(a[0], a[1], a[2], a[3], s4);
+        for (int c = 0; c < 4; c++) {
+          const float s = s4[c] * scale;
+          scores[runs[u].pos + t + c] = s;
+          mx = s > mx ? s : mx;
+        }
+      }
+#endif
+    for (; t < runs[u].len; t++) {
       const T *kr = kc + runs[u].offset + t * hd;
       V a = vzero();
       int64_t i = 0;
@@ -1350,32 +1476,28 @@ static void attend_head(const struct Model *md, const struct Row *row, int64_t k
       scores[runs[u].pos + t] = s;
       mx = s > mx ? s : mx;
     }
+  }
   exp_shifted(scores, n, mx);
   float total = 0;
   for (int64_t t = 0; t < n; t++) total += scores[t];
   const V inv = vset1(1.0f / total);
-  for (int64_t i = 0; i < hd; i += W) {  // one column block at a time: each cache line of V read once
-    const int64_t w = hd - i < W ? hd - i : W;
-    V a0 = vzero(), a1 = vzero();  // two chains over the positions
+  int64_t i0 = 0;  // the full column blocks, up to four side by side
+  for (; i0 + 4 * W <= full; i0 += 4 * W) weigh_values<T, 4>(vc, runs, n_runs, scores, hd, i0, inv, out);
+  switch ((full - i0) / W) {
+    case 3: weigh_values<T, 3>(vc, runs, n_runs, scores, hd, i0, inv, out); break;
+    case 2: weigh_values<T, 2>(vc, runs, n_runs, scores, hd, i0, inv, out); break;
+    case 1: weigh_values<T, 1>(vc, runs, n_runs, scores, hd, i0, inv, out); break;
+    default: break;
+  }
+  if (full < hd) {  // the last, partial block: one chain
+    const int64_t w = hd - full;
+    V a0 = vzero();
     for (int64_t u = 0; u < n_runs; u++) {
-      const T *vr = vc + runs[u].offset + i;
+      const T *vr = vc + runs[u].offset + full;
       const float *sc = scores + runs[u].pos;
-      int64_t t = 0;
-      if (w == W) {
-        for (; t + 2 <= runs[u].len; t += 2) {
-          a0 = vfma(vset1(sc[t]), load_kv<T>(vr + t * hd), a0);
-          a1 = vfma(vset1(sc[t + 1]), load_kv<T>(vr + (t + 1) * hd), a1);
-        }
-        for (; t < runs[u].len; t++) a0 = vfma(vset1(sc[t]), load_kv<T>(vr + t * hd), a0);
-      } else {
-        for (; t < runs[u].len; t++) a0 = vfma(vset1(sc[t]), load_kvn<T>(vr + t * hd, w), a0);
-      }
+      for (int64_t t = 0; t < runs[u].len; t++) a0 = vfma(vset1(sc[t]), load_kvn<T>(vr + t * hd, w), a0);
     }
-    const V o = vmul(vadd(a0, a1), inv);
-    if (w == W)
-      vstore(out + i, o);
-    else
-      vstoren(out + i, o, w);
+    vstoren(out + full, vmul(vadd(a0, vzero()), inv), w);
   }
 }
 

@@ -268,6 +268,9 @@ def plan_step(model, cache, seqs, attention: str = "flash") -> tuple[list[int], 
     logits = plan.run(rows, wanted)
     _ran(model, True)
     record("batched step", ROWS_LABEL)
+    if any(len(s.token_ids) == 1 for s in seqs):  # its decode rows, and their attention, ran here too
+        record("decode step", ROWS_LABEL)
+        record("attention decode", "C++ CPU step", model.cfg.n_layers)
     return ids, logits
 
 

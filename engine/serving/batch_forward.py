@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from engine.dispatch import record
 from engine.kv.cache import PagedKV, PagedKVCache, PageLayout
 from engine.hardware.roof import Roof
 from engine.hardware.spec import dtype_name
@@ -21,6 +22,8 @@ from engine.model import cpu_step
 from engine.model.attention import attend
 from engine.model.transformer import Transformer
 from engine.serving.scheduler import ScheduledSeq, Scheduler
+
+PYTORCH_ROWS_LABEL = "PyTorch's batched step"  # decode rows through the forward below (GPU, or no C++ step)
 
 # the decode rows' keys on a CPU: gathered block by block (True), or read through PagedKV as on a
 # GPU (False: tests flip it to run the GPU's layout plumbing here)
@@ -45,6 +48,8 @@ def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledS
     # one-token rows first (decodes: attended together), then prefill chunks, each on its own
     decodes = [s for s in seqs if len(s.token_ids) == 1]
     prefills = [s for s in seqs if len(s.token_ids) > 1]
+    if decodes:  # (the bench's path line: which step ran the decode rows)
+        record("decode step", PYTORCH_ROWS_LABEL)
     packed = decodes + prefills
     device = model.device
     tokens = torch.tensor([t for s in packed for t in s.token_ids], device=device)[None]  # (1, N)

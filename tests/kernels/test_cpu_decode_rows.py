@@ -142,3 +142,35 @@ def test_a_batched_step_in_cpp_counts_each_weight_once():
     assert dispatch.since(before)["batched step"] == {cpu_step.ROWS_LABEL: 1}
     assert metrics.copy_bytes == 0 and metrics.weight_bytes == model.linear_weight_bytes(rows=1, head_rows=1) + \
         2 * GQA.n_layers * GQA.dim * 4 + GQA.dim * 4  # (and the norms, once)
+
+
+@torch.inference_mode()
+def test_the_path_line_names_the_step_that_ran_a_batchs_decode_rows():
+    """`bench --sweep batch`'s path line (engine/bench/single.py path_line) says which step ran the
+    batch's decode rows and their attention: the C++ step's plans count as its (they read "decode steps
+    (their path not recorded); decode attention torch SDPA" before), PyTorch's batched forward as its own."""
+    from engine.bench.single import path_line
+    from engine.serving.batch_forward import PYTORCH_ROWS_LABEL
+    model = model_of(GQA, "fp32", "fp")
+
+    def ops_of_a_batch(use_cpp: bool) -> dict:
+        if not use_cpp:
+            default_context().kernels.disable("cpu_step", "the reference")
+        cache, sched = schedule_all(model, [[1, 2, 3], [4, 5, 6, 7]])
+        before = dispatch.counts()
+        while sched.has_unfinished:
+            plan = sched.schedule()
+            ids, out = forward_plan(model, cache, plan.seqs)
+            sched.update_from_output(plan, {rid: int(row.argmax()) for rid, row in zip(ids, out)})
+        default_context().kernels.reset()
+        return dispatch.since(before)
+
+    ops = ops_of_a_batch(True)
+    steps = ops["decode step"][cpu_step.ROWS_LABEL]
+    assert ops["decode step"] == {cpu_step.ROWS_LABEL: steps} and steps == 5  # 6 tokens each: 1 from the prefill
+    assert ops["attention decode"] == {"C++ CPU step": steps * GQA.n_layers}
+    line = path_line({"cuda_graphs": "off", "ops": ops})
+    assert f"decode steps {steps} {cpu_step.ROWS_LABEL}; decode attention C++ CPU step;" in line and "SDPA" not in line
+    ops = ops_of_a_batch(False)
+    assert ops["decode step"] == {PYTORCH_ROWS_LABEL: 5} and "C++ CPU step" not in ops["attention decode"]
+    assert f"decode steps 5 {PYTORCH_ROWS_LABEL}; decode attention torch SDPA" in path_line({"cuda_graphs": "off", "ops": ops})
