@@ -2,8 +2,10 @@
 the hardware strip along the bottom. It lays out the panels and wires them to one source
 (app/sources.py: the local engine, a replay or a server; `use_source` swaps it) without asking which
 kind it is: the source's events become chat text (app/conversation.py), ring-buffer rows and
-annotations. It owns the redraw timer and its own engine's worker, which it shuts down cleanly when it
-closes (also mid-reply). docs/app.md describes the parts.
+annotations (app/source_events.py). It owns its own engine's worker, which it shuts down cleanly when
+it closes (also mid-reply), and its parts: the model's lifecycle (app/model_lifecycle.py), the redraw
+clock (app/frame_clock.py), its place on the screen (app/screen_fit.py), the view switches
+(app/view_switches.py). docs/app.md describes them.
 
 Settings are a transaction (app/settings_requests.py): a change is sent with a request id and shows
 (controls, annotation) only when the engine confirms it; a refusal puts the controls back and shows
