@@ -68,7 +68,6 @@ class ControlsBar(QFrame):
         self.widgets = self.parts.widgets  # field -> widget (QButtonGroup for a Choice)
         self.slider_values = self.parts.slider_values  # a slider's number beside it
         self.shortcuts = self.parts.shortcuts
-        self._captions = self.parts.captions  # (label, text, keys): redrawn in a new theme
         # two groups: the switches (each with its stage shortcut) above; the numbers and the
         # window's own buttons below. Each wraps onto another line where the window is narrow
         # (1280 pixels with projector fonts).
@@ -95,7 +94,6 @@ class ControlsBar(QFrame):
         self.more_button.clicked.connect(lambda _checked: self.folding.show_second_row())
         self.layout_.addWidget(self.more_button)
         self.extra = Tail(second)  # the window adds its own buttons (model, theme) here
-        self._hidden_by_compact: list = []
         self.second_row = QWidget()  # (a widget, so that folding it is one setVisible)
         self.second_row.setLayout(second)
         rows.addLayout(self.layout_)
@@ -128,9 +126,10 @@ class ControlsBar(QFrame):
         fold behind "More" (their keys still work) and come back as they were."""
         self.folding.set_compact(compact)
 
-    def set_height_budget(self, pixels: int) -> None:
-        """The most height the bar may take (the window's BAR_SHARE); the fullest form that fits shows."""
-        self.folding.set_height_budget(pixels)
+    def set_height_budget(self, pixels: int, again: bool = False) -> None:
+        """The most height the bar may take (the window's BAR_SHARE); the fullest form that fits shows
+        (`again`: chosen again at the same budget, after the type changed)."""
+        self.folding.set_height_budget(pixels, again)
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)

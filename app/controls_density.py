@@ -41,10 +41,10 @@ class BarFolding:
         self.compact = compact
         self.apply(self.density)
 
-    # ---- density: how much room the bar takes -----------------------------------------------------
-    def set_height_budget(self, pixels: int) -> None:
-        """The most height the bar may take (the window's BAR_SHARE); the fullest form that fits shows."""
-        if pixels != self.height_budget:
+    def set_height_budget(self, pixels: int, again: bool = False) -> None:
+        """The most height the bar may take (the window's BAR_SHARE); the fullest form that fits shows.
+        `again`: choose the form again at the same budget (the type changed, and with it the sizes)."""
+        if again or pixels != self.height_budget:
             self.height_budget = pixels
             self.fit(self.bar.width())
 

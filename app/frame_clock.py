@@ -77,10 +77,7 @@ class FrameClock:
         drew = budget.tick(now, time.thread_time()) and window.plots.refresh()
         if drew:
             budget.drew(now)
-        if window.side_tabs.currentWidget() is window.kv_panel and window.side_tabs.isVisible():
-            window.kv_panel.refresh()
-        if window.side_tabs.currentWidget() is window.serving_panel and window.side_tabs.isVisible():
-            window.serving_panel.refresh()
+        window.side_tabs.refresh_shown()
         # the numbers a few times a second; over budget, with the frames (a readout relays its label)
         if now - self._readout_s >= READOUT_INTERVAL_S and (drew or budget.share <= budget.budget_cores):
             self._readout_s = now

@@ -44,11 +44,11 @@ class Presenter(QObject):
         the side panel forward on that tab)."""
         window = self.window
         cells: list[str] = []
-        window.side_tab_chosen = False
+        window.side_tabs.chosen = False
         for name in names or []:
             if name in SIDE_TABS:
                 window.side_tabs.setCurrentIndex(SIDE_TABS[name])
-                window.side_tab_chosen = True
+                window.side_tabs.chosen = True
                 name = "extra"
             if name not in cells:
                 cells.append(name)

@@ -114,8 +114,8 @@ class SourceEvents:
         self.show_model_line()
         if event.changes:  # marks the step at which it took effect
             window.data.annotate(", ".join(event.changes), event.settings.label, event.t_s)
-        if event.settings.users > 0 and (old is None or old.users == 0) and not window.side_tab_chosen:
-            window.side_tabs.setCurrentWidget(window.serving_panel)  # where the batch shows (when the panel does)
+        if event.settings.users > 0 and (old is None or old.users == 0):
+            window.side_tabs.users_started()  # where the batch shows (when the panel does)
 
     def show_model_line(self) -> None:
         """The model line with the precision and weights the engine runs now (the loader's line says

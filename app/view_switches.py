@@ -52,8 +52,7 @@ class ViewSwitches:
         self.apply_theme()
         self.show_seed_table(not large)
         window.screen_fit.fit_strip(window.height())
-        window.controls.folding.height_budget = None  # the new type's sizes: choose the bar's form again
-        window.controls.set_height_budget(int(BAR_SHARE * window.height()))
+        window.controls.set_height_budget(int(BAR_SHARE * window.height()), again=True)  # the new type's sizes
 
     def show_seed_table(self, visible: bool) -> None:
         """Whether the grid keeps a cell for the seed table (when it has room for it)."""

@@ -2,8 +2,10 @@
 the hardware strip along the bottom. It lays out the panels and wires them to one source
 (app/sources.py: the local engine, a replay or a server; `use_source` swaps it) without asking which
 kind it is: the source's events become chat text (app/conversation.py), ring-buffer rows and
-annotations. It owns the redraw timer and its own engine's worker, which it shuts down cleanly when it
-closes (also mid-reply). docs/app.md describes the parts.
+annotations (app/source_events.py). It owns its own engine's worker, which it shuts down cleanly when
+it closes (also mid-reply), and its parts: the model's lifecycle (app/model_lifecycle.py), the redraw
+clock (app/frame_clock.py), its place on the screen (app/screen_fit.py), the view switches
+(app/view_switches.py). docs/app.md describes them.
 
 Settings are a transaction (app/settings_requests.py): a change is sent with a request id and shows
 (controls, annotation) only when the engine confirms it; a refusal puts the controls back and shows
@@ -16,13 +18,14 @@ import sys
 import time
 import weakref
 
-from PySide6.QtCore import QRect, QSize, Qt, Signal
+from PySide6.QtCore import QRect, Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QMainWindow, QPushButton, QSplitter, QTabWidget, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QMainWindow, QSplitter, QVBoxLayout, QWidget
 
 from app.chat import ChatPanel
 from app.controls import ControlsBar
 from app.conversation import Conversation
+from app.error_bar import ErrorBar
 from app.frame_clock import FrameClock
 from app.hardware_strip import HardwareStrip
 from app.i18n import QT_TRANSLATE_NOOP, translate
@@ -33,6 +36,7 @@ from app.screen_fit import ScreenFit
 from app.seed_table import SeedTable
 from app.serving_panel import ServingPanel
 from app.settings_requests import SettingsRequests
+from app.side_tabs import SideTabs
 from app.source_events import SourceEvents
 from app.theme import SettingColours, themed
 from app.view_switches import ViewSwitches
@@ -96,33 +100,14 @@ class MainWindow(QMainWindow):
         self.conversation = Conversation(self.chat, self.data)  # (kept here: it outlives the engine process)
         self.seed_table = SeedTable(self.theme, self.colours)
         self.kv_panel = KVCachePanel(self.theme)
-        self.side_tabs = QTabWidget()  # the sixth cell: the seed table, or the KV cache's blocks
-        self.side_tab_chosen = False  # a presenter layout named the tab: simulated users do not move it
-        self.side_tabs.addTab(self.seed_table, translate("Window", "What the hardware allows"))
-        self.seed_table.set_title_visible(False)  # (the tab says it; its format box sits beside the tabs)
-        self.side_tabs.setCornerWidget(self.seed_table.format_box, Qt.Corner.TopRightCorner)
-        self.side_tabs.currentChanged.connect(
-            lambda _index: (self.seed_table.format_box.setVisible(self.side_tabs.currentWidget() is self.seed_table),
-                            self.view.show_table_state()))
-        self.side_tabs.addTab(self.kv_panel, translate("Window", "KV cache"))
         self.serving_panel = ServingPanel(self.data, self.theme)
-        self.side_tabs.addTab(self.serving_panel, translate("Window", "Serving"))
+        self.side_tabs = SideTabs(self.seed_table, self.kv_panel, self.serving_panel)  # the plots' sixth cell
+        self.side_tabs.currentChanged.connect(lambda _index: self.view.show_table_state())
         self.plots = PlotsPanel(self.data, self.theme, self.colours, extra=self.side_tabs)
         self.plots.cells_changed.connect(self.view.show_table_state)  # (the table's button says whether it is on show)
-        self.plots.extra_readable_size = lambda: QSize(  # the table's, with the tabs around it
-            self.seed_table.readable_width() + 8, self.seed_table.readable_height() + self.side_tabs.tabBar().sizeHint().height() + 8)
+        self.plots.extra_readable_size = self.side_tabs.readable_size
         self.hardware_strip = HardwareStrip(self.theme)
-        self.error_label = QLabel("")
-        self.error_label.setObjectName("error")
-        self.error_label.setWordWrap(True)
-        self.error_close = QPushButton(translate("Window", "Dismiss"))
-        self.error_close.clicked.connect(self.clear_error)
-        self.error_bar = QWidget()
-        error_row = QHBoxLayout(self.error_bar)
-        error_row.setContentsMargins(0, 0, 0, 0)
-        error_row.addWidget(self.error_label, 1)
-        error_row.addWidget(self.error_close)
-        self.error_bar.setVisible(False)
+        self.error_bar = ErrorBar()
 
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
         self.splitter.addWidget(self.chat)
@@ -367,8 +352,7 @@ class MainWindow(QMainWindow):
     # ---- errors -------------------------------------------------------------------------------
     def show_error(self, message: str) -> None:
         self.last_error = message
-        self.error_label.setText(f"⚠  {message}")
-        self.error_bar.setVisible(True)
+        self.error_bar.show_message(message)
         self.error_shown.emit(message)
 
     def clear_error(self) -> None:

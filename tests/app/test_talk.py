@@ -98,7 +98,7 @@ def test_number_keys_choose_the_presenters_plots(make_window, qtbot):
         views = dict(window.plots.views, extra=window.side_tabs)
         assert {name for name, view in views.items() if view.isVisibleTo(window.plots)} == \
             (set(shown) if shown else set(views) - {"acceptance", "positions"})  # (those: while speculating)
-    assert window.controls.extra.count() > 0 and not window.controls._hidden_by_compact  # the grid: all back
+    assert window.controls.extra.count() > 0 and not window.controls.folding.compact  # the grid: all back
     window.chat.input.setFocus()  # typing: digits are text; Ctrl+digit still chooses
     qtbot.waitUntil(lambda: window.chat.input.hasFocus(), timeout=5_000)
     qtbot.keyClick(window.chat.input, Qt.Key.Key_3)
@@ -178,7 +178,7 @@ def test_the_chat_text_is_readable_after_a_theme_switch_mid_reply(make_window, q
             block = block.next()
         assert checked > 3
         # the switches' key hints ("F3") are drawn in the new theme's muted colour, not the old one's
-        hints = [label.text() for label, _text, keys in window.controls._captions if keys]
+        hints = [label.text() for label, _text, keys in window.controls.parts.captions if keys]
         assert hints and all(f"color:{window.theme.muted}" in hint for hint in hints)
         assert contrast(window.theme.muted, window.theme.panel) >= AA
     window.stop()
