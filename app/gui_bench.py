@@ -180,7 +180,9 @@ def in_app_users(model: str, users: int, seconds: float, dtype: str = "fp32", we
     loop.exec()
     wait = QEventLoop()
     QTimer.singleShot(int(seconds * 1000), wait.quit)
+    cpu0, wall0 = time.process_time(), time.monotonic()
     wait.exec()
+    gui_cores = (time.process_time() - cpu0) / (time.monotonic() - wall0)  # the GUI process's share of the machine
     serving = window.data.serving
     t, running = serving.column("t_s"), serving.column("running")
     aggregate = serving.column("aggregate_tps")
@@ -188,7 +190,7 @@ def in_app_users(model: str, users: int, seconds: float, dtype: str = "fp32", we
     full = late & (running == users)
     window.close()
     return {"users": users, "dtype": dtype, "weights": weights, "seconds": seconds, "samples": int(len(t)),
-            "samples_all_running": int(full.sum()),
+            "samples_all_running": int(full.sum()), "app_process_cores": gui_cores,
             "app_aggregate_tokens_per_s_median": float(np.median(aggregate[full])) if full.any() else float("nan"),
             "app_aggregate_tokens_per_s_median_any": float(np.median(aggregate[late])) if late.any() else float("nan")}
 
