@@ -180,7 +180,9 @@ def in_app_users(model: str, users: int, seconds: float, dtype: str = "fp32", we
     loop.exec()
     wait = QEventLoop()
     QTimer.singleShot(int(seconds * 1000), wait.quit)
+    cpu0, wall0 = time.process_time(), time.monotonic()
     wait.exec()
+    gui_cores = (time.process_time() - cpu0) / (time.monotonic() - wall0)  # the GUI process's share of the machine
     serving = window.data.serving
     t, running = serving.column("t_s"), serving.column("running")
     aggregate = serving.column("aggregate_tps")
@@ -188,7 +190,7 @@ def in_app_users(model: str, users: int, seconds: float, dtype: str = "fp32", we
     full = late & (running == users)
     window.close()
     return {"users": users, "dtype": dtype, "weights": weights, "seconds": seconds, "samples": int(len(t)),
-            "samples_all_running": int(full.sum()),
+            "samples_all_running": int(full.sum()), "app_process_cores": gui_cores,
             "app_aggregate_tokens_per_s_median": float(np.median(aggregate[full])) if full.any() else float("nan"),
             "app_aggregate_tokens_per_s_median_any": float(np.median(aggregate[late])) if late.any() else float("nan")}
 
@@ -243,6 +245,9 @@ def main(argv=None) -> int:
     parser.add_argument("--probe-ms", type=int, default=10,
                         help="the lateness probe's period (its own wake-ups; 1000 to see the app's alone)")
 
+    parser.add_argument("--engine-spin-count", type=int, default=None, metavar="N",
+                        help="GOMP_SPINCOUNT for the app's engine process alone (libgomp: how long a thread spins "
+                             "at a barrier before it sleeps; the headless runs keep the default)")
     parser.add_argument("--users", type=int, default=0,
                         help="serve this many simulated users in the window for --seconds instead of replies: the "
                              "serving panel's aggregate tok/s (compare `membound bench --sweep batch`)")
@@ -258,8 +263,14 @@ def main(argv=None) -> int:
     # headless before and after the app, so a machine that slows down or speeds up mid-run (shared
     # cores) shows as a spread between the two instead of hiding in the ratio
     before = headless_decode_tokens_per_s(args.model, args.tokens, args.dtype, args.weights)
+    import os
+    if args.engine_spin_count is not None:  # the engine process reads it at its start; this one's OpenMP
+        os.environ["GOMP_SPINCOUNT"] = str(args.engine_spin_count)  # (headless) read its own already
     result = in_app(args.model, args.tokens, args.replies, engine_process=not args.engine_thread, dtype=args.dtype,
                     weights=args.weights, probe_ms=args.probe_ms)
+    if args.engine_spin_count is not None:
+        del os.environ["GOMP_SPINCOUNT"]
+    result["engine_spin_count"] = args.engine_spin_count
     after = headless_decode_tokens_per_s(args.model, args.tokens, args.dtype, args.weights)
     headless = (before + after) / 2
     result["engine"] = "thread" if args.engine_thread else "process"

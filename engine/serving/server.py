@@ -34,6 +34,7 @@ STATS_WINDOW_S = 2.0  # tokens/s are measured over the last this-many seconds
 STATS_FINISHED = 64  # TTFT and inter-token latency percentiles over this many recent requests
 USER_OUTPUT_LENS = (16, 128)
 USER_THINK_S = (0.2, 1.5)
+CPU_TOKEN_BUDGET = 256  # token rows a batched step plans on a CPU without the C++ step (cpu_token_budget)
 IDLE_STATS_S = 0.25  # while every user thinks, a BatchStats (tokens 0) at most this often
 
 
@@ -55,6 +56,17 @@ def pool_size(cfg: ModelConfig, kv_elem_bytes: int, per_user_tokens: int, budget
     per_user = -(-per_user_tokens // block_size)
     users = max(0, min(MAX_USERS, (budget_bytes // bytes_per_block - person) // per_user))
     return person + users * per_user, users
+
+
+def cpu_token_budget(model: Transformer) -> int:
+    """Token rows a batched step plans on a CPU: as many as the C++ step takes where it runs (a plan
+    of more falls to PyTorch's path, which dequantises INT4 matrices whole: 8 users arriving with
+    ~50-token prompts spent two thirds of their time there, issue 23), else CPU_TOKEN_BUDGET."""
+    from engine.model import cpu_step
+    context = cpu_step._context(model)
+    if cpu_step.unavailable_reason(context):  # (a kernel check that failed included)
+        return CPU_TOKEN_BUDGET
+    return min(CPU_TOKEN_BUDGET, cpu_step.library(context).max_rows)
 
 
 def think_range(text: str) -> tuple[float, float]:
@@ -149,8 +161,9 @@ class BatchServer:
         num_blocks, _ = pool_size(model.cfg, model.embed.element_size(), per_user_tokens(self.workload),
                                   self.budget_bytes)
         gpu = model.device.type == "cuda"
+        budget = 2048 if gpu else cpu_token_budget(model)
         runner = BatchRunner(model, num_blocks, DEFAULT_BLOCK_SIZE, max_batch_size=MAX_USERS + 1,
-                             token_budget=2048 if gpu else 256, chunk_size=512 if gpu else 128, policy=policy,
+                             token_budget=budget, chunk_size=512 if gpu else min(128, budget), policy=policy,
                              attention=attention, roof=roof, sample=self._sampler, settings_label=settings_label)
         self._sampler.scheduler = runner.scheduler
         runner.scheduler.clock = self.clock

@@ -444,3 +444,23 @@ def test_the_users_think_time_is_read_from_the_environment_or_the_default():
     assert think_range(EngineOptions.from_environ({"MEMBOUND_USER_THINK_S": "0,0.5"}).user_think_s) == (0.0, 0.5)
     for bad in ("", "fast", "1", "2,1", "-1,1"):
         assert think_range(bad) == USER_THINK_S
+
+
+def test_users_prompts_are_planned_in_steps_the_cpp_step_takes():
+    """On a CPU every batched step, arrivals' prompt chunks included, runs in the C++ step: planned
+    within its rows. At 256 tokens a step, 8 users' ~50-token prompts fell to PyTorch's path (INT4
+    matrices dequantised whole each step: two thirds of the in-window users' time, issue 23)."""
+    from engine.model import cpu_step
+    eng = make_engine(GREEDY)
+    if cpu_step.unavailable_reason(eng.context):
+        pytest.fail(f"the C++ step must build here: {cpu_step.unavailable_reason(eng.context)}")
+    gen = random.Random(1)
+    prompts = tuple(tuple(gen.randrange(1, CFG.vocab_size) for _ in range(40)) for _ in range(8))
+    eng.user_workload = Workload(prompts=prompts, prompt_lens=(40, 40), output_lens=(3, 9), think_s=(0.0, 0.0))
+    eng.apply(replace(eng.settings, users=8))
+    rows = cpu_step.library(eng.context).max_rows
+    steps = []
+    for _ in range(40):
+        steps += [e for e in eng.serve_step() if isinstance(e, StepMetrics)]
+        assert cpu_step.ran_in_cpp(eng.model)
+    assert sum(s.tokens_in for s in steps) > 8 * 40 and max(s.tokens_in for s in steps) <= rows
