@@ -10,14 +10,17 @@ import torch.nn as nn
 NOT_WEIGHTS = ("rope_cos", "rope_sin")
 
 
-def _storages(model: nn.Module) -> dict[tuple[str, int], int]:
-    """(device, storage address) -> bytes, for every weight tensor `model` holds."""
+def _storages(model: nn.Module) -> dict[tuple[str, int, int], int]:
+    """(device, first byte, bytes) -> bytes, for every weight tensor `model` holds: the span each
+    tensor covers in its storage, each span once (a CPU model's tensors share one buffer on 2 MiB
+    pages, engine/model/huge_pages.py: a storage's size would count the whole model for each)."""
     held = {}
     tensors = [t for _, t in model.named_parameters(remove_duplicate=False)]
     tensors += [t for name, t in model.named_buffers(remove_duplicate=False) if name.split(".")[-1] not in NOT_WEIGHTS]
     for t in tensors:
-        storage = t.untyped_storage()
-        held[(str(t.device), storage.data_ptr())] = storage.nbytes()
+        span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) if t.numel() else 0
+        key = (str(t.device), t.data_ptr(), span * t.element_size())
+        held[key] = key[2]
     return held
 
 
