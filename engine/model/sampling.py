@@ -3,6 +3,7 @@ engine/settings.py, says which). `probabilities` is the distribution `sample` dr
 speculative decoding's verification compares a draft against)."""
 from __future__ import annotations
 
+import numpy
 import torch
 
 from engine.settings import SamplingParams
@@ -67,8 +68,17 @@ def mask_tokens(logits: torch.Tensor, token_ids) -> torch.Tensor:
     return logits
 
 
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """The argmax of each row (the first where several tie; a NaN counts as the largest), int64: on a
+    CPU numpy's (~4 us a 49k-token row, where torch's argmax takes ~45 us a step), else torch's."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad \
+            and not torch.compiler.is_compiling():
+        return torch.from_numpy(numpy.asarray(logits.numpy().argmax(axis=-1), dtype=numpy.int64))
+    return logits.argmax(dim=-1)
+
+
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
     """logits (B, vocab) fp32 → token ids (B,)."""
     if params.is_greedy:
-        return logits.argmax(dim=-1)
+        return greedy(logits)
     return torch.multinomial(probabilities(logits, params), 1, generator=generator).squeeze(-1)

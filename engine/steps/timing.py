@@ -40,4 +40,4 @@ class StepCounter:
 
 
 def elem_bytes(dtype: torch.dtype) -> int:
-    return torch.tensor([], dtype=dtype).element_size()
+    return dtype.itemsize
