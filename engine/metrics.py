@@ -105,14 +105,17 @@ class StepCost:
         return self.kv_read_bytes + self.kv_write_bytes
 
 
+COST_FIELDS = tuple(f.name for f in fields(StepCost))  # (dataclasses.fields walks the class: once, not every step)
+
+
 def sum_costs(costs: list[StepCost]) -> StepCost:
     """Several forwards as one (a draft model's k passes, reported as one "draft" step)."""
-    return StepCost(**{f.name: sum(getattr(c, f.name) for c in costs) for f in fields(StepCost)})
+    return StepCost(**{name: sum(getattr(c, name) for c in costs) for name in COST_FIELDS})
 
 
 def cost_of(step: StepCost) -> StepCost:
     """The StepCost part of a step (a StepMetrics is one)."""
-    return StepCost(**{f.name: getattr(step, f.name) for f in fields(StepCost)})
+    return StepCost(**{name: getattr(step, name) for name in COST_FIELDS})
 
 
 def step_cost(cfg: ModelConfig, *, batch_size: int, new_tokens: int, context_len: int,
@@ -206,7 +209,7 @@ def plan_cost(cfg: ModelConfig, seqs, *, weight_bytes: int, elem_bytes: int, att
     total = sum_costs(parts)
     norm_bytes = parts[0].weight_bytes if parts else 0  # the norms: read once per step too
     copy_bytes = kv_copy.bytes(cfg, elem_bytes) if kv_copy is not None else 0
-    return StepCost(**{**{f.name: getattr(total, f.name) for f in fields(StepCost)},
+    return StepCost(**{**{name: getattr(total, name) for name in COST_FIELDS},
                        "weight_bytes": weight_bytes + norm_bytes, "copy_bytes": copy_bytes})
 
 
@@ -264,7 +267,7 @@ class StepMetrics(StepCost):
 
     @classmethod
     def from_cost(cls, cost: StepCost, **measured) -> "StepMetrics":
-        return cls(**{f.name: getattr(cost, f.name) for f in fields(StepCost)}, **measured)
+        return cls(**{name: getattr(cost, name) for name in COST_FIELDS}, **measured)
 
     @property
     def above_roof(self) -> bool:
