@@ -169,7 +169,7 @@ def decode_step(model, tokens: torch.Tensor, start_pos: int, cache, attention: s
     plan = plan_for(model, cache)
     if plan is None or not choice(model).use_cpp:
         return None
-    logits = plan.run([(int(tokens[0, 0]), start_pos, 0, None)], [0])
+    logits = plan.run([(tokens.tolist()[0][0], start_pos, 0, None)], [0])  # (tolist: no indexing ops)
     _ran(model, True)
     cache.length = start_pos + 1
     record("decode step", STEP_LABEL)
@@ -281,7 +281,7 @@ def checked_step(model, tokens: torch.Tensor, start_pos: int, cache) -> torch.Te
     plan = plan_for(model, cache)
     if plan is None:
         return None
-    logits = plan.run([(int(tokens[0, 0]), start_pos, 0, None)], [0])
+    logits = plan.run([(tokens.tolist()[0][0], start_pos, 0, None)], [0])  # (tolist: no indexing ops)
     cache.length = start_pos + 1
     return logits.view(1, 1, -1)
 
