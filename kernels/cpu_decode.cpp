@@ -890,10 +890,21 @@ static void gemm_int8_sdot(const struct Mat *mt, const struct In *in, float *y, 
 // code c becomes the bf16 number 128 + c by setting the exponent bits (c | 0x4300): one logic op,
 // exact; the 128 * sum(x) it adds to each group's sum comes off with the mins' term. Two chains per
 // token row: the products of an octet do not wait on each other.
+// the 64 bytes of octet j of a group (16 rows' words) as four vectors of bf16 numbers 128 + code, one per
+// nibble pair (inputs 2a, 2a + 1 of the octet in each word's halves), the octet 2048 bytes on prefetched
+static ALWAYS_INLINE void int4_nibbles(const uint8_t *p, int64_t j, __m512i *c) {
+  const __m512i low4 = _mm512_set1_epi32(0x000F000F), exponent = _mm512_set1_epi32(0x43004300);
+  const __m512i v = _mm512_loadu_si512(p + 64 * j);
+  prefetch(p + 64 * j + 2048);
+  c[0] = _mm512_ternarylogic_epi32(v, low4, exponent, 0xEA);  // (v & mask) | 0x4300 per word
+  c[1] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 4), low4, exponent, 0xEA);
+  c[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 8), low4, exponent, 0xEA);
+  c[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 12), low4, exponent, 0xEA);
+}
+
 template <int G>
 static inline void int4_group(const uint8_t *p, int64_t octets, const struct In *in, int64_t t0, int64_t g,
                               int64_t group, const uint16_t *st, const uint16_t *mt, float *acc, const __m512i *unpacked) {
-  const __m512i low4 = _mm512_set1_epi32(0x000F000F), exponent = _mm512_set1_epi32(0x43004300);
   __m512 s0[G], s1[G];
   for (int r = 0; r < G; r++) s0[r] = s1[r] = _mm512_setzero_ps();
   for (int64_t j = 0; j < octets; j++) {
@@ -901,12 +912,7 @@ static inline void int4_group(const uint8_t *p, int64_t octets, const struct In 
     if (unpacked) {
       for (int a = 0; a < 4; a++) c[a] = unpacked[4 * j + a];
     } else {
-      const __m512i v = _mm512_loadu_si512(p + 64 * j);
-      prefetch(p + 64 * j + 2048);
-      c[0] = _mm512_ternarylogic_epi32(v, low4, exponent, 0xEA);  // (v & mask) | 0x4300 per word
-      c[1] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 4), low4, exponent, 0xEA);
-      c[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 8), low4, exponent, 0xEA);
-      c[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 12), low4, exponent, 0xEA);
+      int4_nibbles(p, j, c);
     }
     for (int r = 0; r < G; r++) {
       const uint32_t *xp = (const uint32_t *)(in->xb + (t0 + r) * in->ld + g * group) + 4 * j;  // input pairs
@@ -929,15 +935,7 @@ static inline void int4_group(const uint8_t *p, int64_t octets, const struct In 
 }
 
 static inline void int4_unpack(const uint8_t *p, int64_t octets, __m512i *out) {
-  const __m512i low4 = _mm512_set1_epi32(0x000F000F), exponent = _mm512_set1_epi32(0x43004300);
-  for (int64_t j = 0; j < octets; j++) {
-    const __m512i v = _mm512_loadu_si512(p + 64 * j);
-    prefetch(p + 64 * j + 2048);
-    out[4 * j] = _mm512_ternarylogic_epi32(v, low4, exponent, 0xEA);
-    out[4 * j + 1] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 4), low4, exponent, 0xEA);
-    out[4 * j + 2] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 8), low4, exponent, 0xEA);
-    out[4 * j + 3] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 12), low4, exponent, 0xEA);
-  }
+  for (int64_t j = 0; j < octets; j++) int4_nibbles(p, j, out + 4 * j);
 }
 typedef __m512i Unpacked;
 #define UNPACKED_PER_OCTET 4
@@ -950,7 +948,6 @@ typedef __m512i Unpacked;
 template <int G>
 static inline void int4_tile(const uint8_t *p, int64_t groups, int64_t octets, const struct In *in, int64_t t0,
                              int64_t group, const uint16_t *st, const uint16_t *mt, float *acc, const __m512i *unpacked) {
-  const __m512i low4 = _mm512_set1_epi32(0x000F000F), exponent = _mm512_set1_epi32(0x43004300);
   const int64_t ls = sums_ld(in->ld);
   __m512 a[G];
   for (int r = 0; r < G; r++) a[r] = _mm512_setzero_ps();
@@ -962,12 +959,7 @@ static inline void int4_tile(const uint8_t *p, int64_t groups, int64_t octets, c
       if (unpacked) {
         for (int b = 0; b < 4; b++) c[b] = unpacked[4 * (g * octets + j) + b];
       } else {
-        const __m512i v = _mm512_loadu_si512(p + 64 * j);
-        prefetch(p + 64 * j + 2048);
-        c[0] = _mm512_ternarylogic_epi32(v, low4, exponent, 0xEA);
-        c[1] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 4), low4, exponent, 0xEA);
-        c[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 8), low4, exponent, 0xEA);
-        c[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 12), low4, exponent, 0xEA);
+        int4_nibbles(p, j, c);
       }
       for (int b = 0; b < 4; b++) in_register(c[b]);
       for (int r = 0; r < G; r++) {
