@@ -370,7 +370,10 @@ static inline V vload_i8n(const int8_t *p, int64_t n) {
 }
 #endif
 
-static inline void prefetch(const void *p) { __builtin_prefetch(p, 0, 3); }
+#if !defined(PREFETCH_LOCALITY)  // (-D to try another: 3 = prefetcht0, 2 = t1, 1 = t2, 0 = nta)
+#define PREFETCH_LOCALITY 3
+#endif
+static inline void prefetch(const void *p) { __builtin_prefetch(p, 0, PREFETCH_LOCALITY); }
 #if defined(__GNUC__)
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 #else
@@ -420,6 +423,8 @@ static int input_rounding(int64_t fmt) {
     case INT8:
 #if defined(HAVE_SDOT)
       return X_INT8;
+#elif defined(LEVEL_AVX512) || defined(LEVEL_AVX2)
+      return X_INT16;
 #else
       return X_EXACT;
 #endif
@@ -482,6 +487,40 @@ static void round_bf16_row(const float *x, int64_t k, int64_t group, uint16_t *x
 }
 #endif
 
+#if defined(LEVEL_AVX512) || defined(LEVEL_AVX2)
+// INT8's inputs: int16 codes per group of I8_GROUP (code = x * 32767 / max|x| of the group, rounded to
+// nearest even, as quantise_groups rounds them), the group's scale max|x| / 32767 in xqs; no sums
+#define I8_GROUP 64
+static void quantise_i16(const float *x, int64_t k, int16_t *xq, float *xqs) {
+  const V sign = vset1(-0.0f);
+  for (int64_t j0 = 0, g = 0; j0 < k; j0 += I8_GROUP, g++) {
+    const int64_t n = k - j0 < I8_GROUP ? k - j0 : I8_GROUP;
+    V mx = vzero();
+    int64_t j = 0;
+#if defined(LEVEL_AVX512)
+    for (; j + W <= n; j += W) mx = vmax(mx, _mm512_andnot_ps(sign, vload(x + j0 + j)));
+    if (j < n) mx = vmax(mx, _mm512_andnot_ps(sign, vloadn(x + j0 + j, n - j)));
+#else
+    for (; j + W <= n; j += W) mx = vmax(mx, _mm256_andnot_ps(sign, vload(x + j0 + j)));
+    if (j < n) mx = vmax(mx, _mm256_andnot_ps(sign, vloadn(x + j0 + j, n - j)));
+#endif
+    const float top = vhmax(mx);
+    xqs[g] = top / 32767.0f;
+    const V inv = vset1(top > 0 ? 32767.0f / top : 0.0f);
+    int16_t *q = xq + j0;
+    for (j = 0; j + W <= n; j += W) {
+#if defined(LEVEL_AVX512)
+      _mm256_storeu_si256((__m256i *)(q + j), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(vmul(vload(x + j0 + j), inv))));
+#else
+      const __m256i c = _mm256_cvtps_epi32(vmul(vload(x + j0 + j), inv));  // |c| <= 32767: packs is exact
+      _mm_storeu_si128((__m128i *)(q + j), _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1)));
+#endif
+    }
+    for (; j < n; j++) q[j] = (int16_t)lrintf(x[j0 + j] * (top > 0 ? 32767.0f / top : 0.0f));
+  }
+}
+#endif
+
 static void prepare(struct In *in, const struct Mat *m) {
   const int rounding = input_rounding(m->fmt);
   const int64_t k = m->k, ls = sums_ld(in->ld);
@@ -502,6 +541,10 @@ static void prepare(struct In *in, const struct Mat *m) {
           for (int64_t j = g * m->group; j < (g + 1) * m->group; j++) s += bf16_to_f32(xb[j]);
           in->xsum[r * ls + g] = s;
         }
+#if defined(LEVEL_AVX512) || defined(LEVEL_AVX2)
+    } else if (rounding == X_INT16 && m->fmt == INT8) {
+      quantise_i16(x, k, in->xq + r * in->ld, in->xqs + r * ls);
+#endif
     } else if (rounding == X_INT16) {
       quantise_groups(x, k, m->group, 16, in->xq + r * in->ld, in->xqs + r * ls, in->xsum + r * ls);
     } else if (rounding == X_INT8) {
@@ -515,7 +558,9 @@ static void prepare(struct In *in, const struct Mat *m) {
 // The hardware prefetchers lose track of four short rows read side by side, so each block asks for
 // the same columns of the rows at least AHEAD_BYTES further on (a multiple of four rows: 4 rows of
 // fp32 at K = 576, 16 of int8), one block running ahead in memory while this one computes.
+#if !defined(AHEAD_BYTES)  // (-D to try another)
 #define AHEAD_BYTES 8192
+#endif
 static inline int64_t ahead_rows(int64_t row_bytes) {
   const int64_t blocks = (AHEAD_BYTES + R * row_bytes - 1) / (R * row_bytes);
   return blocks < 1 ? R : blocks * R;
@@ -877,6 +922,137 @@ static void gemm_int8_sdot(const struct Mat *mt, const struct In *in, float *y, 
     for (int64_t t = 0; t < in->m; t++)
       y[t * ldy + r] = sdot_row(q + r * k, (const int8_t *)(in->xq + t * in->ld), in->xqs + t * ls, k) *
                        bf16_to_f32(scale[r]);
+  }
+}
+#endif
+
+#if defined(LEVEL_AVX512) || defined(LEVEL_AVX2)
+// int8 weights against the token rows' int16 codes (quantise_i16): the codes sign-extended to int16
+// (one instruction a vector) and multiplied pairwise into int32 lanes (vpdpwssd where AVX512-VNNI,
+// else vpmaddwd + vpaddd): half the instructions per product of the int8 -> int32 -> fp32 widening and
+// an FMA. Each group's int32 sums (at most I8_GROUP / 2 pairs of |code| products <= 32767 * 127 a
+// lane: exact) become fp32 once, times the group's scale, into an fp32 chain per output; the row's own
+// scale multiplies the sum. One chain per output whatever the token rows (the same bits alone or among
+// others); `ahead`: the first pass prefetches the block AHEAD_BYTES on.
+#if defined(LEVEL_AVX512)
+#define I8_STEP 32  // inputs a vector
+#define I8_G 2      // token rows a pass: 16 accumulators, 4 weight vectors and an input (of 32 registers)
+typedef __m512i IV;
+static inline __mmask32 mask32(int64_t n) { return n >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << n) - 1); }
+static inline IV i8_wide(const int8_t *p) { return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)p)); }
+static inline IV i8_widen(const int8_t *p, int64_t n) { return _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask32(n), p)); }
+static inline IV i16_load(const int16_t *p) { return _mm512_loadu_si512(p); }
+static inline IV i16_loadn(const int16_t *p, int64_t n) { return _mm512_maskz_loadu_epi16(mask32(n), p); }
+static inline IV izero(void) { return _mm512_setzero_si512(); }
+#if defined(__AVX512VNNI__)
+static inline IV idot(IV a, IV w, IV x) { return _mm512_dpwssd_epi32(a, w, x); }
+#else
+static inline IV idot(IV a, IV w, IV x) { return _mm512_add_epi32(a, _mm512_madd_epi16(w, x)); }
+#endif
+static inline V itof(IV a) { return _mm512_cvtepi32_ps(a); }
+#else
+#define I8_STEP 16
+#define I8_G 1  // 8 accumulators, 4 weight vectors and an input (of 16 registers)
+typedef __m256i IV;
+static inline IV i8_wide(const int8_t *p) { return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p)); }
+static inline IV i8_widen(const int8_t *p, int64_t n) {
+  int8_t t[16] = {0};
+  memcpy(t, p, n);
+  return i8_wide(t);
+}
+static inline IV i16_load(const int16_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+static inline IV i16_loadn(const int16_t *p, int64_t n) {
+  int16_t t[16] = {0};
+  memcpy(t, p, n * 2);
+  return i16_load(t);
+}
+static inline IV izero(void) { return _mm256_setzero_si256(); }
+#if defined(__AVXVNNI__)
+static inline IV idot(IV a, IV w, IV x) { return _mm256_dpwssd_avx_epi32(a, w, x); }
+#else
+static inline IV idot(IV a, IV w, IV x) { return _mm256_add_epi32(a, _mm256_madd_epi16(w, x)); }
+#endif
+static inline V itof(IV a) { return _mm256_cvtepi32_ps(a); }
+#endif
+
+template <int G, int RR>
+static inline void block_i8i16(const int8_t *const *w, const struct In *in, int64_t t0, int64_t k, float *out,
+                               const char *ahead, int64_t row_bytes) {
+  const int64_t ls = sums_ld(in->ld);
+  const int16_t *xq[G];
+  for (int r = 0; r < G; r++) xq[r] = in->xq + (t0 + r) * in->ld;
+  V acc[G][RR];
+  for (int r = 0; r < G; r++)
+    for (int i = 0; i < RR; i++) acc[r][i] = vzero();
+  for (int64_t j0 = 0, g = 0; j0 < k; j0 += I8_GROUP, g++) {
+    const int64_t j1 = j0 + I8_GROUP < k ? j0 + I8_GROUP : k;
+    IV s[G][RR];
+    for (int r = 0; r < G; r++)
+      for (int i = 0; i < RR; i++) s[r][i] = izero();
+    int64_t j = j0;
+    for (; j + I8_STEP <= j1; j += I8_STEP) {
+      if (ahead && (j & 63) == 0)
+        for (int i = 0; i < RR; i++) prefetch(ahead + i * row_bytes + j);
+      IV wv[RR];
+      for (int i = 0; i < RR; i++) wv[i] = i8_wide(w[i] + j);
+      for (int r = 0; r < G; r++) {
+        IV xv = i16_load(xq[r] + j);
+        in_register(xv);
+        for (int i = 0; i < RR; i++) s[r][i] = idot(s[r][i], wv[i], xv);
+      }
+    }
+    if (j < j1) {  // the row's last inputs (k not a multiple of I8_STEP)
+      IV wv[RR];
+      for (int i = 0; i < RR; i++) wv[i] = i8_widen(w[i] + j, j1 - j);
+      for (int r = 0; r < G; r++) {
+        const IV xv = i16_loadn(xq[r] + j, j1 - j);
+        for (int i = 0; i < RR; i++) s[r][i] = idot(s[r][i], wv[i], xv);
+      }
+    }
+    for (int r = 0; r < G; r++) {
+      const V xs = vset1(in->xqs[(t0 + r) * ls + g]);
+      for (int i = 0; i < RR; i++) acc[r][i] = vfma(itof(s[r][i]), xs, acc[r][i]);
+    }
+  }
+  float o[G * R];
+  sums_out<G, RR>(acc, o);
+  for (int r = 0; r < G; r++)
+    for (int i = 0; i < RR; i++) out[(t0 + r) * R + i] = o[r * R + i];
+}
+
+template <int RR>
+static void i8i16_rows(const int8_t *const *w, const struct In *in, int64_t k, float *out, const char *ahead,
+                       int64_t row_bytes) {
+  const int64_t m = in->m, passes = (m + I8_G - 1) / I8_G;
+  for (int64_t p = 0; p < passes; p++) {  // later passes read the block from L1
+    const int64_t m0 = m * p / passes, rows = m * (p + 1) / passes - m0;
+    const char *a = p == 0 ? ahead : NULL;
+#if I8_G >= 2
+    if (rows == 2) {
+      block_i8i16<2, RR>(w, in, m0, k, out, a, row_bytes);
+      continue;
+    }
+#endif
+    for (int64_t t = 0; t < rows; t++) block_i8i16<1, RR>(w, in, m0 + t, k, out, t == 0 ? a : NULL, row_bytes);
+  }
+}
+
+static void gemm_int8_i16(const struct Mat *mt, const struct In *in, float *y, int64_t ldy, int64_t r0, int64_t r1) {
+  const int64_t k = mt->k;
+  const int8_t *q = (const int8_t *)mt->w;
+  const uint16_t *scale = (const uint16_t *)mt->scale;
+  float out[MAX_ROWS * R];
+  for (int64_t r = r0; r < r1;) {
+    const int rr = r + R <= r1 ? R : 1;
+    const int8_t *w[R];
+    for (int i = 0; i < R; i++) w[i] = q + (r + (i < rr ? i : 0)) * k;
+    if (rr == R)
+      i8i16_rows<R>(w, in, k, out, (const char *)(q + (r + ahead_rows(k)) * k), k);
+    else
+      i8i16_rows<1>(w, in, k, out, NULL, k);
+    for (int64_t t = 0; t < in->m; t++)
+      for (int i = 0; i < rr; i++) y[t * ldy + r + i] = out[t * R + i] * bf16_to_f32(scale[r + i]);
+    r += rr;
   }
 }
 #endif
@@ -1288,6 +1464,8 @@ static void gemm(const struct Mat *mt, const struct In *in, float *y, int64_t ld
     case INT8:
 #if defined(HAVE_SDOT)
       gemm_int8_sdot(mt, in, y, ldy, r0, r1);
+#elif defined(LEVEL_AVX512) || defined(LEVEL_AVX2)
+      gemm_int8_i16(mt, in, y, ldy, r0, r1);
 #else
       gemm_rows<I8Rows>(mt, in, y, ldy, r0, r1, work, [mt](int64_t r) {
         I8Rows w;
