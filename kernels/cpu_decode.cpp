@@ -370,8 +370,11 @@ static inline V vload_i8n(const int8_t *p, int64_t n) {
 }
 #endif
 
+// Software prefetches go to L2 (prefetcht1), not L1 (t0): on the 2-core Zen 4 a product's streams of
+// prefetcht0 filled at ~15 GB/s (the L1's few outstanding misses), prefetcht1 at 22-43 GB/s (bf16, int8
+// products over 30 matrices beyond the LLC, M = 1, 2 threads, 2026-12-02; docs/benchmarks.md, issue 22)
 #if !defined(PREFETCH_LOCALITY)  // (-D to try another: 3 = prefetcht0, 2 = t1, 1 = t2, 0 = nta)
-#define PREFETCH_LOCALITY 3
+#define PREFETCH_LOCALITY 2
 #endif
 static inline void prefetch(const void *p) { __builtin_prefetch(p, 0, PREFETCH_LOCALITY); }
 #if defined(__GNUC__)
