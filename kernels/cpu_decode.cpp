@@ -377,6 +377,9 @@ static inline V vload_i8n(const int8_t *p, int64_t n) {
 #define PREFETCH_LOCALITY 2
 #endif
 static inline void prefetch(const void *p) { __builtin_prefetch(p, 0, PREFETCH_LOCALITY); }
+// INT4's tiles are one stream a thread, 2048 bytes ahead: prefetcht0 keeps them in step (its products fell
+// from 92-103% to 64-68% of the roof with prefetcht1 in the same run)
+static inline void prefetch_l1(const void *p) { __builtin_prefetch(p, 0, 3); }
 #if defined(__GNUC__)
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 #else
@@ -1074,7 +1077,7 @@ static void gemm_int8_i16(const struct Mat *mt, const struct In *in, float *y, i
 static ALWAYS_INLINE void int4_nibbles(const uint8_t *p, int64_t j, __m512i *c) {
   const __m512i low4 = _mm512_set1_epi32(0x000F000F), exponent = _mm512_set1_epi32(0x43004300);
   const __m512i v = _mm512_loadu_si512(p + 64 * j);
-  prefetch(p + 64 * j + 2048);
+  prefetch_l1(p + 64 * j + 2048);
   c[0] = _mm512_ternarylogic_epi32(v, low4, exponent, 0xEA);  // (v & mask) | 0x4300 per word
   c[1] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 4), low4, exponent, 0xEA);
   c[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 8), low4, exponent, 0xEA);
@@ -1177,7 +1180,7 @@ static inline void int4_group(const uint8_t *p, int64_t octets, const struct In 
         for (int a = 0; a < 4; a++) c[a] = unpacked[8 * j + 4 * h + a];
       } else {
         const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 64 * j + 32 * h));
-        if (h == 0) prefetch(p + 64 * j + 2048);
+        if (h == 0) prefetch_l1(p + 64 * j + 2048);
         c[0] = _mm256_and_si256(v, low4);
         c[1] = _mm256_and_si256(_mm256_srli_epi32(v, 4), low4);
         c[2] = _mm256_and_si256(_mm256_srli_epi32(v, 8), low4);
