@@ -179,8 +179,14 @@ class MixedResult:
 
 def run_mixed(model, hardware, dtype: str, policy: str, n_users: int, n_requests: int, workload: Workload,
               attention: str = "flash", seed: int = 0, num_blocks: int | None = None,
-              token_budget: int = 256, chunk_size: int | None = 128) -> MixedResult:
-    """Closed loop: each user sends its next request when the last one ends (after think time)."""
+              token_budget: int | None = None, chunk_size: int | None = 128) -> MixedResult:
+    """Closed loop: each user sends its next request when the last one ends (after think time).
+    `token_budget` None: what the app's serving plans (engine/serving/server.py): on a CPU within the
+    C++ step's rows where it runs (cpu_token_budget), else 256; prompt chunks no longer than that."""
+    if token_budget is None:
+        from engine.serving.server import CPU_TOKEN_BUDGET, cpu_token_budget
+        token_budget = cpu_token_budget(model) if model.device.type == "cpu" else CPU_TOKEN_BUDGET
+        chunk_size = None if chunk_size is None else min(chunk_size, token_budget)
     longest = (max(map(len, workload.prompts)) if workload.prompt_lens is None else workload.prompt_lens[1]) \
         + workload.output_lens[1]
     num_blocks = num_blocks or n_users * -(-longest // BLOCK_SIZE)

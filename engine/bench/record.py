@@ -82,8 +82,8 @@ def weight_pages(model) -> dict | None:
     """How much of a CPU model's weights sit on 2 MiB pages (kernels/cpu_roof.py: {"share", "exact"}),
     None on a GPU or where the kernel does not say: a decode step streams its weights faster from
     huge pages (issue 24)."""
-    tensors = {t.data_ptr(): t.nbytes for t in (*model.parameters(), *model.buffers())
-               if t.device.type == "cpu" and t.numel()}
+    from engine.model.huge_pages import model_tensors
+    tensors = {t.data_ptr(): t.nbytes for t in model_tensors(model) if t.device.type == "cpu" and t.numel()}
     from kernels.cpu_roof import huge_page_share
     found = huge_page_share(tensors.items()) if tensors else None
     return None if found is None else {"share": found[0], "exact": found[1]}

@@ -239,3 +239,30 @@ def test_the_batch_sweep_says_which_batches_beat_the_measured_roof():
     assert above_roof_line([point(1, 0.84, 0.37), point(2, 0.86, 0.70)]) == ""
     line = above_roof_line([point(1, 0.84, 0.37), point(4, 0.70, 1.0172), point(32, 0.23, 1.0548), point(8, 1.09, 0.3)])
     assert line.startswith("batch 32, 8: above the measured roof")
+
+
+def test_mixed_run_plans_its_steps_within_the_cpp_steps_rows(model, monkeypatch):
+    """The headless mixed workload plans as the app's serving does (engine/serving/server.py
+    cpu_token_budget): on a CPU every step, arrivals' prompt chunks included, runs in the C++ step.
+    At 256 rows a step, 8 users' 40-token prompts went to PyTorch's batched path, so the in-window
+    figure had no like-for-like headless one (issue 23)."""
+    from engine.model import cpu_step
+    if cpu_step.unavailable_reason(cpu_step._context(model)):
+        pytest.fail(f"the C++ step must build here: {cpu_step.unavailable_reason(cpu_step._context(model))}")
+    rows = cpu_step.library(cpu_step._context(model)).max_rows
+    seen = []
+    step = BatchRunner.step
+
+    def watched(self):
+        plan, sampled, m = step(self)
+        if m is not None:
+            seen.append((m.tokens_in, cpu_step.ran_in_cpp(model)))
+        return plan, sampled, m
+
+    monkeypatch.setattr(BatchRunner, "step", watched)
+    gen = torch.Generator().manual_seed(3)
+    prompts = tuple(tuple(torch.randint(1, CFG.vocab_size, (40,), generator=gen).tolist()) for _ in range(8))
+    wl = Workload(prompts=prompts, prompt_lens=None, output_lens=(3, 9))
+    r = run_mixed(model, fake_cpu(), "fp32", "continuous", n_users=8, n_requests=16, workload=wl)
+    assert r.requests == 16 and sum(n for n, _ in seen) > 16 * 40
+    assert max(n for n, _ in seen) <= rows and all(cpp for _, cpp in seen)

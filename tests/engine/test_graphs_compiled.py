@@ -48,9 +48,10 @@ def compiled_run(tmp_path_factory):
     from torch._inductor import config as inductor_config
     from torch._inductor.utils import run_and_get_code
 
-    with pytest.MonkeyPatch.context() as mp:
+    # inductor's own patch, not monkeypatch: monkeypatch's undo deletes a config entry (the entry is then
+    # hidden, and a second set-up of this fixture, as a random order makes, finds no compile_threads)
+    with pytest.MonkeyPatch.context() as mp, inductor_config.patch(compile_threads=1):  # no compile workers
         mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor")))
-        mp.setattr(inductor_config, "compile_threads", 1)  # no pool of compile workers to start
         torch._dynamo.reset()
         engine = Engine(loaded(), device="cpu", settings=GREEDY)
         engine.graphs = GraphDecoder("cpu", cpu_compile=True)
@@ -89,3 +90,11 @@ def test_the_compiled_step_writes_the_cache_in_place(compiled_run):
     layer_buffer = CFG.n_kv_heads * CFG.max_seq_len * CFG.head_dim  # one layer's K (or V) buffer, elements
     loops = {int(n) for n in re.findall(r"static_cast<int64_t>\((\d+)L\)", code)}
     assert not {n for n in loops if n >= layer_buffer}, "a loop runs over a whole cache buffer: a per-step copy"
+
+
+def test_the_fixture_leaves_inductor_s_config_as_it_found_it(compiled_run):
+    """Set up again (a random order tears module fixtures down between a module's tests), the fixture must
+    find inductor's config whole: monkeypatch's undo hid `compile_threads` for the rest of the process."""
+    from torch._inductor import config as inductor_config
+
+    assert isinstance(inductor_config.compile_threads, int)

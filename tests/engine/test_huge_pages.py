@@ -73,3 +73,19 @@ def test_a_model_s_weights_are_packed_onto_huge_pages_with_their_values_and_alia
     moved = {t.untyped_storage().data_ptr() for layer in int4.layers for t in huge_pages.model_tensors(layer.wqkv)}
     assert len(moved) == 1 and not moved & buffer  # the new layers in a buffer of their own; the shared ones stay
     assert int4.embed is model.embed
+
+
+def test_the_bench_counts_the_tensors_a_layer_keeps_as_plain_attributes():
+    """A quantised layer keeps its CPU tiles as plain attributes, not parameters: the bench's page share
+    covers them too (engine/model/huge_pages.py model_tensors is its one walk over a model)."""
+    import torch
+
+    from engine.bench.record import weight_pages
+
+    class Tiles(torch.nn.Module):  # nothing registered: what an INT4 layer's CPU tiles look like to .parameters()
+        def __init__(self):
+            super().__init__()
+            self.tiles = torch.ones(1 << 20, dtype=torch.uint8)
+
+    found = weight_pages(Tiles())
+    assert found is not None and 0.0 <= found["share"] <= 1.0
