@@ -370,7 +370,16 @@ static inline V vload_i8n(const int8_t *p, int64_t n) {
 }
 #endif
 
-static inline void prefetch(const void *p) { __builtin_prefetch(p, 0, 3); }
+// Software prefetches go to L2 (prefetcht1), not L1 (t0): on the 2-core Zen 4 a product's streams of
+// prefetcht0 filled at ~15 GB/s (the L1's few outstanding misses), prefetcht1 at 22-43 GB/s (bf16, int8
+// products over 30 matrices beyond the LLC, M = 1, 2 threads, 2026-12-02; docs/benchmarks.md, issue 22)
+#if !defined(PREFETCH_LOCALITY)  // (-D to try another: 3 = prefetcht0, 2 = t1, 1 = t2, 0 = nta)
+#define PREFETCH_LOCALITY 2
+#endif
+static inline void prefetch(const void *p) { __builtin_prefetch(p, 0, PREFETCH_LOCALITY); }
+// INT4's tiles are one stream a thread, 2048 bytes ahead: prefetcht0 keeps them in step (its products fell
+// from 92-103% to 64-68% of the roof with prefetcht1 in the same run)
+static inline void prefetch_l1(const void *p) { __builtin_prefetch(p, 0, 3); }
 #if defined(__GNUC__)
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 #else
@@ -420,6 +429,8 @@ static int input_rounding(int64_t fmt) {
     case INT8:
 #if defined(HAVE_SDOT)
       return X_INT8;
+#elif defined(LEVEL_AVX512) || defined(LEVEL_AVX2)
+      return X_INT16;
 #else
       return X_EXACT;
 #endif
@@ -482,6 +493,40 @@ static void round_bf16_row(const float *x, int64_t k, int64_t group, uint16_t *x
 }
 #endif
 
+#if defined(LEVEL_AVX512) || defined(LEVEL_AVX2)
+// INT8's inputs: int16 codes per group of I8_GROUP (code = x * 32767 / max|x| of the group, rounded to
+// nearest even, as quantise_groups rounds them), the group's scale max|x| / 32767 in xqs; no sums
+#define I8_GROUP 64
+static void quantise_i16(const float *x, int64_t k, int16_t *xq, float *xqs) {
+  const V sign = vset1(-0.0f);
+  for (int64_t j0 = 0, g = 0; j0 < k; j0 += I8_GROUP, g++) {
+    const int64_t n = k - j0 < I8_GROUP ? k - j0 : I8_GROUP;
+    V mx = vzero();
+    int64_t j = 0;
+#if defined(LEVEL_AVX512)
+    for (; j + W <= n; j += W) mx = vmax(mx, _mm512_andnot_ps(sign, vload(x + j0 + j)));
+    if (j < n) mx = vmax(mx, _mm512_andnot_ps(sign, vloadn(x + j0 + j, n - j)));
+#else
+    for (; j + W <= n; j += W) mx = vmax(mx, _mm256_andnot_ps(sign, vload(x + j0 + j)));
+    if (j < n) mx = vmax(mx, _mm256_andnot_ps(sign, vloadn(x + j0 + j, n - j)));
+#endif
+    const float top = vhmax(mx);
+    xqs[g] = top / 32767.0f;
+    const V inv = vset1(top > 0 ? 32767.0f / top : 0.0f);
+    int16_t *q = xq + j0;
+    for (j = 0; j + W <= n; j += W) {
+#if defined(LEVEL_AVX512)
+      _mm256_storeu_si256((__m256i *)(q + j), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(vmul(vload(x + j0 + j), inv))));
+#else
+      const __m256i c = _mm256_cvtps_epi32(vmul(vload(x + j0 + j), inv));  // |c| <= 32767: packs is exact
+      _mm_storeu_si128((__m128i *)(q + j), _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1)));
+#endif
+    }
+    for (; j < n; j++) q[j] = (int16_t)lrintf(x[j0 + j] * (top > 0 ? 32767.0f / top : 0.0f));
+  }
+}
+#endif
+
 static void prepare(struct In *in, const struct Mat *m) {
   const int rounding = input_rounding(m->fmt);
   const int64_t k = m->k, ls = sums_ld(in->ld);
@@ -502,6 +547,10 @@ static void prepare(struct In *in, const struct Mat *m) {
           for (int64_t j = g * m->group; j < (g + 1) * m->group; j++) s += bf16_to_f32(xb[j]);
           in->xsum[r * ls + g] = s;
         }
+#if defined(LEVEL_AVX512) || defined(LEVEL_AVX2)
+    } else if (rounding == X_INT16 && m->fmt == INT8) {
+      quantise_i16(x, k, in->xq + r * in->ld, in->xqs + r * ls);
+#endif
     } else if (rounding == X_INT16) {
       quantise_groups(x, k, m->group, 16, in->xq + r * in->ld, in->xqs + r * ls, in->xsum + r * ls);
     } else if (rounding == X_INT8) {
@@ -515,7 +564,9 @@ static void prepare(struct In *in, const struct Mat *m) {
 // The hardware prefetchers lose track of four short rows read side by side, so each block asks for
 // the same columns of the rows at least AHEAD_BYTES further on (a multiple of four rows: 4 rows of
 // fp32 at K = 576, 16 of int8), one block running ahead in memory while this one computes.
+#if !defined(AHEAD_BYTES)  // (-D to try another)
 #define AHEAD_BYTES 8192
+#endif
 static inline int64_t ahead_rows(int64_t row_bytes) {
   const int64_t blocks = (AHEAD_BYTES + R * row_bytes - 1) / (R * row_bytes);
   return blocks < 1 ? R : blocks * R;
@@ -881,6 +932,137 @@ static void gemm_int8_sdot(const struct Mat *mt, const struct In *in, float *y, 
 }
 #endif
 
+#if defined(LEVEL_AVX512) || defined(LEVEL_AVX2)
+// int8 weights against the token rows' int16 codes (quantise_i16): the codes sign-extended to int16
+// (one instruction a vector) and multiplied pairwise into int32 lanes (vpdpwssd where AVX512-VNNI,
+// else vpmaddwd + vpaddd): half the instructions per product of the int8 -> int32 -> fp32 widening and
+// an FMA. Each group's int32 sums (at most I8_GROUP / 2 pairs of |code| products <= 32767 * 127 a
+// lane: exact) become fp32 once, times the group's scale, into an fp32 chain per output; the row's own
+// scale multiplies the sum. One chain per output whatever the token rows (the same bits alone or among
+// others); `ahead`: the first pass prefetches the block AHEAD_BYTES on.
+#if defined(LEVEL_AVX512)
+#define I8_STEP 32  // inputs a vector
+#define I8_G 2      // token rows a pass: 16 accumulators, 4 weight vectors and an input (of 32 registers)
+typedef __m512i IV;
+static inline __mmask32 mask32(int64_t n) { return n >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << n) - 1); }
+static inline IV i8_wide(const int8_t *p) { return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)p)); }
+static inline IV i8_widen(const int8_t *p, int64_t n) { return _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask32(n), p)); }
+static inline IV i16_load(const int16_t *p) { return _mm512_loadu_si512(p); }
+static inline IV i16_loadn(const int16_t *p, int64_t n) { return _mm512_maskz_loadu_epi16(mask32(n), p); }
+static inline IV izero(void) { return _mm512_setzero_si512(); }
+#if defined(__AVX512VNNI__)
+static inline IV idot(IV a, IV w, IV x) { return _mm512_dpwssd_epi32(a, w, x); }
+#else
+static inline IV idot(IV a, IV w, IV x) { return _mm512_add_epi32(a, _mm512_madd_epi16(w, x)); }
+#endif
+static inline V itof(IV a) { return _mm512_cvtepi32_ps(a); }
+#else
+#define I8_STEP 16
+#define I8_G 1  // 8 accumulators, 4 weight vectors and an input (of 16 registers)
+typedef __m256i IV;
+static inline IV i8_wide(const int8_t *p) { return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p)); }
+static inline IV i8_widen(const int8_t *p, int64_t n) {
+  int8_t t[16] = {0};
+  memcpy(t, p, n);
+  return i8_wide(t);
+}
+static inline IV i16_load(const int16_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+static inline IV i16_loadn(const int16_t *p, int64_t n) {
+  int16_t t[16] = {0};
+  memcpy(t, p, n * 2);
+  return i16_load(t);
+}
+static inline IV izero(void) { return _mm256_setzero_si256(); }
+#if defined(__AVXVNNI__)
+static inline IV idot(IV a, IV w, IV x) { return _mm256_dpwssd_avx_epi32(a, w, x); }
+#else
+static inline IV idot(IV a, IV w, IV x) { return _mm256_add_epi32(a, _mm256_madd_epi16(w, x)); }
+#endif
+static inline V itof(IV a) { return _mm256_cvtepi32_ps(a); }
+#endif
+
+template <int G, int RR>
+static inline void block_i8i16(const int8_t *const *w, const struct In *in, int64_t t0, int64_t k, float *out,
+                               const char *ahead, int64_t row_bytes) {
+  const int64_t ls = sums_ld(in->ld);
+  const int16_t *xq[G];
+  for (int r = 0; r < G; r++) xq[r] = in->xq + (t0 + r) * in->ld;
+  V acc[G][RR];
+  for (int r = 0; r < G; r++)
+    for (int i = 0; i < RR; i++) acc[r][i] = vzero();
+  for (int64_t j0 = 0, g = 0; j0 < k; j0 += I8_GROUP, g++) {
+    const int64_t j1 = j0 + I8_GROUP < k ? j0 + I8_GROUP : k;
+    IV s[G][RR];
+    for (int r = 0; r < G; r++)
+      for (int i = 0; i < RR; i++) s[r][i] = izero();
+    int64_t j = j0;
+    for (; j + I8_STEP <= j1; j += I8_STEP) {
+      if (ahead && (j & 63) == 0)
+        for (int i = 0; i < RR; i++) prefetch(ahead + i * row_bytes + j);
+      IV wv[RR];
+      for (int i = 0; i < RR; i++) wv[i] = i8_wide(w[i] + j);
+      for (int r = 0; r < G; r++) {
+        IV xv = i16_load(xq[r] + j);
+        in_register(xv);
+        for (int i = 0; i < RR; i++) s[r][i] = idot(s[r][i], wv[i], xv);
+      }
+    }
+    if (j < j1) {  // the row's last inputs (k not a multiple of I8_STEP)
+      IV wv[RR];
+      for (int i = 0; i < RR; i++) wv[i] = i8_widen(w[i] + j, j1 - j);
+      for (int r = 0; r < G; r++) {
+        const IV xv = i16_loadn(xq[r] + j, j1 - j);
+        for (int i = 0; i < RR; i++) s[r][i] = idot(s[r][i], wv[i], xv);
+      }
+    }
+    for (int r = 0; r < G; r++) {
+      const V xs = vset1(in->xqs[(t0 + r) * ls + g]);
+      for (int i = 0; i < RR; i++) acc[r][i] = vfma(itof(s[r][i]), xs, acc[r][i]);
+    }
+  }
+  float o[G * R];
+  sums_out<G, RR>(acc, o);
+  for (int r = 0; r < G; r++)
+    for (int i = 0; i < RR; i++) out[(t0 + r) * R + i] = o[r * R + i];
+}
+
+template <int RR>
+static void i8i16_rows(const int8_t *const *w, const struct In *in, int64_t k, float *out, const char *ahead,
+                       int64_t row_bytes) {
+  const int64_t m = in->m, passes = (m + I8_G - 1) / I8_G;
+  for (int64_t p = 0; p < passes; p++) {  // later passes read the block from L1
+    const int64_t m0 = m * p / passes, rows = m * (p + 1) / passes - m0;
+    const char *a = p == 0 ? ahead : NULL;
+#if I8_G >= 2
+    if (rows == 2) {
+      block_i8i16<2, RR>(w, in, m0, k, out, a, row_bytes);
+      continue;
+    }
+#endif
+    for (int64_t t = 0; t < rows; t++) block_i8i16<1, RR>(w, in, m0 + t, k, out, t == 0 ? a : NULL, row_bytes);
+  }
+}
+
+static void gemm_int8_i16(const struct Mat *mt, const struct In *in, float *y, int64_t ldy, int64_t r0, int64_t r1) {
+  const int64_t k = mt->k;
+  const int8_t *q = (const int8_t *)mt->w;
+  const uint16_t *scale = (const uint16_t *)mt->scale;
+  float out[MAX_ROWS * R];
+  for (int64_t r = r0; r < r1;) {
+    const int rr = r + R <= r1 ? R : 1;
+    const int8_t *w[R];
+    for (int i = 0; i < R; i++) w[i] = q + (r + (i < rr ? i : 0)) * k;
+    if (rr == R)
+      i8i16_rows<R>(w, in, k, out, (const char *)(q + (r + ahead_rows(k)) * k), k);
+    else
+      i8i16_rows<1>(w, in, k, out, NULL, k);
+    for (int64_t t = 0; t < in->m; t++)
+      for (int i = 0; i < rr; i++) y[t * ldy + r + i] = out[t * R + i] * bf16_to_f32(scale[r + i]);
+    r += rr;
+  }
+}
+#endif
+
 // ---- INT4 tiles: the 16 rows of a tile are vector lanes; each token row keeps 16 accumulators ----------
 // Per group of inputs: sum = sum_j code[j] x[j] over the group (each level its own way), then
 // acc += sum * scale + min * xsum. `acc` is (m, 16) fp32.
@@ -890,10 +1072,21 @@ static void gemm_int8_sdot(const struct Mat *mt, const struct In *in, float *y, 
 // code c becomes the bf16 number 128 + c by setting the exponent bits (c | 0x4300): one logic op,
 // exact; the 128 * sum(x) it adds to each group's sum comes off with the mins' term. Two chains per
 // token row: the products of an octet do not wait on each other.
+// the 64 bytes of octet j of a group (16 rows' words) as four vectors of bf16 numbers 128 + code, one per
+// nibble pair (inputs 2a, 2a + 1 of the octet in each word's halves), the octet 2048 bytes on prefetched
+static ALWAYS_INLINE void int4_nibbles(const uint8_t *p, int64_t j, __m512i *c) {
+  const __m512i low4 = _mm512_set1_epi32(0x000F000F), exponent = _mm512_set1_epi32(0x43004300);
+  const __m512i v = _mm512_loadu_si512(p + 64 * j);
+  prefetch_l1(p + 64 * j + 2048);
+  c[0] = _mm512_ternarylogic_epi32(v, low4, exponent, 0xEA);  // (v & mask) | 0x4300 per word
+  c[1] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 4), low4, exponent, 0xEA);
+  c[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 8), low4, exponent, 0xEA);
+  c[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 12), low4, exponent, 0xEA);
+}
+
 template <int G>
 static inline void int4_group(const uint8_t *p, int64_t octets, const struct In *in, int64_t t0, int64_t g,
                               int64_t group, const uint16_t *st, const uint16_t *mt, float *acc, const __m512i *unpacked) {
-  const __m512i low4 = _mm512_set1_epi32(0x000F000F), exponent = _mm512_set1_epi32(0x43004300);
   __m512 s0[G], s1[G];
   for (int r = 0; r < G; r++) s0[r] = s1[r] = _mm512_setzero_ps();
   for (int64_t j = 0; j < octets; j++) {
@@ -901,12 +1094,7 @@ static inline void int4_group(const uint8_t *p, int64_t octets, const struct In 
     if (unpacked) {
       for (int a = 0; a < 4; a++) c[a] = unpacked[4 * j + a];
     } else {
-      const __m512i v = _mm512_loadu_si512(p + 64 * j);
-      prefetch(p + 64 * j + 2048);
-      c[0] = _mm512_ternarylogic_epi32(v, low4, exponent, 0xEA);  // (v & mask) | 0x4300 per word
-      c[1] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 4), low4, exponent, 0xEA);
-      c[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 8), low4, exponent, 0xEA);
-      c[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 12), low4, exponent, 0xEA);
+      int4_nibbles(p, j, c);
     }
     for (int r = 0; r < G; r++) {
       const uint32_t *xp = (const uint32_t *)(in->xb + (t0 + r) * in->ld + g * group) + 4 * j;  // input pairs
@@ -929,15 +1117,7 @@ static inline void int4_group(const uint8_t *p, int64_t octets, const struct In 
 }
 
 static inline void int4_unpack(const uint8_t *p, int64_t octets, __m512i *out) {
-  const __m512i low4 = _mm512_set1_epi32(0x000F000F), exponent = _mm512_set1_epi32(0x43004300);
-  for (int64_t j = 0; j < octets; j++) {
-    const __m512i v = _mm512_loadu_si512(p + 64 * j);
-    prefetch(p + 64 * j + 2048);
-    out[4 * j] = _mm512_ternarylogic_epi32(v, low4, exponent, 0xEA);
-    out[4 * j + 1] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 4), low4, exponent, 0xEA);
-    out[4 * j + 2] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 8), low4, exponent, 0xEA);
-    out[4 * j + 3] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 12), low4, exponent, 0xEA);
-  }
+  for (int64_t j = 0; j < octets; j++) int4_nibbles(p, j, out + 4 * j);
 }
 typedef __m512i Unpacked;
 #define UNPACKED_PER_OCTET 4
@@ -950,7 +1130,6 @@ typedef __m512i Unpacked;
 template <int G>
 static inline void int4_tile(const uint8_t *p, int64_t groups, int64_t octets, const struct In *in, int64_t t0,
                              int64_t group, const uint16_t *st, const uint16_t *mt, float *acc, const __m512i *unpacked) {
-  const __m512i low4 = _mm512_set1_epi32(0x000F000F), exponent = _mm512_set1_epi32(0x43004300);
   const int64_t ls = sums_ld(in->ld);
   __m512 a[G];
   for (int r = 0; r < G; r++) a[r] = _mm512_setzero_ps();
@@ -962,12 +1141,7 @@ static inline void int4_tile(const uint8_t *p, int64_t groups, int64_t octets, c
       if (unpacked) {
         for (int b = 0; b < 4; b++) c[b] = unpacked[4 * (g * octets + j) + b];
       } else {
-        const __m512i v = _mm512_loadu_si512(p + 64 * j);
-        prefetch(p + 64 * j + 2048);
-        c[0] = _mm512_ternarylogic_epi32(v, low4, exponent, 0xEA);
-        c[1] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 4), low4, exponent, 0xEA);
-        c[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 8), low4, exponent, 0xEA);
-        c[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 12), low4, exponent, 0xEA);
+        int4_nibbles(p, j, c);
       }
       for (int b = 0; b < 4; b++) in_register(c[b]);
       for (int r = 0; r < G; r++) {
@@ -1006,7 +1180,7 @@ static inline void int4_group(const uint8_t *p, int64_t octets, const struct In 
         for (int a = 0; a < 4; a++) c[a] = unpacked[8 * j + 4 * h + a];
       } else {
         const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 64 * j + 32 * h));
-        if (h == 0) prefetch(p + 64 * j + 2048);
+        if (h == 0) prefetch_l1(p + 64 * j + 2048);
         c[0] = _mm256_and_si256(v, low4);
         c[1] = _mm256_and_si256(_mm256_srli_epi32(v, 4), low4);
         c[2] = _mm256_and_si256(_mm256_srli_epi32(v, 8), low4);
@@ -1296,6 +1470,8 @@ static void gemm(const struct Mat *mt, const struct In *in, float *y, int64_t ld
     case INT8:
 #if defined(HAVE_SDOT)
       gemm_int8_sdot(mt, in, y, ldy, r0, r1);
+#elif defined(LEVEL_AVX512) || defined(LEVEL_AVX2)
+      gemm_int8_i16(mt, in, y, ldy, r0, r1);
 #else
       gemm_rows<I8Rows>(mt, in, y, ldy, r0, r1, work, [mt](int64_t r) {
         I8Rows w;

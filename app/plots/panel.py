@@ -225,7 +225,10 @@ class PlotsPanel(QWidget):
             self._stack.addWidget(cells[name])
             cells[name].setVisible(True)
         self._drawn_version = self._readout_version = -1
-        self._stack.setSizes([1300 if name == "extra" else 1000 for name in self.shown])
+        # sizes go to the splitter's widgets in its order, and it keeps the cells of earlier layouts
+        # (hidden): each gets a size, 0 for those off show (else a shown cell took a hidden one's)
+        weights = {cells[name]: 1300 if name == "extra" else 1000 for name in self.shown}
+        self._stack.setSizes([weights.get(self._stack.widget(i), 0) for i in range(self._stack.count())])
         self._stack.setVisible(True)
         self.cells_changed.emit()
 

@@ -277,3 +277,28 @@ def test_a_legend_that_gains_its_first_row_sits_above_the_data_at_once(qtbot):
     view.draw(StepWindow(live))  # no event in between, as a paint right after the frame would see it
     legend, data = view.plot.legend, view.plot.getViewBox().sceneBoundingRect()
     assert len(legend.items) == 1 and legend.sceneBoundingRect().bottom() <= data.top() + 1
+
+
+def test_each_tour_step_s_two_cells_share_the_height_at_1280x720(make_window, qtbot):
+    """The default tour's layouts in its order, at 1280x720 with projector fonts: each step's one or two
+    cells take the panel's height between them (the side panel a little more), none squashed. Seen in
+    Xvfb on the clicker: the presenter's splitter kept the cells of the steps before, hidden, and gave
+    them the sizes, so "roofline, timeline" after "tokens, timeline" drew the timeline a few pixels high
+    (and step 8's roofline, step 9's tokens/s)."""
+    from app.tour import load_tour
+
+    window = make_window(large_fonts=True)
+    the_talk = talk.install(window)
+    window.fit_to_screen(QRect(0, 0, 1280, 720))
+    window.show()
+    QApplication.processEvents()
+    stack = window.plots._stack
+    for step in load_tour("default", checked=False).steps:
+        the_talk.presenter.show(list(step.plots))
+        QApplication.processEvents()
+        shown = [stack.widget(i) for i in range(stack.count()) if stack.widget(i).isVisibleTo(stack)]
+        side = set(step.plots) & {"table", "kv", "serving"}
+        assert len(shown) == len(step.plots) - len(side) + bool(side), (step.title, shown)
+        heights = [widget.height() for widget in shown]
+        assert sum(heights) >= stack.height() - stack.handleWidth() * len(shown) - 2, (step.title, heights)
+        assert min(heights) >= 0.4 * (stack.height() - stack.handleWidth()) / (len(shown) / 2), (step.title, heights)

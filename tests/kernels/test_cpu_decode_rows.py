@@ -13,7 +13,7 @@ from engine.model import cpu_step
 from engine.serving.batch_forward import forward_plan
 from engine.serving.scheduler import Request, Scheduler
 from kernels import cpu_decode
-from tests.kernels.test_cpu_decode import GQA, LEVELS, QWEN, TOLERANCE, model_of, reference_of, relative_error
+from tests.kernels.test_cpu_decode import GQA, LEVELS, QWEN, model_of, reference_of, relative_error, step_tolerance
 
 FORMATS = [("fp32", "fp"), ("fp32", "int8"), ("fp32", "int4"), ("bf16", "fp"), ("bf16", "int4")]
 
@@ -55,7 +55,7 @@ def test_a_verify_steps_rows_are_the_one_token_steps_bits(isa, layout, dtype, we
     ref = new_cache(QWEN, model.dtype, layout)
     ref_model(torch.tensor([prompt]), 0, ref)
     want = ref_model(torch.tensor([new]), len(prompt), ref, logits_rows=len(new))[0]
-    assert relative_error(rows, want) < (1e-1 if dtype == "bf16" else TOLERANCE[(dtype, weights)])
+    assert relative_error(rows, want) < (1e-1 if dtype == "bf16" else step_tolerance(isa, dtype, weights))
 
 
 def schedule_all(model, prompts, block_size=4, num_blocks=48):
@@ -113,7 +113,7 @@ def test_a_batch_of_sequences_in_one_step_gives_each_its_own_steps_bits(isa, dty
         n = next((j + 1 for j, (g, w) in enumerate(zip(got[i], want[i])) if g.argmax() != w.argmax()),
                  min(len(got[i]), len(want[i])))
         assert relative_error(torch.stack(got[i][:n]), torch.stack(want[i][:n])) < \
-            (1e-1 if dtype == "bf16" else TOLERANCE[(dtype, weights)])
+            (1e-1 if dtype == "bf16" else step_tolerance(isa, dtype, weights))
 
 
 @torch.inference_mode()
