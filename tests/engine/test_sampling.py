@@ -81,3 +81,18 @@ def test_masked_tokens_get_no_probability_even_when_they_are_the_most_likely():
         assert float(probabilities(masked, params)[:, banned].sum()) == 0.0
         assert torch.allclose(probabilities(masked, params).sum(dim=-1), torch.ones(3))
     assert torch.equal(mask_tokens(logits.clone(), ()), logits)  # nothing masked: untouched
+
+
+def test_greedy_takes_torchs_argmax_on_ties_nan_and_masked_rows():
+    """The CPU fp32 argmax (numpy's) picks what torch's does: the first of tied maxima, the first NaN,
+    index 0 of an all -inf row; int64, the rows' shape."""
+    from engine.model.sampling import greedy
+    x = torch.randn(4, 1000, generator=torch.Generator().manual_seed(0))
+    x[0, 3] = x[0, 9] = 100.0
+    x[1, 5] = x[1, 7] = float("nan")
+    x[2] = float("-inf")
+    for rows in (x, x[:, :], x[1], torch.randn(2, 3, 50)[:, -1]):
+        got = greedy(rows)
+        assert got.dtype == torch.int64 and got.shape == rows.argmax(dim=-1).shape
+        assert torch.equal(got, rows.argmax(dim=-1))
+    assert greedy(x).tolist()[:3] == [3, 5, 0]
