@@ -78,5 +78,9 @@ class BatchLifecycle:
 
 
 def batch_label(settings: Settings) -> str:
+    """The batch's steps' label. With users set to 0 the batch goes on until the leaving users' last
+    replies end: those steps say so, and never name the chat's speculation (a batch does not speculate)."""
     s = settings
-    return s.label if s.users else replace(s, kv_layout="paged").label + " · batched"
+    if s.users:
+        return s.label
+    return replace(s, kv_layout="paged", speculate="off").label + " · leaving users' last requests, batched"

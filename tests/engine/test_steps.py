@@ -159,7 +159,9 @@ def test_the_batch_is_dropped_when_the_last_user_has_left_and_after_a_failed_ste
         batch.step(0)
     assert batch.server is None
     assert batch_label(settings).endswith("2 users continuous")
-    assert batch_label(replace(settings, users=0)).endswith(" · batched")
+    assert batch_label(replace(settings, users=0)).endswith(" · leaving users' last requests, batched")
+    leaving = batch_label(replace(settings, users=0, speculate="ngram", draft_tokens=4))  # the chat speculates
+    assert "spec" not in leaving and leaving.endswith("last requests, batched")  # the batch does not
 
 
 def test_a_reply_counts_its_first_token_time_and_ends_on_eos_budget_or_context():
