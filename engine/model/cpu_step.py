@@ -291,7 +291,7 @@ def plan_for(model, cache) -> _Plan | None:
     where a module cannot describe itself."""
     plans = _context(model).cpu_step.plans
     plan = plans.get(model)
-    if plan is None or plan.cache() is not cache:
+    if plan is None or not plan.over(cache):
         plan = _Plan.build(model, cache)
         if plan is None:
             return None
@@ -470,7 +470,7 @@ class _Plan:
         def vec(t: torch.Tensor | None) -> int | None:
             if t is None:
                 return None
-            t = t.detach().contiguous()
+            t = t if t.is_contiguous() else t.contiguous()  # (no new tensor where none is needed)
             plan.keep.append(t)
             return t.data_ptr()
 
@@ -497,10 +497,15 @@ class _Plan:
         plan.lib = library(_context(model))
         plan.cos, plan.sin = model.rope_cos, model.rope_sin  # (max_seq_len, head_dim) fp32
         plan.vocab = cfg.vocab_size
-        plan.cache = weakref.ref(cache)
-        plan.keep += [cache.k, cache.v]
+        # the cache and its K/V, weakly: a dtype switch gives a paged cache new K/V in place
+        # (engine/kv/cache.py astype), and a plan must neither write the old ones nor keep them alive
+        plan.cache, plan.k, plan.v = weakref.ref(cache), weakref.ref(cache.k), weakref.ref(cache.v)
         plan.scratch = torch.empty(0, dtype=torch.float32)  # grown to the most rows asked for
         return plan
+
+    def over(self, cache) -> bool:
+        """Whether this plan points into `cache`'s K/V as they are now."""
+        return self.cache() is cache and self.k() is cache.k and self.v() is cache.v
 
     def run(self, rows: list[tuple[int, int, int, int | None]], logit_rows: list[int],
             profile: torch.Tensor | None = None) -> torch.Tensor:

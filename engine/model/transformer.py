@@ -102,7 +102,7 @@ class Linear(nn.Module):
     def cpu_matrix(self) -> tuple | None:
         """This weight for the C++ CPU decode step (engine/model/cpu_step.py); None: it cannot."""
         fmt = {torch.float32: 0, torch.bfloat16: 1}.get(self.weight.dtype)
-        return None if fmt is None else cpu_step.matrix(fmt, self.weight.detach())
+        return None if fmt is None else cpu_step.matrix(fmt, self.weight)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, context: EngineContext | None = None) -> torch.Tensor:

@@ -174,3 +174,42 @@ def test_the_path_line_names_the_step_that_ran_a_batchs_decode_rows():
     ops = ops_of_a_batch(False)
     assert ops["decode step"] == {PYTORCH_ROWS_LABEL: 5} and "C++ CPU step" not in ops["attention decode"]
     assert f"decode steps 5 {PYTORCH_ROWS_LABEL}; decode attention torch SDPA" in path_line({"cuda_graphs": "off", "ops": ops})
+
+
+@torch.inference_mode()
+def test_a_paged_cache_switched_to_another_precision_and_back_is_the_one_the_step_writes():
+    """The chat's paged cache changes precision in place (a dtype switch keeps the conversation): fp32,
+    then a bf16 step, then fp32 again. The fp32 model's C++ step must read and write the cache's new
+    K/V, not the ones it was planned over before the switch (kept alive, they held the context as it
+    was then); and a plan keeps no cache's K/V alive."""
+    import gc
+    import weakref
+
+    fp32, bf16 = model_of(QWEN, "fp32", "fp"), model_of(QWEN, "bf16", "fp")
+    prompt, (a, b, c) = [3, 17, 40, 2, 99, 150, 7], (11, 23, 5)
+
+    def run(use_cpp: bool):
+        if not use_cpp:
+            default_context().kernels.disable("cpu_step", "the reference")
+        cache = PagedKVCache(QWEN, num_blocks=16, block_size=4, dtype=torch.float32, device="cpu")
+        routed = 0
+        fp32(torch.tensor([prompt]), 0, cache)
+        fp32(torch.tensor([[a]]), len(prompt), cache)
+        routed += cpu_step.ran_in_cpp(fp32)
+        first_k = weakref.ref(cache.k)
+        cache.astype(torch.bfloat16)
+        bf16(torch.tensor([[b]]), len(prompt) + 1, cache)
+        routed += cpu_step.ran_in_cpp(bf16)
+        cache.astype(torch.float32)
+        logits = fp32(torch.tensor([[c]]), len(prompt) + 2, cache)[0, -1]
+        routed += cpu_step.ran_in_cpp(fp32)
+        default_context().kernels.reset()
+        gc.collect()
+        return logits, cache, routed, first_k() is None
+
+    got, cache, routed, freed = run(True)
+    assert routed == 3  # each of the three one-token steps ran in C++
+    want, ref, _, _ = run(False)
+    assert relative_error(cache.k, ref.k) < 1e-2 and relative_error(cache.v, ref.v) < 1e-2
+    assert relative_error(got, want) < 1e-2
+    assert freed  # the fp32 K/V before the switch went with it
