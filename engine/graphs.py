@@ -16,6 +16,7 @@ than eager on the default model at batch 1, so only the overhead sweep asks for 
 from __future__ import annotations
 
 import time
+import weakref
 
 import torch
 
@@ -41,7 +42,7 @@ class GraphDecoder:
         self.device = device
         self.cuda = device.startswith("cuda")
         self._steps: dict[int, object] = {}  # id(model) -> its compiled step, all for the cache below
-        self._cache_id: int | None = None
+        self._cache_kv: tuple = ()  # the cache and its K/V those steps write, weakly
         self._calls: dict[int, int] = {}  # id(model) -> calls of its compiled step so far
         self.kind = "CUDA graph" if self.cuda else "compiled step" if cpu_compile else ""  # what a capture is here
         # why graphs do not run ("" while they can)
@@ -115,9 +116,12 @@ class GraphDecoder:
     def _step_for(self, model: Transformer, cache):
         """The compiled step of `model` over `cache`. Steps are kept per model (switching weights
         back and forth must not compile again inside a reply or a timed run) and dropped when the
-        cache changes. A kept step holds its model, so an id cannot be reused while it is kept."""
-        if id(cache) != self._cache_id:
-            self._steps, self._calls, self._cache_id = {}, {}, id(cache)
+        cache or its K/V buffers change (a step writes the addresses it was captured with; an id of
+        a freed cache can come back, a weak reference cannot). A kept step holds its model, so a
+        model's id cannot be reused while it is kept."""
+        if tuple(ref() for ref in self._cache_kv) != (cache, cache.k, cache.v):
+            self._steps, self._calls = {}, {}
+            self._cache_kv = (weakref.ref(cache), weakref.ref(cache.k), weakref.ref(cache.v))
         step = self._steps.get(id(model))
         if step is None:
             import torch._dynamo

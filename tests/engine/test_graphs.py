@@ -69,8 +69,14 @@ def test_compiled_steps_are_kept_per_model_and_dropped_with_the_cache(compiles):
     for m in (a, b, a, b):  # switching weights back and forth compiles each model once
         decode(decoder, m, cache, 0)
     assert len(compiles) == 2 and decoder.captures == 2
-    decode(decoder, a, ContiguousKVCache(CFG, 1, CFG.max_seq_len, torch.float32, "cpu"), 0)  # a new cache
+    cache = ContiguousKVCache(CFG, 1, CFG.max_seq_len, torch.float32, "cpu")
+    decode(decoder, a, cache, 0)  # a new cache
     assert len(compiles) == 3 and decoder.captures == 3
+    # the same cache object with new K/V (as a paged cache's precision switch gives): the captured step
+    # wrote the old buffers' addresses, so it is dropped too (an id of a freed cache can come back)
+    cache.k, cache.v = cache.k.clone(), cache.v.clone()
+    decode(decoder, a, cache, 0)
+    assert len(compiles) == 4 and decoder.captures == 4
 
 
 def test_a_failed_compile_switches_graphs_off_with_the_reason(monkeypatch):
