@@ -16,12 +16,12 @@ than eager on the default model at batch 1, so only the overhead sweep asks for 
 from __future__ import annotations
 
 import time
-import weakref
 
 import torch
 
 from engine.context import default_context
 from engine.dispatch import record
+from engine.kv.cache import BuffersRef
 from engine.model.attention import captured_attention_path, captured_reads_whole_buffer
 from engine.model.transformer import Transformer
 from kernels.registry import KernelSwitches
@@ -42,7 +42,7 @@ class GraphDecoder:
         self.device = device
         self.cuda = device.startswith("cuda")
         self._steps: dict[int, object] = {}  # id(model) -> its compiled step, all for the cache below
-        self._cache_kv: tuple = ()  # the cache and its K/V those steps write, weakly
+        self._cache_buffers: BuffersRef | None = None  # the cache and its K/V those steps write
         self._calls: dict[int, int] = {}  # id(model) -> calls of its compiled step so far
         self.kind = "CUDA graph" if self.cuda else "compiled step" if cpu_compile else ""  # what a capture is here
         # why graphs do not run ("" while they can)
@@ -119,9 +119,8 @@ class GraphDecoder:
         cache or its K/V buffers change (a step writes the addresses it was captured with; an id of
         a freed cache can come back, a weak reference cannot). A kept step holds its model, so a
         model's id cannot be reused while it is kept."""
-        if tuple(ref() for ref in self._cache_kv) != (cache, cache.k, cache.v):
-            self._steps, self._calls = {}, {}
-            self._cache_kv = (weakref.ref(cache), weakref.ref(cache.k), weakref.ref(cache.v))
+        if self._cache_buffers is None or not self._cache_buffers.matches(cache):
+            self._steps, self._calls, self._cache_buffers = {}, {}, BuffersRef(cache)
         step = self._steps.get(id(model))
         if step is None:
             import torch._dynamo

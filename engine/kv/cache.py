@@ -5,12 +5,28 @@ block tables. Both: `update(layer, start_pos, k, v)`, `truncate(n)`, `length`, `
 ("off", no cache, is the model run with cache=None: every step recomputes the context.)"""
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from engine.kv.blocks import BlockPool, KVCacheFull, KVCacheManager, KVCacheSnapshot, contiguous_snapshot
 from engine.model.config import ModelConfig
 
 DEFAULT_BLOCK_SIZE = 16  # positions per block (vLLM's default on GPUs)
+
+
+class BuffersRef:
+    """A cache and the K/V tensors it has now, held weakly: whether something made over them (the C++
+    step's plan, a captured decode step), which points at their addresses, still matches the cache.
+    A paged cache's precision switch gives it new K/V in place (`PagedKVCache.astype`), and an id of a
+    freed cache can come back; a weak reference can do neither, nor keep the old buffers alive."""
+
+    def __init__(self, cache):
+        self._refs = (weakref.ref(cache), weakref.ref(cache.k), weakref.ref(cache.v))
+
+    def matches(self, cache) -> bool:
+        was_cache, was_k, was_v = (ref() for ref in self._refs)
+        return was_cache is cache and was_k is cache.k and was_v is cache.v
 
 
 class ContiguousKVCache:

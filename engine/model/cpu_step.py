@@ -22,14 +22,13 @@ import ctypes
 import functools
 import threading
 import time
-import weakref
 from dataclasses import dataclass, replace
 
 import torch
 
 from engine.context import CpuStepState, EngineContext, default_context
 from engine.dispatch import record
-from engine.kv.cache import ContiguousKVCache
+from engine.kv.cache import BuffersRef, ContiguousKVCache
 
 ACT_FORMATS = {torch.float32: 0, torch.bfloat16: 1}  # kernels/cpu_decode.py F32, BF16
 STEP_LABEL = "C++ CPU step (one OpenMP region)"  # what the bench's path line calls it
@@ -291,7 +290,7 @@ def plan_for(model, cache) -> _Plan | None:
     where a module cannot describe itself."""
     plans = _context(model).cpu_step.plans
     plan = plans.get(model)
-    if plan is None or not plan.over(cache):
+    if plan is None or not plan.buffers.matches(cache):
         plan = _Plan.build(model, cache)
         if plan is None:
             return None
@@ -497,15 +496,9 @@ class _Plan:
         plan.lib = library(_context(model))
         plan.cos, plan.sin = model.rope_cos, model.rope_sin  # (max_seq_len, head_dim) fp32
         plan.vocab = cfg.vocab_size
-        # the cache and its K/V, weakly: a dtype switch gives a paged cache new K/V in place
-        # (engine/kv/cache.py astype), and a plan must neither write the old ones nor keep them alive
-        plan.cache, plan.k, plan.v = weakref.ref(cache), weakref.ref(cache.k), weakref.ref(cache.v)
+        plan.buffers = BuffersRef(cache)  # (a plan must neither write a cache's old K/V nor keep them alive)
         plan.scratch = torch.empty(0, dtype=torch.float32)  # grown to the most rows asked for
         return plan
-
-    def over(self, cache) -> bool:
-        """Whether this plan points into `cache`'s K/V as they are now."""
-        return self.cache() is cache and self.k() is cache.k and self.v() is cache.v
 
     def run(self, rows: list[tuple[int, int, int, int | None]], logit_rows: list[int],
             profile: torch.Tensor | None = None) -> torch.Tensor:

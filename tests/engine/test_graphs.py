@@ -74,6 +74,7 @@ def test_compiled_steps_are_kept_per_model_and_dropped_with_the_cache(compiles):
     assert len(compiles) == 3 and decoder.captures == 3
     # the same cache object with new K/V (as a paged cache's precision switch gives): the captured step
     # wrote the old buffers' addresses, so it is dropped too (an id of a freed cache can come back)
+    old_kv = cache.k, cache.v  # (still alive: the check is by identity, never by value)
     cache.k, cache.v = cache.k.clone(), cache.v.clone()
     decode(decoder, a, cache, 0)
     assert len(compiles) == 4 and decoder.captures == 4
