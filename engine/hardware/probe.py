@@ -168,6 +168,20 @@ MIN_READ_BYTES = 256 * 2**20
 FALLBACK_LLC_BYTES = 32 * 2**20  # where the cache size cannot be read
 
 
+def read_sizes(llc: int, ram: int | None) -> list[int]:
+    """The read probe's buffer sizes: READ_SIZE_FACTORS times the last-level cache, each at least
+    MIN_READ_BYTES and at most MAX_READ_BYTES, held at once within an eighth of the RAM. Where that cap
+    makes them one size (a 480 MiB L3 in 24 GiB: 7.5 and 15 GiB wanted), one buffer takes the whole
+    eighth, the furthest past the cache the RAM allows (3 GiB: 6.4x that L3, where two of 1.5 GiB
+    would read 3.2x)."""
+    wanted = sorted({max(MIN_READ_BYTES, factor * llc) for factor in READ_SIZE_FACTORS})
+    share = ram // (8 * len(wanted)) if ram else MAX_READ_BYTES
+    sizes = sorted({min(MAX_READ_BYTES, share, n) for n in wanted})
+    if len(sizes) < len(wanted):
+        sizes = [min(MAX_READ_BYTES, ram // 8 if ram else MAX_READ_BYTES, wanted[-1])]
+    return sizes
+
+
 def cache_file() -> Path:
     """Where the roofs are kept: MEMBOUND_ROOF_CACHE, else the user's cache dir (membound/roof.json);
     the environment is read at each call (engine/options.py), so a test's temporary file is seen."""
@@ -340,8 +354,7 @@ def measure_cpu_roof(threads: int, progress: Callable[[str], None]) -> MeasuredR
     rounds: list[float] = []
     others = None
     if probe is not None:
-        cap = min(MAX_READ_BYTES, ram // 16) if ram else MAX_READ_BYTES  # both sizes held at once: <= 1/8 of RAM
-        sizes = sorted({min(cap, max(MIN_READ_BYTES, factor * llc)) for factor in READ_SIZE_FACTORS})
+        sizes = read_sizes(llc, ram)
         progress(f"measuring CPU read bandwidth ({', '.join(f'{n >> 20}' for n in sizes)} MiB, {threads} threads, "
                  f"{READ_ROUNDS} rounds)…")
         buffers = [probe.read_buffer(n) for n in sizes]

@@ -129,7 +129,10 @@ def test_the_measured_roof_is_the_best_round_and_says_its_spread(monkeypatch):
     monkeypatch.setattr(probe, "bf16_flops", lambda threads: None)
     monkeypatch.setattr(roofs, "measure_matmul_flops", lambda *a, **k: 1.0)
     monkeypatch.setattr(roofs, "READ_ROUND_GAP_S", 0.0)
+    monkeypatch.setattr(roofs, "llc_bytes", lambda: 32 << 20)  # two sizes (512 MiB, 1 GiB), whatever this machine's
+    monkeypatch.setattr(roofs, "_ram_total_bytes", lambda: 24 << 30)
     record = roofs.measure_cpu_roof(2, lambda message: None)
+    assert list(record.read_gbs_by_size) == ["512 MiB", "1024 MiB"]
     assert record.read_gbs == pytest.approx(2.0) and record.read_gbs_rounds == [1.0, 2.0, 1.25, 1.0, 1.0]
     assert "2 MiB pages" in record.method and "rounds 1.0–2.0" in record.describe()
 
@@ -163,3 +166,18 @@ def test_other_processes_cpu_time_is_counted_apart_from_the_probe_s_own(monkeypa
     assert roofs.quiet_now(0.0)  # 0.2 cores beside it
     monkeypatch.setattr(roofs, "cpu_ticks", iter([(1000, 5000, 300), (1180, 5200, 400)]).__next__)
     assert not roofs.quiet_now(0.0)
+
+
+def test_the_read_probe_s_sizes_stay_past_the_cache_within_an_eighth_of_the_ram():
+    MiB, GiB = 1 << 20, 1 << 30
+    assert roofs.read_sizes(32 * MiB, 24 * GiB) == [512 * MiB, GiB]  # 16x and 32x the cache
+    assert roofs.read_sizes(8 * MiB, 24 * GiB) == [256 * MiB]  # both below the floor: one size
+    assert roofs.read_sizes(260 * MiB, 128 * GiB) == [4 * GiB]  # both past MAX_READ_BYTES: one of it
+    # a 480 MiB L3 in 24 GiB (an Intel Xeon guest here): two sizes would both be capped at 1.5 GiB,
+    # 3.2x the cache; one buffer of the whole eighth reads 6.4x past it
+    assert roofs.read_sizes(480 * MiB, 24 * GiB) == [3 * GiB]
+    for llc in (1 * MiB, 32 * MiB, 260 * MiB, 480 * MiB, 2 * GiB):
+        for ram in (4 * GiB, 24 * GiB, 512 * GiB, None):
+            sizes = roofs.read_sizes(llc, ram)
+            assert sizes and sizes == sorted(set(sizes)) and max(sizes) <= roofs.MAX_READ_BYTES
+            assert ram is None or sum(sizes) <= ram // 8
