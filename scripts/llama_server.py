@@ -1,6 +1,6 @@
 """Build llama.cpp's `llama-server`, `llama-batched-bench` and `llama-bench` (CPU only) from the
 llama.cpp source vendored in the `llama-cpp-python` sdist, once per machine, into
-~/.cache/membound/llama-server/VERSION/.
+~/.cache/membound/llama-server/VERSION[-noamx]/.
 
 `python scripts/llama_server.py` builds what is absent and prints the server's path; `binary_path()`
 says where a tool is (or will be). The attach tests serve the default model with the server; `membound
@@ -9,6 +9,7 @@ the source comes from PyPI with pip, the binaries stay in the cache."""
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -29,10 +30,20 @@ CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGM
                  "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_APP=OFF",
                  "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
                  "-DLLAMA_OPENSSL=OFF", "-DGGML_CUDA=OFF", "-DGGML_METAL=OFF", "-DGGML_VULKAN=OFF")
+# x86: no AMX. Built for the CPU (-march=native) on an Intel Xeon with AMX (a KVM guest), llama.cpp
+# 0.3.36's AMX matmul segfaults on the default GGUF at its first step (ggml_backend_amx_mul_mat, seen
+# 2026-12-02 with llama-bench and llama-server alike); without it the tools run the AVX-512 kernels.
+# GCC and clang let an explicit -mno-* win over -march=native's, whatever their order.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+BUILD_OPTIONS = CMAKE_OPTIONS + ((f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}") if X86 else ())
+# the cache's folder names the build: a change of options builds again beside the old binaries
+# (engine/bench/llamacpp.py takes the newest)
+BUILD_SUFFIX = "-noamx" if X86 else ""
 
 
 def binary_path(version: str = VERSION, tool: str = "llama-server") -> Path:
-    return CACHE_ROOT / version / tool
+    return CACHE_ROOT / (version + BUILD_SUFFIX) / tool
 
 
 def _built(path: Path) -> bool:
@@ -64,11 +75,11 @@ def build(version: str = VERSION, jobs: int | None = None, log=print) -> Path:
             safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # (Python 3.11.4+)
             archive.extractall(work, members=members, **safe)
         source, build_dir = work / prefix, work / "build"
-        build_log = CACHE_ROOT / version / "build.log"
+        build_log = binary_path(version).with_name("build.log")
         build_log.parent.mkdir(parents=True, exist_ok=True)
         log(f"llama_server: building {', '.join(missing)} with {jobs} jobs (CPU only; compiler output in {build_log})")
         with open(build_log, "w") as output:
-            for command in (["cmake", "-S", str(source), "-B", str(build_dir), *CMAKE_OPTIONS],
+            for command in (["cmake", "-S", str(source), "-B", str(build_dir), *BUILD_OPTIONS],
                             ["cmake", "--build", str(build_dir), "--target", *missing, "-j", str(jobs)]):
                 if subprocess.run(command, stdout=output, stderr=subprocess.STDOUT, check=False).returncode != 0:
                     tail = build_log.read_text(errors="replace").splitlines()[-30:]
