@@ -128,7 +128,7 @@ def cpu_packed_weight(weight: torch.Tensor, context: EngineContext | None = None
     elementwise): a dropped model frees its copies, and the modules hold nothing extra (copies,
     state dicts and pickles see plain weights)."""
     if torch.compiler.is_compiling() or weight.dtype not in CPU_PACKED_DTYPES or weight.dim() != 2 \
-            or not _onednn_available():
+            or not _onednn_packs(weight.dtype):
         return None
     context = context or default_context()
     hit = context.packed_weights.get(weight)
@@ -160,6 +160,21 @@ def packed_weight_bytes(context: EngineContext | None = None) -> int:
 def _onednn_available() -> bool:
     return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise") \
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+@functools.cache  # a fact of this torch build and this CPU
+def _onednn_packs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN reorders (and so runs) a `dtype` linear weight here: its bf16 path needs
+    AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT, which an AVX2 laptop lacks (the reorder raises there);
+    asked once of a small weight."""
+    if not _onednn_available():
+        return False
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=dtype), 64)
+        torch.ops.mkldnn._linear_pointwise(torch.zeros(2, 16, dtype=dtype), packed, None, "none", [], "")
+    except RuntimeError:
+        return False
+    return True
 
 
 def _memory_allows(nbytes: int) -> bool:
