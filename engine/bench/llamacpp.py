@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.bench.single import BenchResult
+from engine.hardware.roof import Roof
 from engine.options import EngineOptions
 
 TOOLS = ("llama-server", "llama-batched-bench", "llama-bench")
@@ -282,26 +283,26 @@ def gguf_matmul_bytes(path: Path) -> int:
     return total
 
 
-def result_of(name: str, timings: dict, cfg, prompt_tokens: int, weight_bytes: int, peak_gbs: float,
+def result_of(name: str, timings: dict, cfg, prompt_tokens: int, weight_bytes: int, roof: Roof,
               peak_flops: float) -> BenchResult:
     """llama-server's figures (its `timings`) as a BenchResult: the first token comes from the
     prompt's logits, the rest are decode steps."""
     return peer_result(name, cfg, prompt_tokens=timings["prompt_n"], prefill_s=timings["prompt_ms"] / 1e3,
                        decode_steps=timings["predicted_n"] - 1, decode_s=timings["predicted_ms"] / 1e3,
-                       weight_bytes=weight_bytes, peak_gbs=peak_gbs, peak_flops=peak_flops,
+                       weight_bytes=weight_bytes, roof=roof, peak_flops=peak_flops,
                        context_start=prompt_tokens)
 
 
-def llama_bench_result(name: str, bench: LlamaBench, cfg, weight_bytes: int, peak_gbs: float,
+def llama_bench_result(name: str, bench: LlamaBench, cfg, weight_bytes: int, roof: Roof,
                        peak_flops: float) -> BenchResult:
     return peer_result(name, cfg, prompt_tokens=bench.prompt_tokens,
                        prefill_s=bench.prompt_tokens / bench.prefill_tokens_per_s, decode_steps=bench.decode_tokens,
                        decode_s=bench.decode_tokens / bench.decode_tokens_per_s, weight_bytes=weight_bytes,
-                       peak_gbs=peak_gbs, peak_flops=peak_flops, context_start=bench.depth)
+                       roof=roof, peak_flops=peak_flops, context_start=bench.depth)
 
 
 def peer_result(name: str, cfg, *, prompt_tokens: int, prefill_s: float, decode_steps: int, decode_s: float,
-                weight_bytes: int, peak_gbs: float, peak_flops: float, context_start: int | None = None) -> BenchResult:
+                weight_bytes: int, roof: Roof, peak_flops: float, context_start: int | None = None) -> BenchResult:
     """llama.cpp's times as a BenchResult; bytes and FLOPs from our cost model for what it reads
     (weight_bytes from the file, an fp16 KV cache), step by step from `context_start` (default: after
     the prompt) as ours are counted."""
@@ -312,11 +313,13 @@ def peer_result(name: str, cfg, *, prompt_tokens: int, prefill_s: float, decode_
                        kv_elem_bytes=KV_ELEM_BYTES, act_elem_bytes=4) for i in range(decode_steps)]
     d_bytes = sum(c.total_bytes for c in costs)
     d_flops = sum(c.flops for c in costs)
-    peak_bps = peak_gbs * 1e9
+    # each step under the roof its bytes sit under, as ours are (engine/bench/single.py roof_of)
+    roof_s = sum(c.total_bytes / roof.bandwidth_for(c.total_bytes) for c in costs)
+    levels = sorted({roof.level_for(c.total_bytes) for c in costs}, key=("memory", "cache").index)
     return BenchResult(
         name=name, prompt_tokens=prompt_tokens, decode_tokens=decode_steps,
         prefill_tokens_per_s=prompt_tokens / prefill_s, decode_tokens_per_s=decode_steps / decode_s,
-        ttft_s=prefill_s, decode_achieved_gbs=d_bytes / decode_s / 1e9, peak_gbs=peak_gbs,
-        mbu=d_bytes / decode_s / peak_bps, mfu=d_flops / decode_s / peak_flops,
-        predicted_ceiling_tokens_per_s=decode_steps / sum(c.total_bytes / peak_bps for c in costs),
+        ttft_s=prefill_s, decode_achieved_gbs=d_bytes / decode_s / 1e9, peak_gbs=d_bytes / roof_s / 1e9,
+        mbu=roof_s / decode_s, mfu=d_flops / decode_s / peak_flops,
+        predicted_ceiling_tokens_per_s=decode_steps / roof_s, roof=" + ".join(levels),
         decode_bytes_per_token=d_bytes / decode_steps)

@@ -14,7 +14,7 @@ import torch
 from engine.bench.prompts import bench_prompt_ids
 from engine.bench.record import JsonReport, device_clocks
 # run_ours: for app/gui_bench.py
-from engine.bench.single import BenchResult, path_line, roof_peak, run_ours, timed_run, warm_up
+from engine.bench.single import BenchResult, path_line, roof_of, roof_peak, run_ours, timed_run, warm_up
 from engine.bench.tables import rows_of, side_by_side
 
 __all__ = ["BenchResult", "format_sweep", "format_table", "run_bench", "run_hf", "run_ours", "run_weight_sweep"]
@@ -54,14 +54,15 @@ def run_hf(engine, prompt_ids: list[int], decode_tokens: int, our_steps, progres
     d_flops = sum(s.flops for s in decode)
     n_prompt = len(prompt_ids)
     del hf
+    roof_s, level = roof_of(decode)  # its steps' bytes as ours are charged, so under the same roofs
+    per_token_s = roof_s / len(decode)
     return BenchResult(
         name="transformers", prompt_tokens=n_prompt, decode_tokens=decode_tokens,
         prefill_tokens_per_s=n_prompt / t_first, decode_tokens_per_s=decode_tokens / decode_s, ttft_s=t_first,
-        decode_achieved_gbs=d_bytes / decode_s / 1e9, peak_gbs=engine.hardware.peak_bandwidth_gbs,
-        mbu=d_bytes / decode_s / (engine.hardware.peak_bandwidth_gbs * 1e9),
-        mfu=d_flops / decode_s / decode[-1].peak_flops,
-        predicted_ceiling_tokens_per_s=len(decode) / sum(s.total_bytes / s.peak_bandwidth_bps for s in decode),
-        decode_bytes_per_token=d_bytes / len(decode))
+        decode_achieved_gbs=d_bytes / decode_s / 1e9, peak_gbs=d_bytes / roof_s / 1e9,
+        mbu=roof_s / decode_s,
+        mfu=d_flops / decode_s / decode[-1].peak_flops, predicted_ceiling_tokens_per_s=1 / per_token_s,
+        decode_bytes_per_token=d_bytes / len(decode), roof=level)
 
 
 TABLE_ROWS = [
@@ -70,7 +71,7 @@ TABLE_ROWS = [
     ("TTFT", lambda r: f"{r.ttft_s * 1e3:,.1f} ms"),
     ("decode bytes/token", lambda r: f"{r.decode_bytes_per_token / 1e6:,.1f} MB"),
     ("achieved GB/s", lambda r: f"{r.decode_achieved_gbs:,.1f}"),
-    ("peak GB/s", lambda r: f"{r.peak_gbs:,.1f}"),
+    ("peak GB/s", lambda r: f"{r.peak_gbs:,.1f}" + ("" if r.roof == "memory" else f" ({r.roof})")),
     ("MBU", lambda r: f"{100 * r.mbu:.1f}%"),
     ("MFU", lambda r: f"{100 * r.mfu:.2f}%"),
     ("predicted ceiling tok/s", lambda r: f"{r.predicted_ceiling_tokens_per_s:,.1f}"),
@@ -361,19 +362,20 @@ def _llamacpp_peer(stack: contextlib.ExitStack, engine, gguf, prompt_ids: list[i
     stopped with `stack`); a BenchResult of each, named by the tool."""
     from engine.bench.llamacpp import (PEER_FLOPS_DTYPE, LlamaServer, find_server, find_tool, gguf_matmul_bytes,
                                        llama_bench_result, result_of, run_llama_bench)
+    from engine.hardware.roof import Roof
 
     threads = torch.get_num_threads()
     n_predict = args.decode_tokens + 1  # as ours: the first token, then decode_tokens decode steps
     server = stack.enter_context(LlamaServer(find_server(), gguf, threads, len(prompt_ids) + n_predict + 16))
     weight_bytes = gguf_matmul_bytes(gguf)
     peak_flops = engine.hardware.peak_flops_for(PEER_FLOPS_DTYPE) or float("nan")
-    peak_gbs = engine.hardware.peak_bandwidth_gbs
+    roof = Roof.of(engine.hardware)  # its steps under the same roofs as ours
 
     def run() -> list[BenchResult]:
         bench = run_llama_bench(find_tool("llama-bench"), gguf, threads, len(prompt_ids), args.decode_tokens)
         timings = server.complete(prompt_ids, n_predict)
-        return [llama_bench_result("llama-bench", bench, engine.cfg, weight_bytes, peak_gbs, peak_flops),
-                result_of("llama-server", timings, engine.cfg, len(prompt_ids), weight_bytes, peak_gbs, peak_flops)]
+        return [llama_bench_result("llama-bench", bench, engine.cfg, weight_bytes, roof, peak_flops),
+                result_of("llama-server", timings, engine.cfg, len(prompt_ids), weight_bytes, roof, peak_flops)]
     return run
 
 

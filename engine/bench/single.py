@@ -23,6 +23,15 @@ class BenchResult:
     mfu: float
     predicted_ceiling_tokens_per_s: float
     decode_bytes_per_token: float
+    roof: str = "memory"  # the roof its decode steps sit under: "memory", "cache" (their bytes fit it), or both
+
+
+def roof_of(decode) -> tuple[float, str]:
+    """(seconds the decode steps' bytes take at the roofs they sit under, which roof: "memory", "cache"
+    or "memory + cache"): a step whose bytes fit the last-level cache is measured against its roof, as in
+    the window (engine/hardware/roof.py Roof.level_for), so MBU and the ceiling use the same one."""
+    levels = sorted({getattr(s, "roof", "memory") for s in decode}, key=("memory", "cache").index)
+    return sum(s.total_bytes / s.peak_bandwidth_bps for s in decode), " + ".join(levels)
 
 
 def run_ours(engine, prompt_ids: list[int], decode_tokens: int) -> tuple[BenchResult, list]:
@@ -45,8 +54,7 @@ def run_ours(engine, prompt_ids: list[int], decode_tokens: int) -> tuple[BenchRe
     engine.reset()
     # decode time is wall-clock from the first token to the last, as for transformers (run.py):
     # it includes everything the loop does per token (sampling, detokenising), not only the steps
-    return summarise("membound", prefill, decode, done.ttft_s, engine.hardware.peak_bandwidth_gbs,
-                     decode_wall_s=t_done - t_first_token), steps
+    return summarise("membound", prefill, decode, done.ttft_s, decode_wall_s=t_done - t_first_token), steps
 
 
 def timed_run(engine, prompt_ids: list[int], decode_tokens: int) -> tuple[BenchResult, list, dict]:
@@ -73,20 +81,20 @@ def warm_up_decode_tokens(args) -> int:
     return args.decode_tokens if args.device == "cuda" else min(args.decode_tokens, 3)
 
 
-def summarise(name, prefill, decode, ttft_s, peak_gbs, decode_wall_s: float | None = None) -> BenchResult:
+def summarise(name, prefill, decode, ttft_s, decode_wall_s: float | None = None) -> BenchResult:
     p_s = sum(s.step_s for s in prefill)
     d_s = decode_wall_s if decode_wall_s else sum(s.step_s for s in decode)
     d_bytes = sum(s.total_bytes for s in decode)
     d_flops = sum(s.flops for s in decode)
     n_prompt = sum(s.new_tokens for s in prefill)
     last = decode[-1]
+    roof_s, level = roof_of(decode)
     return BenchResult(
         name=name, prompt_tokens=n_prompt, decode_tokens=len(decode),
         prefill_tokens_per_s=n_prompt / p_s, decode_tokens_per_s=len(decode) / d_s, ttft_s=ttft_s,
-        decode_achieved_gbs=d_bytes / d_s / 1e9, peak_gbs=peak_gbs, mbu=d_bytes / d_s / (peak_gbs * 1e9),
-        mfu=d_flops / d_s / last.peak_flops,
-        predicted_ceiling_tokens_per_s=len(decode) / sum(s.total_bytes / s.peak_bandwidth_bps for s in decode),
-        decode_bytes_per_token=d_bytes / len(decode))
+        decode_achieved_gbs=d_bytes / d_s / 1e9, peak_gbs=d_bytes / roof_s / 1e9, mbu=roof_s / d_s,
+        mfu=d_flops / d_s / last.peak_flops, predicted_ceiling_tokens_per_s=len(decode) / roof_s,
+        decode_bytes_per_token=d_bytes / len(decode), roof=level)
 
 
 def path_line(paths: dict) -> str:

@@ -55,8 +55,9 @@ def _detect_cpu(measure: bool, progress: Callable[[str], None], remeasure: bool 
         measured_flops=dict(roof.flops),
         memory_total_bytes=_ram_total_bytes(),
         source=f"CPU — measured roof ({roof.method})",
-        cache_bandwidth_gbs=roof.cache_read_gbs,
-        cache_bytes=roof.llc_bytes if roof.cache_read_gbs else None,
+        # a cache roof only where some size read faster than memory, and only for steps that fit that size
+        cache_bandwidth_gbs=roof.cache_read_gbs if roof.cache_read_bytes else None,
+        cache_bytes=roof.cache_read_bytes,
         measured_at=roof.measured_at,
     )
 

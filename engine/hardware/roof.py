@@ -74,6 +74,8 @@ def roof_line(spec: DeviceSpec) -> str:
         if not spec.measured_bandwidth_gbs:
             return "peak: not measured"
         cache = f", last-level cache read {spec.cache_bandwidth_gbs:.1f} GB/s" if spec.cache_bandwidth_gbs else ""
+        if cache and spec.cache_bytes:  # the roof of a step whose bytes fit it (Roof.level_for)
+            cache += f" (the roof of a step of up to {spec.cache_bytes / 2**20:.0f} MiB)"
         when = f", measured {spec.measured_at}" if spec.measured_at else ""
         return (f"peak: the measured roof, read {spec.peak_bandwidth_gbs:.1f} GB/s{cache}{when} "
                 f"({spec.source.removeprefix('CPU — ')}; `membound roof`)")
@@ -94,12 +96,15 @@ class MeasuredRoof:
     llc_bytes: int
     read_gbs: float  # the memory roof: best over the sizes
     read_gbs_by_size: dict[str, float]  # "256 MiB" -> best pass
-    cache_read_gbs: float | None  # a buffer of half the last-level cache, read again and again
+    cache_read_gbs: float | None  # the best of buffers within the last-level cache, read again and again
     flops: dict[str, float]  # dtype -> FLOP/s
     flops_method: dict[str, str]  # dtype -> "FMA loop" | "bf16 dot loop" | "GEMM"
     load_average: float | None = None  # the 1-minute load when measured (a busy machine reads low)
     read_gbs_rounds: list[float] | None = None  # each round's best over the sizes: the run's own spread
     other_cores: float | None = None  # cores other processes kept busy during the read probe (/proc/stat)
+    # the largest of those buffers that still read at the cache's rate: the bytes a step must fit to be
+    # under the cache roof (None: no size read faster than memory; where sysfs names a host's L3, less than it)
+    cache_read_bytes: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -115,7 +120,9 @@ class MeasuredRoof:
             sizes += f"; rounds {min(self.read_gbs_rounds):.1f}–{max(self.read_gbs_rounds):.1f}"
         flops = ", ".join(f"{dtype} {value / 1e12:.3f} TFLOP/s ({self.flops_method.get(dtype, '?')})"
                           for dtype, value in self.flops.items())
-        cache = f"; last-level cache ({self.llc_bytes / 2**20:.0f} MiB) read {self.cache_read_gbs:.1f} GB/s" \
-            if self.cache_read_gbs else ""
+        cache = ""
+        if self.cache_read_gbs:
+            fit = f"up to {self.cache_read_bytes / 2**20:.0f} MiB" if self.cache_read_bytes else "no faster than memory"
+            cache = f"; last-level cache ({self.llc_bytes / 2**20:.0f} MiB named) read {self.cache_read_gbs:.1f} GB/s {fit}"
         return (f"read {self.read_gbs:.1f} GB/s ({sizes} GB/s){cache}; {flops}; {self.threads} threads; "
                 f"measured {self.measured_at} by {self.method}")

@@ -181,3 +181,47 @@ def test_the_read_probe_s_sizes_stay_past_the_cache_within_an_eighth_of_the_ram(
             sizes = roofs.read_sizes(llc, ram)
             assert sizes and sizes == sorted(set(sizes)) and max(sizes) <= roofs.MAX_READ_BYTES
             assert ram is None or sum(sizes) <= ram // 8
+
+
+def test_the_cache_roof_is_the_size_that_read_at_the_cache_s_rate_not_the_size_sysfs_names():
+    MiB = 1 << 20
+    # this Intel guest: sysfs names a 480 MiB L3; 30-120 MiB read 54-57 GB/s, 240 MiB the memory's 31.6
+    assert roofs.cache_sizes(480 * MiB, 4 * MiB) == [240 * MiB, 120 * MiB, 60 * MiB, 30 * MiB]
+    reads = {240 * MiB: 31.6, 120 * MiB: 54.1, 60 * MiB: 56.7, 30 * MiB: 57.0}
+    assert roofs.cache_roof(reads, 31.1) == (57.0, 120 * MiB)  # a 274 MB bf16 step is not under it
+    assert roofs.cache_roof({16 * MiB: 33.0, 8 * MiB: 34.0}, 31.1) == (34.0, None)  # no faster than memory
+    assert roofs.cache_roof({}, 31.1) == (None, None)
+    assert roofs.cache_sizes(32 * MiB, 2 * MiB) == [16 * MiB, 8 * MiB, 4 * MiB]  # never within twice the L2s
+    assert roofs.cache_sizes(2 * MiB, 4 * MiB) == [MiB]  # a cache too small to tell from the L2: half of it
+
+
+def test_the_device_has_a_cache_roof_only_for_the_bytes_that_read_at_its_rate(roof_cache, monkeypatch):
+    from engine.hardware import detect
+    fits = replace(fake_record(roofs.machine_fingerprint(torch.get_num_threads())), cache_read_bytes=120 << 20)
+    for record, gbs, size in ((fits, 100.0, 120 << 20), (replace(fits, cache_read_bytes=None), None, None)):
+        monkeypatch.setattr(detect, "cpu_roof", lambda remeasure, progress, record=record: record)
+        spec = detect._detect_cpu(True, lambda message: None)
+        assert (spec.cache_bandwidth_gbs, spec.cache_bytes) == (gbs, size)
+        roof = Roof.of(spec)
+        assert roof.level_for(274e6) == "memory" and roof.level_for(100e6) == ("cache" if gbs else "memory")
+    assert "read 100.0 GB/s up to 120 MiB" in fits.describe()
+
+
+def test_the_bench_measures_each_decode_step_against_the_roof_it_sits_under():
+    # the int4 step of this Intel guest: ~100 MB a token, under its 120 MiB cache roof (56 GB/s), not the
+    # 31 GB/s memory roof the bench once put every column against (and its ceiling against the cache's)
+    from types import SimpleNamespace
+    from engine.bench.single import summarise
+    roof = Roof(bandwidth_bps=31e9, flops={"fp32": 1e12}, cache_bandwidth_bps=56e9, cache_bytes=120 << 20)
+
+    def step(nbytes, phase="decode"):
+        return SimpleNamespace(phase=phase, step_s=0.004, total_bytes=nbytes, flops=1e8, new_tokens=1,
+                               peak_bandwidth_bps=roof.bandwidth_for(nbytes), peak_flops=1e12,
+                               roof=roof.level_for(nbytes))
+    int4 = summarise("int4", [step(100e6, "prefill")], [step(100e6)] * 4, 0.01)
+    assert int4.roof == "cache" and int4.peak_gbs == pytest.approx(56.0)
+    assert int4.mbu == pytest.approx(25.0 / 56.0) and int4.predicted_ceiling_tokens_per_s == pytest.approx(560.0)
+    bf16 = summarise("bf16", [step(274e6, "prefill")], [step(274e6)] * 4, 0.01)
+    assert bf16.roof == "memory" and bf16.mbu == pytest.approx(68.5 / 31.0)
+    both = summarise("both", [step(100e6, "prefill")], [step(100e6), step(274e6)], 0.01)
+    assert both.roof == "memory + cache" and both.mbu == pytest.approx(both.decode_achieved_gbs / both.peak_gbs)
