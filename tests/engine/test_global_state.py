@@ -63,6 +63,8 @@ PROCESS_WIDE = {
     "engine.model.attention._kernels_available": "whether triton imports: a fact of the installed process",
     "engine.model.transformer._onednn_available": "whether this torch build has oneDNN's packed matmul: a fact "
                                                   "of the installed process",
+    "engine.model.transformer._onednn_packs": "whether oneDNN runs a dtype's packed matmul on this CPU (at the "
+                                              "level the process was started with): a fact of the process",
     "engine.model.cpu_step.model_refusal": "a pure function of a frozen ModelConfig, memoised",
     "engine.model.attention._QUIET": "this thread is inside the captured step's attention op (a scoped flag)",
     "engine.model.attention._FLASH_OFF": "stateless switches (flash off) for that op, which cannot be handed "
