@@ -16,7 +16,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from app.i18n import QT_TRANSLATE_NOOP, translate
-from app.plots.style import pen, style_plot
+from app.plots.style import nice_ceiling, pen, style_plot
 from app.theme import Theme
 
 WINDOW_S = 60.0  # seconds of history shown
@@ -131,7 +131,14 @@ class ServingPanel(QWidget):
             policy=policy, running=int(last["running"]), waiting=int(last["waiting"])) + "   " + latency_readout(last))
         for widget in (self.rate_plot, self.seq_plot):
             widget.getPlotItem().setXRange(-min(WINDOW_S, max(float(-x[0]), 1.0)), 0, padding=0.02)
-        top = np.nanmax(aggregate) if np.isfinite(aggregate).any() else 1
-        self.rate_plot.getPlotItem().setYRange(0, max(float(top), 1.0) * 1.15, padding=0)
+        top = nice_ceiling(max(float(np.nanmax(aggregate)) if np.isfinite(aggregate).any() else 1.0, 1.0))
+        self.rate_plot.getPlotItem().setYRange(0, top * 1.15, padding=0)
+        sequences = [buffer.column(name)[keep] for name in ("running", "waiting", "users")]
+        most = max(1.0, *(float(np.nanmax(c)) for c in sequences if np.isfinite(c).any()))
+        self.seq_plot.getPlotItem().setYRange(0, most * 1.15, padding=0)
+        # two short plots: the y axes label 0 and the top only (at projector fonts pyqtgraph's own ticks
+        # wrote "200/150/100/50" over one another in 40 pixels)
+        for widget, high in ((self.rate_plot, top), (self.seq_plot, most)):
+            widget.getAxis("left").setTicks([[(0.0, "0"), (high, f"{high:,.0f}")]])
         self.frames_drawn += 1
         return True

@@ -678,6 +678,14 @@
         <translation>pico de ficha {gbs} GB/s (hoja de datos)</translation>
     </message>
     <message>
+        <source>last-level cache {gbs} GB/s (steps up to {mib} MiB)</source>
+        <translation>caché de último nivel {gbs} GB/s (pasos de hasta {mib} MiB)</translation>
+    </message>
+    <message>
+        <source>{gbs} GB/s (model) · {pct}% of the cache roof</source>
+        <translation>{gbs} GB/s (modelo) · {pct}% del techo de la caché</translation>
+    </message>
+    <message>
         <source>{gbs} GB/s (model) · {pct}% of peak</source>
         <translation>{gbs} GB/s (modelo) · {pct}% del pico</translation>
     </message>

@@ -87,6 +87,26 @@ def test_memory_and_compute_plots_draw_against_the_device_peaks(data, qtbot):
     assert "% of peak" in memory.readout() and "MFU" in compute.readout()
 
 
+def test_a_step_under_the_cache_roof_is_read_against_it_and_the_plot_draws_that_roof(qtbot):
+    # an Intel guest's int4 step: ~100 MB fits its 120 MiB cache roof (56 GB/s); the readout once said
+    # "34% of peak" under a line marked "measured peak 31 GB/s" (34% was of the cache's 56)
+    from dataclasses import replace
+    cpu = replace(fake_cpu(), cache_bandwidth_gbs=80.0, cache_bytes=120 << 20)
+    live = LiveData()
+    live.start_reply(100.0)
+    live.add_step(step(0, "prefill"))
+    for i in range(1, 6):
+        live.add_step(replace(step(i), peak_bandwidth_bps=80e9, roof="cache"))
+    memory = make(MemoryPlot, live, qtbot, cpu)
+    line = memory._peak_lines["cache_bw"]
+    assert line.isVisible() and line.value() == 80.0 and "last-level cache 80 GB/s (steps up to 120 MiB)" in line.label.format
+    assert memory.readout().endswith(f"{100 * (10**6 + 1100) / 0.01 / 80e9:.0f}% of the cache roof")
+    live.add_step(step(6))  # a step under the memory roof: "of peak" again
+    assert memory.readout().endswith("% of peak")
+    plain = make(MemoryPlot, live, qtbot, fake_cpu())  # no cache roof measured: no line
+    assert not plain._peak_lines["cache_bw"].isVisible()
+
+
 def test_a_gpu_with_nvml_adds_its_measured_counters_beside_the_model(data, qtbot):
     from engine.hardware.nvml import HardwareSample
     from engine.hardware.spec import DeviceSpec

@@ -52,6 +52,11 @@ def test_users_are_served_between_replies_and_the_panel_draws_them(make_window, 
     x, y = window.serving_panel.running_item.getData()
     assert len(x) == len(serving) and x[-1] == 0.0
     assert "batching" in window.serving_panel.readout.text() and "TTFT p50" in window.serving_panel.readout.text()
+    # the two short plots label 0 and their top only (their own ticks overlapped at projector fonts)
+    for plot in (window.serving_panel.rate_plot, window.serving_panel.seq_plot):
+        ticks = plot.getAxis("left")._tickLevels
+        assert len(ticks) == 1 and len(ticks[0]) == 2 and ticks[0][0] == (0.0, "0") and ticks[0][1][0] > 0
+    assert window.serving_panel.seq_plot.getAxis("left")._tickLevels[0][1] == (4.0, "4")  # four users
     batched = window.data.steps.column("ai")[-10:]
     assert np.nanmax(batched) > 0
     # arrivals join the running decodes: those steps are "mixed", drawn apart from prefill and decode
