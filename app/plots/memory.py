@@ -10,6 +10,11 @@ from app.plots.step_plot import StepPlot, StepWindow
 from app.plots.style import nice_ceiling, pen
 
 
+def cache_roof_gbs(spec) -> float | None:
+    """A CPU's last-level cache roof (GB/s), where it has one and the bytes a step must fit to be under it."""
+    return getattr(spec, "cache_bandwidth_gbs", None) if getattr(spec, "cache_bytes", None) else None
+
+
 class MemoryPlot(StepPlot):
     title = QT_TRANSLATE_NOOP("Plots", "Memory traffic")
 
@@ -43,7 +48,7 @@ class MemoryPlot(StepPlot):
                      if spec_bw else "")
         self.hline("spec_bw", spec_bw, spec_text, t.spec_peak)
         # a CPU's last-level cache roof: the one a step whose bytes fit it is measured against
-        cache_bw = getattr(spec, "cache_bandwidth_gbs", None) if getattr(spec, "cache_bytes", None) else None
+        cache_bw = cache_roof_gbs(spec)
         cache_text = translate("Plots", "last-level cache {gbs} GB/s (steps up to {mib} MiB)").format(
             gbs=f"{cache_bw:.0f}", mib=f"{spec.cache_bytes / 2**20:.0f}") if cache_bw else ""
         self.hline("cache_bw", cache_bw, cache_text, t.spec_peak)
@@ -55,8 +60,8 @@ class MemoryPlot(StepPlot):
         steps = self.data.steps
         gbs = steps.column("gbs", last=8)
         peak_gbs = steps.last("peak_bps") / 1e9
-        cache_bw = getattr(self.hardware, "cache_bandwidth_gbs", None)
-        if cache_bw and getattr(self.hardware, "cache_bytes", None) and abs(peak_gbs - cache_bw) < 1e-6 * cache_bw:
+        cache_bw = cache_roof_gbs(self.hardware)
+        if cache_bw and abs(peak_gbs - cache_bw) < 1e-6 * cache_bw:
             # the step's bytes fit the last-level cache: its roof is the cache's, and the readout says so
             return translate("Plots", "{gbs} GB/s (model) · {pct}% of the cache roof").format(
                 gbs=f"{np.mean(gbs):.1f}", pct=f"{100 * np.mean(gbs) / peak_gbs:.0f}")

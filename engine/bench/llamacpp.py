@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.bench.single import BenchResult
+from engine.bench.single import BenchResult, roof_levels
 from engine.hardware.roof import Roof
 from engine.options import EngineOptions
 
@@ -315,11 +315,11 @@ def peer_result(name: str, cfg, *, prompt_tokens: int, prefill_s: float, decode_
     d_flops = sum(c.flops for c in costs)
     # each step under the roof its bytes sit under, as ours are (engine/bench/single.py roof_of)
     roof_s = sum(c.total_bytes / roof.bandwidth_for(c.total_bytes) for c in costs)
-    levels = sorted({roof.level_for(c.total_bytes) for c in costs}, key=("memory", "cache").index)
     return BenchResult(
         name=name, prompt_tokens=prompt_tokens, decode_tokens=decode_steps,
         prefill_tokens_per_s=prompt_tokens / prefill_s, decode_tokens_per_s=decode_steps / decode_s,
         ttft_s=prefill_s, decode_achieved_gbs=d_bytes / decode_s / 1e9, peak_gbs=d_bytes / roof_s / 1e9,
         mbu=roof_s / decode_s, mfu=d_flops / decode_s / peak_flops,
-        predicted_ceiling_tokens_per_s=decode_steps / roof_s, roof=" + ".join(levels),
+        predicted_ceiling_tokens_per_s=decode_steps / roof_s,
+        roof=roof_levels(roof.level_for(c.total_bytes) for c in costs),
         decode_bytes_per_token=d_bytes / decode_steps)

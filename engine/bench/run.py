@@ -55,13 +55,12 @@ def run_hf(engine, prompt_ids: list[int], decode_tokens: int, our_steps, progres
     n_prompt = len(prompt_ids)
     del hf
     roof_s, level = roof_of(decode)  # its steps' bytes as ours are charged, so under the same roofs
-    per_token_s = roof_s / len(decode)
     return BenchResult(
         name="transformers", prompt_tokens=n_prompt, decode_tokens=decode_tokens,
         prefill_tokens_per_s=n_prompt / t_first, decode_tokens_per_s=decode_tokens / decode_s, ttft_s=t_first,
         decode_achieved_gbs=d_bytes / decode_s / 1e9, peak_gbs=d_bytes / roof_s / 1e9,
         mbu=roof_s / decode_s,
-        mfu=d_flops / decode_s / decode[-1].peak_flops, predicted_ceiling_tokens_per_s=1 / per_token_s,
+        mfu=d_flops / decode_s / decode[-1].peak_flops, predicted_ceiling_tokens_per_s=len(decode) / roof_s,
         decode_bytes_per_token=d_bytes / len(decode), roof=level)
 
 

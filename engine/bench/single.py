@@ -30,8 +30,12 @@ def roof_of(decode) -> tuple[float, str]:
     """(seconds the decode steps' bytes take at the roofs they sit under, which roof: "memory", "cache"
     or "memory + cache"): a step whose bytes fit the last-level cache is measured against its roof, as in
     the window (engine/hardware/roof.py Roof.level_for), so MBU and the ceiling use the same one."""
-    levels = sorted({getattr(s, "roof", "memory") for s in decode}, key=("memory", "cache").index)
-    return sum(s.total_bytes / s.peak_bandwidth_bps for s in decode), " + ".join(levels)
+    return sum(s.total_bytes / s.peak_bandwidth_bps for s in decode), roof_levels(getattr(s, "roof", "memory") for s in decode)
+
+
+def roof_levels(levels) -> str:
+    """The roofs some steps sit under, in words: "memory", "cache" or "memory + cache"."""
+    return " + ".join(sorted(set(levels), key=("memory", "cache").index))
 
 
 def run_ours(engine, prompt_ids: list[int], decode_tokens: int) -> tuple[BenchResult, list]:

@@ -210,15 +210,22 @@ def cache_roof(reads: dict[int, float], memory_gbs: float) -> tuple[float | None
 
 def l2_bytes() -> int:
     """Every core's L2 together (sysfs: cpu0's level-2 size times the cores this process may use), else 0."""
+    return max((size for level, size in _sysfs_caches() if level == 2), default=0) * _cpu_core_count()
+
+
+def _sysfs_caches() -> list[tuple[int, int]]:
+    """(level, bytes) of each data or unified cache sysfs lists for cpu0; [] where it cannot be read."""
+    found = []
     try:
         for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
-            if int((index / "level").read_text()) == 2 and (index / "type").read_text().strip() in ("Unified", "Data"):
-                text = (index / "size").read_text().strip()
-                size = int(text[:-1]) * {"K": 2**10, "M": 2**20, "G": 2**30}[text[-1]] if text[-1] in "KMG" else int(text)
-                return size * _cpu_core_count()
+            if (index / "type").read_text().strip() not in ("Unified", "Data"):
+                continue
+            text = (index / "size").read_text().strip()
+            size = int(text[:-1]) * {"K": 2**10, "M": 2**20, "G": 2**30}[text[-1]] if text[-1] in "KMG" else int(text)
+            found.append((int((index / "level").read_text()), size))
     except (OSError, ValueError, KeyError):
-        pass
-    return 0
+        return []
+    return found
 
 
 def cache_file() -> Path:
@@ -229,20 +236,7 @@ def cache_file() -> Path:
 
 def llc_bytes() -> int:
     """The last-level cache's size (the largest level sysfs lists for cpu0), else a guess of 32 MiB."""
-    best_level, best_size = -1, 0
-    base = Path("/sys/devices/system/cpu/cpu0/cache")
-    try:
-        for index in base.glob("index*"):
-            kind = (index / "type").read_text().strip()
-            if kind not in ("Unified", "Data"):
-                continue
-            level = int((index / "level").read_text())
-            text = (index / "size").read_text().strip()
-            size = int(text[:-1]) * {"K": 2**10, "M": 2**20, "G": 2**30}[text[-1]] if text[-1] in "KMG" else int(text)
-            if level > best_level or (level == best_level and size > best_size):
-                best_level, best_size = level, size
-    except (OSError, ValueError, KeyError):
-        best_size = 0
+    best_size = max(_sysfs_caches(), default=(-1, 0))[1]  # the highest level, its largest
     if not best_size:
         try:
             best_size = os.sysconf("SC_LEVEL3_CACHE_SIZE") or os.sysconf("SC_LEVEL2_CACHE_SIZE")
