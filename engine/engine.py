@@ -123,7 +123,9 @@ class Engine:
         # batched serving (engine/serving/lifecycle.py): made when users > 0, dropped when they are gone
         self.batch = BatchLifecycle(self.cfg, self.tokenizer, device, self.hardware.memory_total_bytes,
                                     think_range(self.context.options.user_think_s))
-        self.batched = BatchedSteps(self.batch, self.counter, self.max_context)
+        self.batched = BatchedSteps(self.batch, self.counter, self.max_context, self.plain)
+        self.batch.on_end = lambda ids, k, v: self.plain.take_over(ids, k, v, self.settings.kv_layout,
+                                                                   self.model.dtype)
         self._reply_active = False  # a reply is streaming: serve_step() leaves the batch to it
         refusal = self.refusal(self.settings)
         if refusal:

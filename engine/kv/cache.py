@@ -53,6 +53,17 @@ class ContiguousKVCache:
         """Forget positions from `length` on (a rewound conversation); no data moves."""
         self.length = min(self.length, length)
 
+    def prefix(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of row 0's positions 0..n-1, (L, n_kv, n, hd) views."""
+        return self.k[:, 0, :, :n], self.v[:, 0, :, :n]
+
+    def load(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Hold exactly K and V (L, n_kv, n, hd) as positions 0..n-1 of every row."""
+        n = k.shape[2]
+        self.k[:, :, :, :n] = k[:, None]
+        self.v[:, :, :, :n] = v[:, None]
+        self.length = n
+
     @property
     def reserved_bytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
@@ -105,6 +116,25 @@ class PagedKVCache:
     def free(self) -> None:
         for seq in self.seq_ids:
             self.manager.free(seq)
+
+    def prefix(self, n: int, seq: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of a sequence's positions 0..n-1 (default: its first), (L, n_kv, n, hd)."""
+        runs = self.manager.runs(self.seq_ids[0] if seq is None else seq, n)
+        return tuple(torch.cat([t[:, :, slot:slot + m] for slot, m in runs], dim=2) for t in (self.k, self.v))
+
+    def load(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Hold exactly K and V (L, n_kv, n, hd) as positions 0..n-1 of every sequence."""
+        self.free()
+        for seq in self.seq_ids:
+            self.manager.allocate_slots(seq, k.shape[2])
+            self.write(seq, 0, k, v)
+
+    def write(self, seq: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Put K and V (L, n_kv, T, hd) at `seq`'s positions start..start+T-1, every layer at once
+        (their slots allocated already); converted to the pool's precision."""
+        for slot, n, offset in _write_runs(self.manager, seq, start, start + k.shape[2]):
+            self.k[:, :, slot:slot + n] = k[:, :, offset:offset + n]
+            self.v[:, :, slot:slot + n] = v[:, :, offset:offset + n]
 
     def update(self, layer: int, start_pos: int, k: torch.Tensor, v: torch.Tensor):
         """Write the step's k, v (B, n_kv, T, hd) at positions start_pos.. of each row's sequence;

@@ -29,6 +29,9 @@ class BatchLifecycle:
         self.kv_pool_budget_bytes: int | None = None  # the batch KV pool's budget (None: from the device)
         self.user_workload = None  # engine.serving.users.Workload the users send (None: bundled prompts)
         self.on_request: Callable | None = None  # optional callback(event "submitted" | "finished", Request)
+        # callback(ids, K, V) given the person's last turn's K/V when the server is dropped after its
+        # users have left (the batch-1 path takes the conversation over: engine/steps/plain.py)
+        self.on_end: Callable | None = None
 
     def max_users(self, kv_elem_bytes: int) -> int:
         """Simulated users the KV budget holds beside a full-length chat (0..64)."""
@@ -70,6 +73,9 @@ class BatchLifecycle:
 
     def end_if_done(self, settings: Settings) -> None:
         if not settings.users and not self.server.has_unfinished:  # the last user has left
+            kept = self.server.retained_kv()
+            if kept is not None and self.on_end is not None:
+                self.on_end(*kept)
             self._drop()  # frees the pool
 
     def _drop(self) -> None:

@@ -183,10 +183,32 @@ class Scheduler:
         self.kv.truncate(request.request_id, keep)
         request.num_computed_tokens = request.num_reused_tokens = keep
 
+    def take_computed(self, request: Request, n: int) -> int | None:
+        """A waiting request's first `n` tokens were computed elsewhere (the person's batch-1
+        cache when users join a conversation; the old pool at a precision switch): their slots are
+        allocated here and they count as computed (the prompt's among them as reused). Returns the
+        position from which the caller writes their K/V (what the request held already), or None:
+        nothing to add, or no room (it computes them). At least one token is left to run, as when
+        it adopts retained blocks: its logits give the next token."""
+        n = min(n, request.num_tokens - 1)
+        have = request.num_computed_tokens
+        if request.state is not RequestState.WAITING or n <= have or \
+                not self.kv.can_allocate(request.request_id, n - have):
+            return None
+        self.kv.allocate_slots(request.request_id, n - have)
+        request.num_computed_tokens = n
+        request.num_reused_tokens = min(n, len(request.prompt_ids))
+        return have
+
     @property
     def retained_tokens(self) -> int:
         """Tokens of a finished conversation turn kept in the pool for the next one (0: none)."""
         return 0 if self._retained is None else len(self._retained[1])
+
+    @property
+    def retained_ids(self) -> list[int]:
+        """The token ids whose K/V the retained blocks hold ([]: none)."""
+        return [] if self._retained is None else list(self._retained[1])
 
     @property
     def retained_id(self) -> int | None:

@@ -26,7 +26,7 @@ from engine.model.config import ModelConfig
 from engine.model.sampling import mask_tokens, sample
 from engine.model.transformer import Transformer
 from engine.serving.batch_forward import BatchRunner
-from engine.serving.scheduler import Request, RequestState
+from engine.serving.scheduler import Request, RequestState, common_prefix
 from engine.serving.users import SimulatedUsers, Workload, bundled_prompts
 from engine.settings import MAX_USERS, SamplingParams
 
@@ -197,8 +197,17 @@ class BatchServer:
         sched = old.scheduler
         self._drain_finished()
         requests = list(sched.running) + list(sched.waiting)
-        self._preempted_before += sched.num_preemptions + len(sched.running)
-        for req in sched.running:
+        # the person's context keeps its K/V, converted (as the batch-1 cache's are at a switch):
+        # recomputing a long conversation in chunks would stall the batch for seconds
+        person = self.person.request if self.person is not None else None
+        carried = None
+        if person is not None and person in requests and person.num_computed_tokens:
+            k, v = old.cache.prefix(person.num_computed_tokens, seq=person.request_id)
+            carried = k.to(model.dtype), v.to(model.dtype)
+            reused = person.num_reused_tokens  # (what it took over when it came, not what it computed)
+        recomputing = [r for r in sched.running if r is not person or carried is None]
+        self._preempted_before += sched.num_preemptions + len(recomputing)
+        for req in recomputing:
             req.num_preemptions += 1
         kept = (sched.policy, old.attention, old.roof, old.settings_label)
         self.runner = None
@@ -207,14 +216,41 @@ class BatchServer:
         for req in requests:
             req.num_computed_tokens = req.num_reused_tokens = 0
             self.runner.scheduler.add_request(req)
+        if carried is not None and self._take_computed(person, *carried):
+            person.num_reused_tokens = reused
 
     # ---- requests ---------------------------------------------------------------------------
     def submit_person(self, request: Request, sampling: SamplingParams, generator: torch.Generator | None,
-                      masked: tuple[int, ...] = ()) -> None:
+                      masked: tuple[int, ...] = (), cached=None, cached_ids: list[int] = ()) -> None:
+        """The person's request; `cached` (the batch-1 KV cache, holding `cached_ids`) gives the
+        pool the K/V of the prefix it shares with the request's prompt, so a long conversation
+        joins the batch without prefilling its context again (the users are not kept waiting)."""
         self.runner.scheduler.add_request(request)
+        if cached is not None:
+            n = min(common_prefix(list(cached_ids), request.prompt_ids), cached.length)
+            self._take_computed(request, *cached.prefix(n))
         self._sampler.person = _Person(request, sampling, generator, masked)
         if self.on_request:
             self.on_request("submitted", request)
+
+    def _take_computed(self, request: Request, k: torch.Tensor, v: torch.Tensor) -> bool:
+        """K/V (L, n_kv, n, hd) of the request's first n tokens, computed elsewhere, into the pool
+        where it has room (False: it computes them)."""
+        start = self.runner.scheduler.take_computed(request, k.shape[2])
+        if start is None:
+            return False
+        end = request.num_computed_tokens
+        self.runner.cache.write(request.request_id, start, k[:, :, start:end], v[:, :, start:end])
+        return True
+
+    def retained_kv(self):
+        """(ids, K, V (L, n_kv, n, hd)) of the person's last turn kept in the pool, or None."""
+        sched = self.runner.scheduler
+        ids = sched.retained_ids
+        if not ids:
+            return None
+        k, v = self.runner.cache.prefix(len(ids), seq=sched.retained_id)
+        return ids, k, v
 
     def cancel(self, request_id: int) -> None:
         self.runner.scheduler.cancel(request_id)

@@ -13,22 +13,27 @@ from engine.steps.timing import StepCounter
 
 
 class BatchedSteps:
-    def __init__(self, batch: BatchLifecycle, counter: StepCounter, max_context: int):
+    def __init__(self, batch: BatchLifecycle, counter: StepCounter, max_context: int, plain=None):
         self.batch = batch
+        self.plain = plain  # the batch-1 steps (steps/plain.py): their cache seeds the person's request
         self.counter = counter
         self.max_context = max_context
         self._person_ids = itertools.count(1)  # the person's requests; users' ids start far above
 
     def submit(self, reply: Reply, gen, setup: StepSetup) -> Request:
         """The (rest of the) reply as one request in the batch: the context so far is its prompt,
-        prefilled into the paged pool (or taken over from the last turn's retained blocks)."""
+        prefilled into the paged pool, or taken over: from the last turn's retained blocks, and
+        beyond them from the batch-1 cache's K/V (copied into the pool)."""
         server = self.batch.ensure(setup.model, setup.settings, setup.roof)
         self.batch.sync(setup.model, setup.settings, setup.roof)
         want, room = reply.budget - reply.n_new, self.max_context - len(reply.ids)
         # retain_kv: the conversation's K/V stay in the pool after the reply, and the next turn
         # prefills only what is new (engine/serving/scheduler.py), as the plain path's cache does
         request = Request(next(self._person_ids), list(reply.ids), min(want, room), reply.eos, retain_kv=True)
-        server.submit_person(request, setup.settings.sampling, gen, masked=reply.masked)
+        plain = self.plain if self.plain is not None and setup.settings.kv_cache else None
+        server.submit_person(request, setup.settings.sampling, gen, masked=reply.masked,
+                             cached=plain.cache if plain is not None else None,
+                             cached_ids=plain.cached_ids if plain is not None else ())
         reply.batched_from_start = reply.n_new == 0
         reply.seen = len(request.output_ids)
         reply.request = request

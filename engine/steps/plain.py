@@ -52,6 +52,18 @@ class PlainSteps:
         if self.cache is not None:
             self.cache.truncate(0)
 
+    def take_over(self, ids: list[int], k: torch.Tensor, v: torch.Tensor, layout: str, dtype: torch.dtype) -> None:
+        """The conversation's K/V (L, n_kv, n, hd) for `ids` computed elsewhere (the batch's retained
+        blocks, when the users have left) become this cache's context, if it holds less of `ids`:
+        the next reply prefills only what is new, as it would have in the batch."""
+        n = k.shape[2]
+        if layout == "off" or common_prefix(self.cached_ids, ids) >= n:
+            return
+        if self.cache is None or self.cache.layout != layout:
+            self.cache = self.new_cache(layout, dtype)
+        self.cache.load(k, v)
+        self.cached_ids = list(ids[:n])
+
     def astype(self, dtype: torch.dtype) -> None:
         """Keep the conversation across a precision switch: the cached K/V change precision."""
         if self.cache is not None:

@@ -111,6 +111,68 @@ def test_the_next_turn_takes_over_the_conversation_cached_in_the_batch_pool():
     assert scheduler.retained_tokens == 0
 
 
+LONG = [(7 * i) % 250 + 1 for i in range(120)]  # a conversation long enough to take steps to prefill
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_users_joining_a_long_conversation_take_its_cached_kv_instead_of_prefilling_it_again(layout):
+    """The person's context is in the batch-1 cache when users join mid-reply: its K/V are copied
+    into the pool, so the request runs one token at once beside the users (it used to prefill its
+    whole context again in chunks, the users queued behind it: 7 s on the default model at 2,700
+    tokens)."""
+    alone, _, _, _ = run(make_engine(replace(GREEDY, kv_layout=layout)).generate(LONG))
+    eng = users_engine(users=0, kv_layout=layout)
+    persons = []
+    eng.on_request = lambda event, req: persons.append(req) if event == "submitted" and req.retain_kv else None
+    events = []
+    for event in eng.generate(LONG):
+        events.append(event)
+        if isinstance(event, TokenEvent) and event.index == 2:
+            eng.apply(replace(eng.settings, users=3))
+    tokens, steps, _, _ = run(events)
+    assert tokens == alone  # the copied K/V give the same reply
+    (person,) = persons
+    assert person.num_reused_tokens == len(LONG) + 2  # the prompt and the two tokens before the change
+    batched = [m for m in steps if m.settings_label.endswith("3 users continuous")]
+    assert batched[0].batch_size > 1  # the users run from the first batched step on
+    assert all(m.tokens_in < len(LONG) for m in batched)
+
+
+def test_a_precision_switch_mid_reply_keeps_the_persons_context_in_the_new_pool():
+    eng = users_engine(users=3)
+    persons = []
+    eng.on_request = lambda event, req: persons.append(req) if event == "submitted" and req.retain_kv else None
+    warm_up(eng)
+    events = []
+    for event in eng.generate(LONG):
+        events.append(event)
+        if isinstance(event, TokenEvent) and event.index == 3:
+            eng.apply(replace(eng.settings, dtype="bf16"))
+    tokens, steps, done, _ = run(events)
+    assert len(tokens) == GREEDY.max_new_tokens
+    after = [m for m in steps if "bf16" in m.settings_label]
+    assert after and sum(m.tokens_in for m in after) < len(LONG)  # its context is not run again
+    (person,) = persons
+    assert person.num_preemptions == 0 and done.n_cached_tokens == 0
+
+
+def test_the_conversation_of_a_batched_turn_goes_back_to_the_batch_1_cache_when_the_users_leave():
+    eng = users_engine(users=3)
+    warm_up(eng)
+    first, _, _, _ = run(eng.generate(LONG))
+    eng.apply(replace(eng.settings, users=0))
+    for _ in range(200):
+        if not eng.serving:
+            break
+        eng.serve_step()
+    assert eng.batch.server is None
+    follow = LONG + first + [5, 6, 7]
+    tokens, steps, done, _ = run(eng.generate(follow))
+    assert tokens == run(make_engine().generate(follow))[0]
+    assert done.n_cached_tokens == len(LONG) + len(first) - 1  # only the new turn is prefilled
+    assert steps[0].new_tokens == 4
+
+
 def test_stop_ends_the_persons_reply_and_the_users_keep_being_served():
     eng = users_engine(users=4, max_new_tokens=30)
     finished = Counter()
