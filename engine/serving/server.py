@@ -201,7 +201,7 @@ class BatchServer:
         # recomputing a long conversation in chunks would stall the batch for seconds
         person = self.person.request if self.person is not None else None
         carried = None
-        if person is not None and person in requests and person.num_computed_tokens:
+        if person is not None and any(r is person for r in requests) and person.num_computed_tokens:
             k, v = old.cache.prefix(person.num_computed_tokens, seq=person.request_id)
             carried = k.to(model.dtype), v.to(model.dtype)
             reused = person.num_reused_tokens  # (what it took over when it came, not what it computed)
@@ -221,14 +221,14 @@ class BatchServer:
 
     # ---- requests ---------------------------------------------------------------------------
     def submit_person(self, request: Request, sampling: SamplingParams, generator: torch.Generator | None,
-                      masked: tuple[int, ...] = (), cached=None, cached_ids: list[int] = ()) -> None:
-        """The person's request; `cached` (the batch-1 KV cache, holding `cached_ids`) gives the
+                      masked: tuple[int, ...] = (), cached=None) -> None:
+        """The person's request; `cached` (the batch-1 KV cache and the ids it holds) gives the
         pool the K/V of the prefix it shares with the request's prompt, so a long conversation
         joins the batch without prefilling its context again (the users are not kept waiting)."""
         self.runner.scheduler.add_request(request)
         if cached is not None:
-            n = min(common_prefix(list(cached_ids), request.prompt_ids), cached.length)
-            self._take_computed(request, *cached.prefix(n))
+            cache, ids = cached
+            self._take_computed(request, *cache.prefix(min(common_prefix(ids, request.prompt_ids), cache.length)))
         self._sampler.person = _Person(request, sampling, generator, masked)
         if self.on_request:
             self.on_request("submitted", request)

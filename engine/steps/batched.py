@@ -30,10 +30,9 @@ class BatchedSteps:
         # retain_kv: the conversation's K/V stay in the pool after the reply, and the next turn
         # prefills only what is new (engine/serving/scheduler.py), as the plain path's cache does
         request = Request(next(self._person_ids), list(reply.ids), min(want, room), reply.eos, retain_kv=True)
-        plain = self.plain if self.plain is not None and setup.settings.kv_cache else None
-        server.submit_person(request, setup.settings.sampling, gen, masked=reply.masked,
-                             cached=plain.cache if plain is not None else None,
-                             cached_ids=plain.cached_ids if plain is not None else ())
+        plain = self.plain  # (users need a KV cache: settings refuse users with it off)
+        cached = (plain.cache, plain.cached_ids) if plain is not None and plain.cache is not None else None
+        server.submit_person(request, setup.settings.sampling, gen, masked=reply.masked, cached=cached)
         reply.batched_from_start = reply.n_new == 0
         reply.seen = len(request.output_ids)
         reply.request = request
