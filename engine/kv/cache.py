@@ -119,7 +119,7 @@ class PagedKVCache:
 
     def prefix(self, n: int, seq: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of a sequence's positions 0..n-1 (default: its first), (L, n_kv, n, hd)."""
-        runs = self.manager.runs(self.seq_ids[0] if seq is None else seq, n)
+        runs = self.manager.runs(self.seq_ids[0] if seq is None else seq, n) or [(0, 0)]  # n = 0: empty
         return tuple(torch.cat([t[:, :, slot:slot + m] for slot, m in runs], dim=2) for t in (self.k, self.v))
 
     def load(self, k: torch.Tensor, v: torch.Tensor) -> None:

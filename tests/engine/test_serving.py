@@ -138,6 +138,20 @@ def test_users_joining_a_long_conversation_take_its_cached_kv_instead_of_prefill
     assert all(m.tokens_in < len(LONG) for m in batched)
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_a_new_conversation_beside_users_shares_nothing_with_the_batch_1_cache_and_still_runs(layout):
+    """The batch-1 cache holds another conversation (its first token differs): nothing is copied
+    into the pool and the reply is the one it gives alone (a paged cache's empty prefix used to
+    raise inside torch.cat, seen in the soak)."""
+    eng = users_engine(users=0, kv_layout=layout)
+    run(eng.generate(LONG))
+    eng.apply(replace(eng.settings, users=3))
+    other = [LONG[0] + 1] + LONG[1:40]
+    tokens, _, done, _ = run(eng.generate(other))
+    assert tokens == run(make_engine(replace(GREEDY, kv_layout=layout)).generate(other))[0]
+    assert done.n_cached_tokens == 0
+
+
 def test_a_precision_switch_mid_reply_keeps_the_persons_context_in_the_new_pool():
     eng = users_engine(users=3)
     persons = []
