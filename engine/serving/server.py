@@ -233,6 +233,7 @@ class BatchServer:
         if self.on_request:
             self.on_request("submitted", request)
 
+    @torch.inference_mode()
     def _take_computed(self, request: Request, k: torch.Tensor, v: torch.Tensor) -> bool:
         """K/V (L, n_kv, n, hd) of the request's first n tokens, computed elsewhere, into the pool
         where it has room (False: it computes them)."""

@@ -52,6 +52,7 @@ class PlainSteps:
         if self.cache is not None:
             self.cache.truncate(0)
 
+    @torch.inference_mode()  # the cache's tensors are inference tensors (made in a step)
     def take_over(self, ids: list[int], k: torch.Tensor, v: torch.Tensor, layout: str, dtype: torch.dtype) -> None:
         """The conversation's K/V (L, n_kv, n, hd) for `ids` computed elsewhere (the batch's retained
         blocks, when the users have left) become this cache's context, if it holds less of `ids`:

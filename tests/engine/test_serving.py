@@ -187,6 +187,28 @@ def test_the_conversation_of_a_batched_turn_goes_back_to_the_batch_1_cache_when_
     assert steps[0].new_tokens == 4
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_a_batched_turn_goes_back_into_a_batch_1_cache_a_reply_alone_made_before(layout):
+    """The batch-1 cache was made by a reply alone (inside a step: inference tensors) and holds
+    another conversation; the batched turn's K/V are loaded into it when the users leave, outside
+    any step (it raised "Inplace update to inference tensor", seen in the soak)."""
+    eng = users_engine(users=0, kv_layout=layout)
+    run(eng.generate(PROMPT))
+    eng.apply(replace(eng.settings, users=3))
+    warm_up(eng)
+    first, _, _, _ = run(eng.generate(LONG))
+    eng.apply(replace(eng.settings, users=0))
+    for _ in range(200):
+        if not eng.serving:
+            break
+        eng.serve_step()
+    assert eng.batch.server is None
+    follow = LONG + first + [5, 6, 7]
+    tokens, _, done, _ = run(eng.generate(follow))
+    assert tokens == run(make_engine(replace(GREEDY, kv_layout=layout)).generate(follow))[0]
+    assert done.n_cached_tokens == len(LONG) + len(first) - 1
+
+
 def test_stop_ends_the_persons_reply_and_the_users_keep_being_served():
     eng = users_engine(users=4, max_new_tokens=30)
     finished = Counter()
