@@ -1,0 +1,24 @@
+"""app/gui_bench.py's own arithmetic: a reply's decode rate and the lateness figures (the bench itself
+runs a model and a window: `python -m app.gui_bench`, docs/benchmarks.md)."""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+from app.gui_bench import decode_tokens_per_s, lateness_ms
+
+
+def step(phase: str, t_s: float):
+    return SimpleNamespace(phase=phase, t_s=t_s)
+
+
+def test_a_replys_rate_counts_decode_steps_between_the_first_and_the_last_and_skips_other_events():
+    events = [step("prefill", 0.0), "a token", step("decode", 1.0), object(), step("decode", 1.5), step("decode", 2.0)]
+    assert decode_tokens_per_s(events) == 2 / 1.0  # two steps after the first, in one second
+    assert decode_tokens_per_s([step("prefill", 0.0), step("decode", 1.0)]) is None  # one step: no interval
+
+
+def test_a_probe_that_never_ticked_gives_nan_not_an_error():
+    assert math.isnan(lateness_ms([], 95))  # a 1000 ms probe over replies shorter than a second
+    assert lateness_ms([1.0, 3.0], 100) == 3.0
+
