@@ -39,14 +39,6 @@ def decode_tokens_per_s(steps) -> float | None:
     return None
 
 
-def headless_engine(model: str, tokens: int, dtype: str, weights: str):
-    from engine.engine import Engine
-    from engine.settings import SamplingParams, Settings
-
-    return Engine(model, dtype=dtype, settings=Settings(dtype=dtype, weights=weights, max_new_tokens=tokens,
-                                                        sampling=SamplingParams(greedy=True)))
-
-
 def headless_decode_tokens_per_s(model: str, tokens: int, replies: int, dtype: str = "fp32",
                                  weights: str = "fp") -> tuple[float, float]:
     """(the app's workload, `membound bench`'s) decode tok/s without the app, on one engine on this thread.
@@ -55,8 +47,11 @@ def headless_decode_tokens_per_s(model: str, tokens: int, replies: int, dtype: s
     ~210 tokens in); the bench's is a 32-token prompt and `tokens` decoded (it ends at 160)."""
     from engine.bench.prompts import bench_prompt_ids
     from engine.bench.run import run_ours
+    from engine.engine import Engine
+    from engine.settings import SamplingParams, Settings
 
-    engine = headless_engine(model, tokens, dtype, weights)
+    engine = Engine(model, dtype=dtype, settings=Settings(dtype=dtype, weights=weights, max_new_tokens=tokens,
+                                                          sampling=SamplingParams(greedy=True)))
     run_ours(engine, bench_prompt_ids(engine.tokenizer, 32), 8)  # warm-up (it resets the conversation)
     rates = [decode_tokens_per_s(list(engine.chat(PROMPTS[min(i, 1)]))) for i in range(replies)]
     rates = [rate for rate in rates if rate is not None]
@@ -161,10 +156,10 @@ def in_app(model: str, tokens: int, replies: int, engine_process: bool = True, d
         probe.stop()
         window.reply_finished.disconnect(done_loop.quit)
         figures.append(reply_figures(window.reply_steps))  # as the reply's summary line says it
-        rate = decode_tokens_per_s(window.reply_steps)
+        decode = [step for step in window.reply_steps if step.phase == "decode"]
+        rate = decode_tokens_per_s(decode)
         if rate is not None:
             decode_rates.append(rate)
-        decode = [step for step in window.reply_steps if step.phase == "decode"]
         if decode:
             contexts.append([decode[0].context_len, decode[-1].context_len])
     activity = {name: (n - activity0.get(name, (0, 0.0))[0], cpu - activity0.get(name, (0, 0.0))[1])
