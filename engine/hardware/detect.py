@@ -58,6 +58,7 @@ def _detect_cpu(measure: bool, progress: Callable[[str], None], remeasure: bool 
         # a cache roof only where some size read faster than memory, and only for steps that fit that size
         cache_bandwidth_gbs=roof.cache_read_gbs if roof.cache_read_bytes else None,
         cache_bytes=roof.cache_read_bytes,
+        cache_knee=tuple(roof.cache_knee()) if roof.cache_read_bytes else (),
         measured_at=roof.measured_at,
     )
 

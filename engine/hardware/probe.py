@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import torch
 
-from engine.hardware.roof import MeasuredRoof
+from engine.hardware.roof import CACHE_FASTER, MeasuredRoof
 from engine.hardware.spec import GB, dtype_name
 from engine.options import EngineOptions
 
@@ -163,7 +163,7 @@ MAX_READ_BYTES = 4 << 30  # (a 260 MiB L3 reads 4 GiB buffers: past it 15x)
 READ_PASSES = 7  # best of N passes a size, a round
 READ_ROUNDS = 5  # rounds over the sizes, READ_ROUND_GAP_S apart: the best round is the roof
 READ_ROUND_GAP_S = 0.25
-PROBE_METHOD = "read v3"  # in the fingerprint: a roof cached by an older probe is measured again
+PROBE_METHOD = "read v4"  # in the fingerprint: a roof cached by an older probe is measured again
 MIN_READ_BYTES = 256 * 2**20
 FALLBACK_LLC_BYTES = 32 * 2**20  # where the cache size cannot be read
 
@@ -186,7 +186,6 @@ def read_sizes(llc: int, ram: int | None) -> list[int]:
 # (a 2 MiB buffer read 326 GB/s from this Intel guest's L2). A guest's sysfs can name the host's whole
 # L3: here 480 MiB, where 30-128 MiB buffers read 54-57 GB/s and 240 MiB read 31-33, the memory's rate.
 CACHE_SIZE_SHIFTS = (1, 2, 3, 4)
-CACHE_FASTER = 1.2  # a size reads "from the cache" at this many times the memory roof or more
 CACHE_NEAR_BEST = 0.8  # ... and within this of the best cache read
 
 
@@ -195,6 +194,23 @@ def cache_sizes(llc: int, l2: int) -> list[int]:
     floor = 2 * l2
     sizes = sorted({llc >> shift for shift in CACHE_SIZE_SHIFTS if (llc >> shift) >= max(floor, 2**20)}, reverse=True)
     return sizes or [max(llc // 2, 2**20)]
+
+
+KNEE_STEPS = 8  # between the largest size that read at the cache's rate and the next, sizes 2^(1/8) apart
+
+
+def knee_sizes(reads: dict[int, float], memory_gbs: float) -> list[int]:
+    """Sizes between the largest buffer that read at the cache's rate and the next size the ladder read
+    (at the memory's): where the cache gives out, the ladder's halvings are too coarse to tell. On this
+    Intel guest 120 MiB read 59 GB/s and 240 MiB 37, while 130 MiB read 58 and 140 MiB 53: the int8
+    step's 131 MiB sat under the 31 GB/s memory roof and read "above" it. 2 MiB multiples; the roof of a
+    step between them is the read of the largest no bigger than it (engine/hardware/roof.py Roof)."""
+    _, fit = cache_roof(reads, memory_gbs)
+    above = min((n for n in reads if fit is not None and n > fit), default=None)
+    if above is None:
+        return []
+    sizes = {int(fit * 2 ** (k / KNEE_STEPS)) >> 21 << 21 for k in range(1, KNEE_STEPS)}
+    return sorted(n for n in sizes if fit < n < above)
 
 
 def cache_roof(reads: dict[int, float], memory_gbs: float) -> tuple[float | None, int | None]:
@@ -381,7 +397,7 @@ def measure_cpu_roof(threads: int, progress: Callable[[str], None]) -> MeasuredR
         probe, why = None, str(error).splitlines()[0] if str(error) else type(error).__name__
     ram = _ram_total_bytes()
     by_size: dict[str, float] = {}
-    cache_gbs = cache_fit = None
+    cache_gbs = cache_fit = cache_reads = None
     flops: dict[str, float] = {}
     flops_method: dict[str, str] = {}
     rounds: list[float] = []
@@ -406,13 +422,20 @@ def measure_cpu_roof(threads: int, progress: Callable[[str], None]) -> MeasuredR
         del buffers
         others = other_cores_between(ticks, cpu_ticks())
         progress("measuring CPU last-level cache read…")
-        cache_by_size = {}
-        for n in cache_sizes(llc, l2_bytes()):
+        cache_by_size: dict[int, float] = {}
+
+        def read_resident(n: int) -> None:
             resident, _ = probe.read_buffer(n)
             passes = max(READ_PASSES, int(2**30 // resident.nbytes))  # about a GiB read in all
             cache_by_size[n] = resident.nbytes / probe.read_best_s(resident, passes, threads) / GB
             del resident
+
+        for n in cache_sizes(llc, l2_bytes()):
+            read_resident(n)
+        for n in knee_sizes(cache_by_size, max(by_size.values())):
+            read_resident(n)
         cache_gbs, cache_fit = cache_roof(cache_by_size, max(by_size.values()))
+        cache_reads = [[n, round(gbs, 2)] for n, gbs in sorted(cache_by_size.items())]
         progress("measuring CPU FMA rate…")
         flops["fp32"], flops_method["fp32"] = probe.fma_flops(threads), "FMA loop"
         bf16 = probe.bf16_flops(threads)
@@ -433,6 +456,7 @@ def measure_cpu_roof(threads: int, progress: Callable[[str], None]) -> MeasuredR
             flops[dtype], flops_method[dtype] = gemm, "GEMM"
     return MeasuredRoof(machine=fingerprint, measured_at=time.strftime("%Y-%m-%d %H:%M"), method=method,
                         threads=threads, llc_bytes=llc, read_gbs=max(by_size.values()),
-                        read_gbs_by_size=by_size, cache_read_gbs=cache_gbs, cache_read_bytes=cache_fit, flops=flops,
+                        read_gbs_by_size=by_size, cache_read_gbs=cache_gbs, cache_read_bytes=cache_fit,
+                        cache_reads=cache_reads, flops=flops,
                         flops_method=flops_method, load_average=load, read_gbs_rounds=rounds or None,
                         other_cores=others)

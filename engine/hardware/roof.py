@@ -24,22 +24,34 @@ class Roof:
     flops: dict[str, float] = field(default_factory=dict)
     cache_bandwidth_bps: float | None = None
     cache_bytes: int | None = None
+    # where the cache gives out: (bytes, bytes/s) of the reads past cache_bytes, ascending, the last of
+    # them at the memory's rate (engine/hardware/probe.py knee_curve); () where none were read
+    cache_knee: tuple = ()
 
     @classmethod
     def of(cls, spec: DeviceSpec) -> "Roof":
         cache_bps = spec.cache_bandwidth_gbs * GB if spec.cache_bandwidth_gbs else None
-        return cls(spec.peak_bandwidth_gbs * GB, dict(spec.peak_flops), cache_bps, spec.cache_bytes)
+        knee = tuple((int(n), gbs * GB) for n, gbs in spec.cache_knee)
+        return cls(spec.peak_bandwidth_gbs * GB, dict(spec.peak_flops), cache_bps, spec.cache_bytes, knee)
 
     def level_for(self, step_bytes: float) -> str:
-        """'cache' when the step's bytes fit the last-level cache and it has a measured roof (a step
-        that reads the same weights every time then streams them from the cache), else 'memory'."""
-        if self.cache_bandwidth_bps and self.cache_bytes and 0 < step_bytes <= self.cache_bytes:
-            return "cache"
-        return "memory"
+        """'cache' when the step's bytes fit the last-level cache, or lie where it gives out and a read
+        of that size still ran faster than memory (a step that reads the same weights every time then
+        streams them, or part of them, from the cache), else 'memory'."""
+        return "cache" if self.bandwidth_for(step_bytes) > self.bandwidth_bps else "memory"
 
     def bandwidth_for(self, step_bytes: float) -> float:
-        """Bytes/s of the roof a step moving `step_bytes` sits under."""
-        return self.cache_bandwidth_bps if self.level_for(step_bytes) == "cache" else self.bandwidth_bps
+        """Bytes/s of the roof a step moving `step_bytes` sits under: the cache's for bytes that fit it;
+        where the cache gives out, the rate of the largest read no bigger than the step (a read of
+        fewer bytes is no slower: the roof stays an upper bound); past that, the memory's."""
+        if not (self.cache_bandwidth_bps and self.cache_bytes) or step_bytes <= 0:
+            return self.bandwidth_bps
+        if step_bytes <= self.cache_bytes:
+            return self.cache_bandwidth_bps
+        if not any(n > step_bytes for n, _ in self.cache_knee):  # past the last read
+            return self.bandwidth_bps
+        below = [bps for n, bps in self.cache_knee if n <= step_bytes]
+        return max(below[-1] if below else self.cache_bandwidth_bps, self.bandwidth_bps)
 
     def flops_for(self, dtype) -> float:
         """Peak FLOP/s for a dtype (fp16 <-> bf16, then fp32 stand in); nan when nothing is known."""
@@ -49,6 +61,23 @@ class Roof:
             if candidate in self.flops:
                 return self.flops[candidate]
         return float("nan")
+
+
+CACHE_FASTER = 1.2  # a size reads "from the cache" at this many times the memory roof or more
+
+
+def knee_curve(reads: dict[int, float], memory_gbs: float, fit: int | None) -> list[tuple[int, float]]:
+    """(bytes, GB/s) of the cache probe's reads past `fit` (the largest that read at the cache's rate),
+    ascending, up to the first that read under CACHE_FASTER times the memory roof: that one is given
+    the memory's rate (from there a step sits under the memory roof; past the last read too).
+    [] without a fit or reads past it."""
+    curve = []
+    for n in sorted(n for n in reads if fit is not None and n > fit):
+        if reads[n] < CACHE_FASTER * memory_gbs:
+            curve.append((n, memory_gbs))
+            break
+        curve.append((n, reads[n]))
+    return curve
 
 
 def machine_name() -> str:
@@ -105,6 +134,11 @@ class MeasuredRoof:
     # the largest of those buffers that still read at the cache's rate: the bytes a step must fit to be
     # under the cache roof (None: no size read faster than memory; where sysfs names a host's L3, less than it)
     cache_read_bytes: int | None = None
+    cache_reads: list | None = None  # [bytes, GB/s] of every size the cache probe read (its knee too)
+
+    def cache_knee(self) -> list[tuple[int, float]]:
+        """(bytes, GB/s) past cache_read_bytes where the cache gives out (engine/hardware/probe.py knee_curve)."""
+        return knee_curve({int(n): gbs for n, gbs in self.cache_reads or []}, self.read_gbs, self.cache_read_bytes)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -123,6 +157,9 @@ class MeasuredRoof:
         cache = ""
         if self.cache_read_gbs:
             fit = f"up to {self.cache_read_bytes / 2**20:.0f} MiB" if self.cache_read_bytes else "no faster than memory"
+            reads = {int(n): gbs for n, gbs in self.cache_reads or []}  # as read (the knee's last: memory's)
+            knee = ", ".join(f"{n / 2**20:.0f} MiB {reads[n]:.1f}" for n, _ in self.cache_knee())
+            fit += f" (then {knee} GB/s)" if knee else ""
             cache = f"; last-level cache ({self.llc_bytes / 2**20:.0f} MiB named) read {self.cache_read_gbs:.1f} GB/s {fit}"
         return (f"read {self.read_gbs:.1f} GB/s ({sizes} GB/s){cache}; {flops}; {self.threads} threads; "
                 f"measured {self.measured_at} by {self.method}")

@@ -121,6 +121,7 @@ class DeviceSpec:
     nvml_index: int | None = None  # for NvmlSampler; differs from the CUDA index under CUDA_VISIBLE_DEVICES
     cache_bandwidth_gbs: float | None = None  # CPU: a read that fits the last-level cache (engine/hardware/roof.py)
     cache_bytes: int | None = None  # the last-level cache, where its roof was measured
+    cache_knee: tuple = ()  # CPU: (bytes, GB/s) where the cache gives out, past cache_bytes (engine/hardware/roof.py)
     measured_at: str = ""  # when the roof was measured ("" for a datasheet or nothing)
 
     def peak_flops_for(self, dtype) -> float | None:

@@ -11,7 +11,7 @@ import torch
 
 from engine.hardware import probe as roofs
 from engine.hardware.probe import cpu_roof
-from engine.hardware.roof import MeasuredRoof, Roof, above_roof
+from engine.hardware.roof import MeasuredRoof, Roof, above_roof, knee_curve
 from engine.hardware.spec import DeviceSpec
 from kernels import cpu_roof as probe
 
@@ -196,6 +196,35 @@ def test_the_cache_roof_is_the_size_that_read_at_the_cache_s_rate_not_the_size_s
     assert roofs.cache_roof({}, 31.1) == (None, None)
     assert roofs.cache_sizes(32 * MiB, 2 * MiB) == [16 * MiB, 8 * MiB, 4 * MiB]  # never within twice the L2s
     assert roofs.cache_sizes(2 * MiB, 4 * MiB) == [MiB]  # a cache too small to tell from the L2: half of it
+
+
+def test_the_cache_probe_reads_between_its_halvings_where_the_cache_gives_out():
+    MiB = 1 << 20
+    # measured here (2 threads): 120 MiB 59.1 GB/s, 130 58.0, 140 53.3, 160 41.7, 200 38.5, 240 36.6, memory 31.3;
+    # the int8 step (131 MiB) read 32.4 GB/s "above" the memory roof while a read of its size runs at 58
+    ladder = {240 * MiB: 36.6, 120 * MiB: 59.1, 60 * MiB: 59.6, 30 * MiB: 59.0}
+    assert roofs.cache_roof(ladder, 31.3) == (59.6, 120 * MiB)
+    assert roofs.knee_sizes(ladder, 31.3) == [n * MiB for n in (130, 142, 154, 168, 184, 200, 220)]
+    knee = {**ladder, 130 * MiB: 58.0, 142 * MiB: 46.0, 154 * MiB: 42.0, 168 * MiB: 40.9, 184 * MiB: 39.0,
+            200 * MiB: 38.5, 220 * MiB: 37.0}
+    assert roofs.cache_roof(knee, 31.3) == (59.6, 130 * MiB)
+    curve = knee_curve(knee, 31.3, 130 * MiB)  # 220 MiB read under 1.2x the memory's: from there, memory
+    assert curve == [(142 * MiB, 46.0), (154 * MiB, 42.0), (168 * MiB, 40.9), (184 * MiB, 39.0),
+                     (200 * MiB, 38.5), (220 * MiB, 31.3)]
+    roof = Roof(bandwidth_bps=31.3e9, cache_bandwidth_bps=59.6e9, cache_bytes=130 * MiB,
+                cache_knee=tuple((n, gbs * 1e9) for n, gbs in curve))
+    # the int8 step (131 MiB): under the cache roof, its 32.4 GB/s 54% of it, not 104% of the memory's
+    assert roof.level_for(131 * MiB) == "cache" and roof.bandwidth_for(131 * MiB) == 59.6e9
+    # where the cache gives out, the read of the largest size no bigger than the step: an upper bound
+    assert roof.bandwidth_for(150 * MiB) == 46.0e9 and roof.bandwidth_for(219 * MiB) == 38.5e9
+    assert roof.level_for(220 * MiB) == roof.level_for(274e6) == "memory" and roof.bandwidth_for(274e6) == 31.3e9
+    assert Roof(31.3e9, {}, 59.6e9, 130 * MiB).level_for(131 * MiB) == "memory"  # no knee read: as before
+    record = replace(fake_record("m"), read_gbs=31.3, cache_read_gbs=59.6, cache_read_bytes=130 * MiB,
+                     cache_reads=[[n, gbs] for n, gbs in knee.items()])
+    assert record.cache_knee() == curve and "(then 142 MiB 46.0, 154 MiB 42.0" in record.describe()
+    assert MeasuredRoof.from_dict(json.loads(json.dumps(record.to_dict()))).cache_knee() == curve
+    assert roofs.knee_sizes({240 * MiB: 60.0, 120 * MiB: 61.0}, 31.3) == []  # the largest size still fits
+    assert roofs.knee_sizes({16 * MiB: 33.0, 8 * MiB: 34.0}, 31.1) == []  # no size read faster than memory
 
 
 def test_the_device_has_a_cache_roof_only_for_the_bytes_that_read_at_its_rate(roof_cache, monkeypatch):
