@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QEvent, Qt
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QProgressBar, QSizePolicy, QVBoxLayout
 
 from app.i18n import translate
@@ -86,6 +86,43 @@ class OneLineLabel(QLabel):
         self.setText(self.fontMetrics().elidedText(self._full_text, Qt.TextElideMode.ElideRight, width))
 
 
+class SteadyLabel(QLabel):
+    """A word-wrapped label whose height does not fall back while its width and font stay: a readout
+    that wraps to two lines and back as its numbers change would resize what lies below it (a plot:
+    a full repaint, and the plot jumping on stage) every few frames. It grows when a text needs more
+    lines; a new width or font measures it afresh."""
+
+    def __init__(self, text: str = "", parent=None):
+        super().__init__(text, parent)
+        self.setWordWrap(True)
+        self._held = 0
+
+    def setText(self, text: str) -> None:
+        super().setText(text)
+        self._hold(reset=False)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        if event.size().width() != event.oldSize().width():
+            self._hold(reset=True)
+
+    def changeEvent(self, event) -> None:
+        super().changeEvent(event)
+        if event.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange):
+            self._hold(reset=True)
+
+    def _hold(self, reset: bool) -> None:
+        if reset:  # (measured at the next text: the new font or width may not have been applied yet)
+            self._held = 0
+            self.setMinimumHeight(0)
+            return
+        width = self.width()
+        need = self.heightForWidth(width) if width > 0 and self.text() else 0
+        if need > self._held:
+            self._held = need
+            self.setMinimumHeight(need)
+
+
 class HardwareStrip(QFrame):
     def __init__(self, theme: Theme, parent=None):
         super().__init__(parent)
@@ -95,16 +132,16 @@ class HardwareStrip(QFrame):
         self.weight_bytes: int | None = None
         self.engine_pid: int | None = None  # the engine's process (None: it runs in this one)
         self.compact = self.small = False
-        self.device_label = QLabel(translate("HardwareStrip", "measuring the device…"))
+        # word-wrapped (a 1280-pixel window with projector fonts wraps them rather than widening), and
+        # steady: the memory line's figures change every few seconds without moving the plots above
+        self.device_label = SteadyLabel(translate("HardwareStrip", "measuring the device…"))
         self.device_label.setObjectName("title")
-        self.bandwidth_label = QLabel("")
-        self.compute_label = QLabel("")
-        self.memory_label = QLabel("")
-        self.live_label = QLabel("")
+        self.bandwidth_label = SteadyLabel()
+        self.compute_label = SteadyLabel()
+        self.memory_label = SteadyLabel()
+        self.live_label = SteadyLabel()
         for label in (self.bandwidth_label, self.compute_label, self.memory_label, self.live_label):
             label.setObjectName("caption")
-        for label in (self.device_label, self.bandwidth_label, self.compute_label, self.memory_label, self.live_label):
-            label.setWordWrap(True)  # a 1280-pixel window with projector fonts wraps them rather than widening
         self.progress = QProgressBar()
         self.progress.setRange(0, 1000)
         self.progress.setMaximumWidth(420)

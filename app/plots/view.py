@@ -9,8 +9,9 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import QFrame, QLabel, QVBoxLayout
+from PySide6.QtWidgets import QFrame, QVBoxLayout
 
+from app.hardware_strip import SteadyLabel
 from app.i18n import translate
 from app.live_data import Annotation, LiveData
 from app.plots.style import ReadableAxis, device_pixel_ratio, label_font, pen, style_plot, title_html, with_alpha
@@ -40,9 +41,9 @@ class PlotView(QFrame):
         self.widget.setMinimumSize(200, 90)  # small enough for a 720-pixel screen with projector fonts
         self.widget.setMenuEnabled(False)
         # The title is a Qt label above the plot: it wraps in large-font mode, where a pyqtgraph
-        # title wider than its plot would push the axes out of view.
-        self.title_label = QLabel()
-        self.title_label.setWordWrap(True)
+        # title wider than its plot would push the axes out of view; steady, so a readout that wraps
+        # and unwraps as its numbers change does not resize the plot (a full repaint) each time.
+        self.title_label = SteadyLabel()
         self.title_label.setAlignment(Qt.AlignmentFlag.AlignHCenter)
         column = QVBoxLayout(self)
         column.setContentsMargins(4, 3, 4, 2)

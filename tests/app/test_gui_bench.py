@@ -22,3 +22,11 @@ def test_a_probe_that_never_ticked_gives_nan_not_an_error():
     assert math.isnan(lateness_ms([], 95))  # a 1000 ms probe over replies shorter than a second
     assert lateness_ms([1.0, 3.0], 100) == 3.0
 
+
+
+def test_the_ratio_is_the_mean_of_each_replys_app_over_its_headless_run_and_skips_untimed_replies():
+    from app.gui_bench import paired_ratios
+    result = paired_ratios([180.0, None, 90.0], [200.0, 150.0, 100.0])
+    assert result["app_over_headless_per_reply"] == [0.9, 0.9]
+    assert result["app_over_headless"] == 0.9 and result["headless_decode_tokens_per_s"] == 150.0
+    assert math.isnan(paired_ratios([None], [100.0])["app_over_headless"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from PySide6.QtWidgets import QApplication
 from app_test_helpers import fake_cpu
 
 from app.live_data import LiveData
@@ -101,7 +102,9 @@ def test_a_step_under_the_cache_roof_is_read_against_it_and_the_plot_draws_that_
     line = memory._peak_lines["cache_bw"]
     assert line.isVisible() and line.value() == 80.0 and "last-level cache 80 GB/s (steps up to 120 MiB)" in line.label.format
     assert memory.readout().endswith(f"{100 * (10**6 + 1100) / 0.01 / 80e9:.0f}% of the cache roof")
-    live.add_step(step(6))  # a step under the memory roof: "of peak" again
+    live.add_step(replace(step(6), peak_bandwidth_bps=45e9, roof="cache"))  # where the cache gives out:
+    assert memory.readout().endswith("% of the cache roof")  # its roof a read of its size, still the cache's
+    live.add_step(step(7))  # a step under the memory roof: "of peak" again
     assert memory.readout().endswith("% of peak")
     plain = make(MemoryPlot, live, qtbot, fake_cpu())  # no cache roof measured: no line
     assert not plain._peak_lines["cache_bw"].isVisible()
@@ -166,3 +169,32 @@ def test_panel_redraws_only_what_is_new_and_rebuilds_on_a_theme(data, qtbot):
     assert "tok/s" not in panel.tokens.title_label.text()  # readouts come back on the next update
     panel.update_readouts()
     assert "tok/s" in panel.tokens.title_label.text()
+
+
+def test_a_title_that_wraps_and_unwraps_as_its_numbers_change_keeps_the_plot_s_height(qtbot):
+    """A readout one line long, then two, then one again: the plot below it was resized (a full repaint
+    and a jump on stage) each time it crossed the width; a new width measures it afresh."""
+    from app.hardware_strip import SteadyLabel
+    from PySide6.QtWidgets import QVBoxLayout, QWidget
+    host = QWidget()
+    qtbot.addWidget(host)
+    column = QVBoxLayout(host)
+    label, below = SteadyLabel(), QWidget()
+    column.addWidget(label)
+    column.addWidget(below, 1)
+    host.resize(300, 300)
+    host.show()
+    short, long = "Memory traffic 32 GB/s", "Memory traffic 32.4 GB/s (model) · 58% of the cache roof · " * 2
+    label.setText(short)
+    qtbot.waitUntil(lambda: label.height() > 0)
+    one_line = below.height()
+    label.setText(long)
+    qtbot.waitUntil(lambda: below.height() < one_line)
+    two_lines = below.height()
+    label.setText(short)
+    QApplication.processEvents()
+    assert below.height() == two_lines  # held: nothing below moved
+    host.resize(900, 300)  # wide enough for one line: measured again at its next text
+    QApplication.processEvents()
+    label.setText(short)
+    qtbot.waitUntil(lambda: below.height() > two_lines)
