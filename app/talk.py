@@ -222,6 +222,7 @@ def install(window, *, tour=None, lang: str = "en", keep_decoding: bool = False,
         from app.tour import TourRunner
 
         talk.runner = TourRunner(window, tour, talk.presenter, talk.overlay, talk.keep, autoplay=autoplay)
+        window.plots.setFocus()  # a tour sends its own prompts: the clicker's arrows and B are the tour's
         if tour.large_fonts and not window.theme.large:
             window.set_large_fonts(True)
         for number, why in tour.skipped:  # checked on this machine (membound --tour … --check)

@@ -166,6 +166,9 @@ class MainWindow(QMainWindow):
 
         self.view.apply_theme()
         self.view.show_seed_table(not large_fonts)
+        # typing goes to the chat from the start (it went to the bar's "More…", where Space pressed it);
+        # number keys still reach the presenter with Ctrl, as in any text field (app/talk.py)
+        self.chat.input.setFocus()
         self.worker.start()
         self.frame_timer.start()
         if autoload:

@@ -58,6 +58,7 @@ def test_clicker_keys_step_the_tour_forward_and_back(make_window, qtbot, tmp_pat
     the_talk = talk.install(window, tour=load_tour(str(path)))
     runner = the_talk.runner
     qtbot.waitUntil(lambda: runner.index == 0 and runner.done, timeout=10_000)
+    assert not talk._typing()  # the chat input has the focus in a chat; in a tour, the clicker's keys do
     expected = [{"kv_layout": "contiguous", "weights": "fp", "caption": "Start", "plots": ["tokens", "timeline"]},
                 {"kv_layout": "off", "weights": "fp", "caption": "No cache", "plots": ["compute"]},
                 {"kv_layout": "paged", "weights": "int8", "caption": "Eight bits", "plots": ["memory", "extra"]}]

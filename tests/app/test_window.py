@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from app_test_helpers import GREEDY, activate, confirmed, fake_cpu, send_and_wait
 from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QApplication
 
 from engine.events import DoneEvent, TokenEvent
 from engine.metrics import StepMetrics
@@ -378,3 +379,15 @@ def test_a_long_note_in_the_strip_keeps_to_one_line_and_leaves_the_plots_their_h
     assert strip.height() <= height + 2 * line and window.plots.height() >= plots_height - 2 * line
     assert strip.notes_label.toolTip() == note and strip.notes_label.text().endswith("…")
     window.close()
+
+
+def test_typing_goes_to_the_chat_from_the_start(make_window, qtbot):
+    """A speaker types the first question without clicking: the keys went to the bar's "More…" button
+    (and Space pressed it); gui-drive's click at 1280x720 lands on the strip, which takes no focus."""
+    window = make_window()
+    window.show()
+    window.activateWindow()
+    qtbot.waitUntil(lambda: QApplication.focusWidget() is not None)
+    assert QApplication.focusWidget() is window.chat.input
+    qtbot.keyClicks(QApplication.focusWidget(), "why")
+    assert window.chat.input.text() == "why"
