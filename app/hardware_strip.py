@@ -134,7 +134,10 @@ class HardwareStrip(QFrame):
         self.compact = self.small = False
         # word-wrapped (a 1280-pixel window with projector fonts wraps them rather than widening), and
         # steady: the memory line's figures change every few seconds without moving the plots above
-        self.device_label = SteadyLabel(translate("HardwareStrip", "measuring the device…"))
+        # the device and how its roof was measured: one line, the whole of it on hover (the probe's method
+        # took three lines of a 1280x720 projector's strip, the plots' height)
+        self.device_label = OneLineLabel()
+        self.device_label.set_full_text(translate("HardwareStrip", "measuring the device…"))
         self.device_label.setObjectName("title")
         self.bandwidth_label = SteadyLabel()
         self.compute_label = SteadyLabel()
@@ -192,7 +195,8 @@ class HardwareStrip(QFrame):
         self.layout().setStretch(1, 0 if short and not busy else 2)
         lines = [self.bandwidth_label.text(), self.compute_label.text(), self.memory_label.text(),
                  self.live_label.text()]
-        self.device_label.setToolTip("\n".join(line for line in lines if line) if short else "")
+        self.device_label.setToolTip("\n".join(line for line in [self.device_label.full_text(), *lines] if line)
+                                     if short else self.device_label.full_text())
 
     def set_progress(self, fraction: float, message: str) -> None:
         busy = fraction < 1.0
@@ -217,7 +221,7 @@ class HardwareStrip(QFrame):
         self.spec = spec
         self.weight_bytes = weight_bytes
         device, bandwidth, compute = device_lines(spec)
-        self.device_label.setText(device)
+        self.device_label.set_full_text(device)
         self.bandwidth_label.setText(bandwidth)
         self.compute_label.setText(compute)
         self.update_memory(None)
@@ -228,7 +232,7 @@ class HardwareStrip(QFrame):
         if spec is not None:
             self.set_device(spec)
         else:
-            self.device_label.setText(device_line)
+            self.device_label.set_full_text(device_line)
             self.bandwidth_label.setText("")
             self.compute_label.setText("")
         self.spec = None  # this machine's memory and NVML readings are not the source's

@@ -29,7 +29,7 @@ def test_window_opens_with_the_default_model_and_answers(qtbot):
     fractions = [f for f, _ in progress]
     assert len(progress) >= 5 and any(0 < f < 1 for f in fractions)  # loading showed progress
     assert len(ticks) >= 10  # the event loop kept running while the model loaded
-    assert "CPU — measured roof (C++ streaming read" in window.hardware_strip.device_label.text()
+    assert "CPU — measured roof (C++ streaming read" in window.hardware_strip.device_label.full_text()
     done = send_and_wait(window, qtbot, "What is the capital of France?", timeout_ms=120_000)
     assert done is not None and done.n_new_tokens >= 1 and done.text.strip()
     assert done.text.strip() in window.chat.plain_text()

@@ -164,7 +164,7 @@ def test_a_replay_of_a_gpu_never_samples_this_machines_gpu(make_window, qtbot, t
     window, player = open_replay(str(gpu))
     qtbot.addWidget(window)
     player.play_all()
-    assert "NVIDIA H200" in window.hardware_strip.device_label.text()
+    assert "NVIDIA H200" in window.hardware_strip.device_label.full_text()
     assert window.frames.sampler is None and not window.nvml_timer.isActive()
     assert started in ([], [0, "closed"])
     window.close()

@@ -77,7 +77,7 @@ def test_the_window_shows_any_source_it_is_handed(qtbot, tiny_model):
     assert window.data.source == "stand-in" and window.data.x_label == "tick"
     assert window.chat.model_label.text() == "a stand-in" and "hello from it" in window.chat.plain_text()
     assert not window.model_button.isEnabled()  # it takes no model, and no settings
-    assert window.hardware_strip.device_label.text() == "no device"
+    assert window.hardware_strip.device_label.full_text() == "no device"
     assert window.frames.gui_cpu_budget == clock_module.GUI_CPU_BUDGET_GPU  # it shares no core with the GUI
     with qtbot.waitSignal(window.reply_finished) as finished:
         window.chat.send_requested.emit("say two words")

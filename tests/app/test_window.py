@@ -204,7 +204,9 @@ def test_themes_and_large_fonts_redraw_the_same_data(make_window, qtbot):
 def test_the_hardware_strip_and_seed_table_name_their_sources(make_window):
     window = make_window()
     strip = window.hardware_strip
-    assert "CPU — measured roof" in strip.device_label.text()
+    assert "CPU — measured roof" in strip.device_label.full_text()
+    # one line however long the probe's method (three lines of a 1280x720 strip): all of it on hover
+    assert strip.device_label.toolTip() == strip.device_label.full_text()
     assert "20.0 GB/s (measured)" in strip.bandwidth_label.text()
     assert "(model)" in strip.memory_label.text() and "no NVML" in strip.live_label.text()
     table = window.seed_table.table
@@ -216,6 +218,10 @@ def test_the_hardware_strip_and_seed_table_name_their_sources(make_window):
     r70 = next(i for i, r in enumerate(rows) if r.startswith("llama3-70b"))
     assert table.item(r70, 1).text() == "OOM"  # 70B fp32 weights do not fit in 80 GB
     assert table.item(r70, 4).text() == "OOM" != table.item(r70, 5).text()  # nor on 2 H100s (282 GB): on 4
+    window.resize(1280, 720)
+    window.show()
+    QApplication.processEvents()
+    assert strip.device_label.height() <= strip.device_label.fontMetrics().lineSpacing() + 8
 
 
 def test_model_picker_builds_engine_specs(qtbot):
