@@ -106,3 +106,14 @@ def test_leak_check_catches_a_running_thread_and_an_active_timer(qtbot, leak_fin
         thread.join()
         timer.stop()
     assert find_leaks(before) == []
+
+
+def test_no_other_installed_distribution_provides_this_project_s_import_names():
+    """`app`, `engine` and `kernels` are this project's import names: a distribution that installs the
+    same name is shadowed by ours, and its users import ours in its place (transformers 5.25 requires
+    Hugging Face's `kernels` and then failed to build any model class, the oracle of 82 tests)."""
+    from importlib.metadata import packages_distributions
+
+    owners = packages_distributions()
+    clashes = {name: sorted(set(owners.get(name, [])) - {"membound"}) for name in ("app", "engine", "kernels")}
+    assert not any(clashes.values()), f"installed distributions also provide these import names: {clashes}"
