@@ -439,7 +439,7 @@ class ReplyFigures:
     """A reply's decoding as the window and the terminal sum it up."""
     tokens_per_s: float  # every token produced over every decode, draft and verify step's time
     achieved_gbs: float  # the cost model's bytes of those steps over their time
-    peak_gbs: float  # the roof of the last of them
+    peak_gbs: float  # the roof their bytes sit under together (each step's at its own)
     mbu: float
     ceiling_tokens_per_s: float  # the target's tokens over its steps' bytes at the roof (drafts excluded)
     above_roof: bool  # some step beat its roof (engine/hardware/roof.py ABOVE_ROOF)
@@ -451,8 +451,12 @@ def reply_figures(steps: list[StepMetrics]) -> ReplyFigures | None:
     if not decode:
         return None
     step_s = sum(s.step_s for s in decode)
-    gbs = sum(s.total_bytes for s in decode) / step_s / 1e9
-    peak = decode[-1].peak_bandwidth_bps / 1e9
+    moved = sum(s.total_bytes for s in decode)
+    gbs = moved / step_s / 1e9
+    # each step's bytes at the roof it sits under (a precision switched mid-reply, a context that grew
+    # past where the cache gives out): the reply's peak is the rate those roofs give its bytes together
+    at_roofs_s = sum(s.total_bytes / s.peak_bandwidth_bps for s in decode)
+    peak = moved / at_roofs_s / 1e9 if at_roofs_s > 0 else decode[-1].peak_bandwidth_bps / 1e9
     target = [s for s in decode if s.phase != "draft"]
     ceiling = sum(s.tokens_out for s in target) / sum(s.floor_s for s in target) if target else float("nan")
     return ReplyFigures(decode_rate(decode), gbs, peak, gbs / peak, ceiling, any(s.above_roof for s in steps))
