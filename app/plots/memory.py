@@ -8,6 +8,7 @@ import pyqtgraph as pg
 from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.plots.step_plot import StepPlot, StepWindow
 from app.plots.style import nice_ceiling, pen
+from engine.hardware.roof import CACHE_FASTER
 
 
 def cache_roof_gbs(spec) -> float | None:
@@ -62,9 +63,9 @@ class MemoryPlot(StepPlot):
         peak_gbs = steps.last("peak_bps") / 1e9
         cache_bw = cache_roof_gbs(self.hardware)
         memory_gbs = getattr(self.hardware, "peak_bandwidth_gbs", 0.0) or 0.0
-        if cache_bw and peak_gbs > memory_gbs * (1 + 1e-6):
+        if cache_bw and peak_gbs >= CACHE_FASTER * memory_gbs:
             # the step's bytes fit the last-level cache (or lie where it gives out, under a read of their
-            # size: engine/hardware/roof.py): its roof is the cache's, and the readout says so
+            # size: engine/hardware/roof.py Roof.level_for): its roof is the cache's, and the readout says so
             return translate("Plots", "{gbs} GB/s (model) · {pct}% of the cache roof").format(
                 gbs=f"{np.mean(gbs):.1f}", pct=f"{100 * np.mean(gbs) / peak_gbs:.0f}")
         return translate("Plots", "{gbs} GB/s (model) · {pct}% of peak").format(

@@ -11,7 +11,7 @@ import torch
 
 from engine.hardware import probe as roofs
 from engine.hardware.probe import cpu_roof
-from engine.hardware.roof import MeasuredRoof, Roof, above_roof, knee_curve
+from engine.hardware.roof import MeasuredRoof, Roof, above_roof, knee_curve, roof_line
 from engine.hardware.spec import DeviceSpec
 from kernels import cpu_roof as probe
 
@@ -208,22 +208,54 @@ def test_the_cache_probe_reads_between_its_halvings_where_the_cache_gives_out():
     knee = {**ladder, 130 * MiB: 58.0, 142 * MiB: 46.0, 154 * MiB: 42.0, 168 * MiB: 40.9, 184 * MiB: 39.0,
             200 * MiB: 38.5, 220 * MiB: 37.0}
     assert roofs.cache_roof(knee, 31.3) == (59.6, 130 * MiB)
-    curve = knee_curve(knee, 31.3, 130 * MiB)  # 220 MiB read under 1.2x the memory's: from there, memory
+    curve = knee_curve(knee, 31.3, 130 * MiB)  # 240 MiB read faster than memory: no curve's end yet
     assert curve == [(142 * MiB, 46.0), (154 * MiB, 42.0), (168 * MiB, 40.9), (184 * MiB, 39.0),
-                     (200 * MiB, 38.5), (220 * MiB, 31.3)]
+                     (200 * MiB, 38.5), (220 * MiB, 37.0), (240 * MiB, 36.6)]
+    knee = {**knee, 240 * MiB: 31.5}  # read within the probe's noise of the memory's: from there, memory
+    curve = knee_curve(knee, 31.3, 130 * MiB)
+    assert curve[-2:] == [(220 * MiB, 37.0), (240 * MiB, 31.3)]
     roof = Roof(bandwidth_bps=31.3e9, cache_bandwidth_bps=59.6e9, cache_bytes=130 * MiB,
                 cache_knee=tuple((n, gbs * 1e9) for n, gbs in curve))
     # the int8 step (131 MiB): under the cache roof, its 32.4 GB/s 54% of it, not 104% of the memory's
     assert roof.level_for(131 * MiB) == "cache" and roof.bandwidth_for(131 * MiB) == 59.6e9
     # where the cache gives out, the read of the largest size no bigger than the step: an upper bound
     assert roof.bandwidth_for(150 * MiB) == 46.0e9 and roof.bandwidth_for(219 * MiB) == 38.5e9
-    assert roof.level_for(220 * MiB) == roof.level_for(274e6) == "memory" and roof.bandwidth_for(274e6) == 31.3e9
+    assert roof.level_for(240 * MiB) == roof.level_for(274e6) == "memory" and roof.bandwidth_for(274e6) == 31.3e9
+    assert roof.level_for(220 * MiB) == "memory" and roof.bandwidth_for(220 * MiB) == 37.0e9  # under 1.2x
     assert Roof(31.3e9, {}, 59.6e9, 130 * MiB).level_for(131 * MiB) == "memory"  # no knee read: as before
     record = replace(fake_record("m"), read_gbs=31.3, cache_read_gbs=59.6, cache_read_bytes=130 * MiB,
                      cache_reads=[[n, gbs] for n, gbs in knee.items()])
     assert record.cache_knee() == curve and "(then 142 MiB 46.0, 154 MiB 42.0" in record.describe()
     assert MeasuredRoof.from_dict(json.loads(json.dumps(record.to_dict()))).cache_knee() == curve
     assert roofs.knee_sizes({240 * MiB: 60.0, 120 * MiB: 61.0}, 31.3) == []  # the largest size still fits
+    assert "(then 142 MiB 46.0" in record.describe()
+
+
+def test_the_cache_probe_reads_past_its_ladder_while_a_size_reads_faster_than_memory():
+    MiB = 1 << 20
+    # measured here (2 threads, 2026-12-04): 240 MiB 36.6 GB/s, memory 31.7 (a 3013 MiB read); the bf16
+    # step (274 MB) read 33.9 GB/s, "107% of the memory roof", the fp32 step (547 MB) 32.4, "102%"
+    ladder = {240 * MiB: 36.6, 120 * MiB: 59.1, 60 * MiB: 59.6, 30 * MiB: 59.0}
+    assert roofs.next_past_size(ladder, 31.7, 3013 * MiB) == 480 * MiB
+    assert roofs.next_past_size({**ladder, 480 * MiB: 33.9}, 31.7, 3013 * MiB) == 960 * MiB
+    assert roofs.next_past_size({**ladder, 480 * MiB: 32.0}, 31.7, 3013 * MiB) is None  # memory's, within 2%
+    assert roofs.next_past_size({**ladder, 480 * MiB: 33.9, 960 * MiB: 33.0, 1920 * MiB: 32.9}, 31.7,
+                                3013 * MiB) is None  # no bigger than the read probe's own buffer
+    assert roofs.next_past_size({240 * MiB: 36.6, 120 * MiB: 37.0}, 31.7, 3013 * MiB) is None  # no cache roof
+    reads = {**ladder, 480 * MiB: 33.9, 960 * MiB: 32.1}
+    fit = roofs.cache_roof(reads, 31.7)[1]
+    record = replace(fake_record("m"), read_gbs=31.7, cache_read_gbs=59.6, cache_read_bytes=fit,
+                     cache_reads=[[n, gbs] for n, gbs in reads.items()])
+    roof = Roof(bandwidth_bps=31.7e9, cache_bandwidth_bps=59.6e9, cache_bytes=fit,
+                cache_knee=tuple((n, gbs * 1e9) for n, gbs in record.cache_knee()))
+    # bf16 under the 240 MiB read, fp32 under the 480 MiB read: both under 100%, both "memory"-level
+    assert roof.bandwidth_for(274e6) == 36.6e9 and 33.9e9 / roof.bandwidth_for(274e6) < 1
+    assert roof.bandwidth_for(547e6) == 33.9e9 and 32.4e9 / roof.bandwidth_for(547e6) < 1
+    assert roof.level_for(274e6) == roof.level_for(547e6) == "memory"
+    assert roof.bandwidth_for(1100 * MiB) == 31.7e9  # past the read back at the memory's rate
+    spec = DeviceSpec(name="cpu", kind="cpu", peak_bandwidth_gbs=31.7, measured_bandwidth_gbs=31.7,
+                      cache_bandwidth_gbs=59.6, cache_bytes=fit, cache_knee=tuple(record.cache_knee()))
+    assert "(the roof of a step of up to 120 MiB; to 960 MiB, a read of the step's size)" in roof_line(spec)
     assert roofs.knee_sizes({16 * MiB: 33.0, 8 * MiB: 34.0}, 31.1) == []  # no size read faster than memory
 
 
