@@ -686,6 +686,10 @@
         <translation>{gbs} GB/s (modelo) · {pct}% del techo de la caché</translation>
     </message>
     <message>
+        <source>{gbs} GB/s (model) · {pct}% of {roof} GB/s</source>
+        <translation>{gbs} GB/s (modelo) · {pct}% de {roof} GB/s</translation>
+    </message>
+    <message>
         <source>{gbs} GB/s (model) · {pct}% of peak</source>
         <translation>{gbs} GB/s (modelo) · {pct}% del pico</translation>
     </message>
