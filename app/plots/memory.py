@@ -52,7 +52,8 @@ class MemoryPlot(StepPlot):
         cache_bw = cache_roof_gbs(spec)
         cache_text = translate("Plots", "last-level cache {gbs} GB/s (steps up to {mib} MiB)").format(
             gbs=f"{cache_bw:.0f}", mib=f"{spec.cache_bytes / 2**20:.0f}") if cache_bw else ""
-        self.hline("cache_bw", cache_bw, cache_text, t.spec_peak)
+        cache_short = translate("Plots", "cache {gbs} GB/s").format(gbs=f"{cache_bw:.0f}") if cache_bw else ""
+        self.hline("cache_bw", cache_bw, cache_text, t.spec_peak, short=cache_short)
         gbs = self.data.steps.column("gbs")
         top_gbs = max(measured or 0, spec_bw or 0, cache_bw or 0, float(np.nanmax(gbs)) if np.isfinite(gbs).any() else 0)
         self.set_range("y", 0, nice_ceiling(1.4 * max(top_gbs, 1e-6)))  # headroom for the legend

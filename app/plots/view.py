@@ -148,8 +148,9 @@ class PlotView(QFrame):
             self._grid_item.setDownsampling(auto=False)
         self._grid_item.setData(x=gx, y=gy, connect="pairs")
 
-    def hline(self, key: str, y: float | None, text: str, colour: str) -> None:
-        """A dashed horizontal peak line with its label, or hidden when y is None."""
+    def hline(self, key: str, y: float | None, text: str, colour: str, short: str = "") -> None:
+        """A dashed horizontal peak line with its label, or hidden when y is None; `short`: the label
+        where the whole one does not fit (large fonts on a small screen), before it hides."""
         line = self._peak_lines.get(key)
         if line is None:
             line = pg.InfiniteLine(angle=0, pen=pen(colour, 2, dashed=True), movable=False, label=text,
@@ -159,31 +160,38 @@ class PlotView(QFrame):
             line.setZValue(45)  # its label over the setting-change lines (40) that cross it
             self.plot.addItem(line, ignoreBounds=False)
             self._peak_lines[key] = line
-        if self._set_keys.get(id(line)) == (y, text):
+        if self._set_keys.get(id(line)) == (y, text, short):
             return
-        self._set_keys[id(line)] = (y, text)
+        self._set_keys[id(line)] = (y, text, short)
         if y is None or not math.isfinite(y):
             line.setVisible(False)
             return
         line.setVisible(True)
         line.setPos(y)
         line.label.setFormat(text)
+        line.texts = (text, short) if short else (text,)
         self.fit_peak_labels()
 
     def fit_peak_labels(self) -> None:
-        """A peak line's label wider than the plot takes smaller type, then hides (the line stays,
-        and the legend or the strip names it): a label is never cut at the plot's edge."""
+        """A peak line's label wider than the plot takes smaller type, then its short form, then
+        hides (the line stays, and the legend or the strip names it): a label is never cut at the
+        plot's edge."""
         width = self.plot.getViewBox().sceneBoundingRect().width()
         if width < 20:
             return
         for line in self._peak_lines.values():
             if not line.isVisible():
                 continue
-            for smaller in (2, 4):
-                line.label.setFont(label_font(self.theme, smaller))
-                if _text_size(line.label)[0] <= 0.96 * width:
+            fits = False
+            for text in getattr(line, "texts", (line.label.format,)):
+                line.label.setFormat(text)
+                for smaller in (2, 4):
+                    line.label.setFont(label_font(self.theme, smaller))
+                    if fits := _text_size(line.label)[0] <= 0.96 * width:
+                        break
+                if fits:
                     break
-            line.label.setVisible(_text_size(line.label)[0] <= 0.96 * width)
+            line.label.setVisible(fits)
 
     def sync_annotations(self, notes: list[Annotation]) -> None:
         """One labelled vertical line per setting change, at the step where it took effect."""

@@ -682,6 +682,10 @@
         <translation>caché de último nivel {gbs} GB/s (pasos de hasta {mib} MiB)</translation>
     </message>
     <message>
+        <source>cache {gbs} GB/s</source>
+        <translation>caché {gbs} GB/s</translation>
+    </message>
+    <message>
         <source>{gbs} GB/s (model) · {pct}% of the cache roof</source>
         <translation>{gbs} GB/s (modelo) · {pct}% del techo de la caché</translation>
     </message>

@@ -114,6 +114,30 @@ def test_a_step_under_the_cache_roof_is_read_against_it_and_the_plot_draws_that_
     assert not plain._peak_lines["cache_bw"].isVisible()
 
 
+def test_a_peak_line_whose_label_does_not_fit_takes_its_short_form_before_it_hides(qtbot):
+    # large fonts at 1280x720: the cache line's label ("last-level cache 61 GB/s (steps up to 184 MiB)")
+    # hid, and a yellow dashed line stood in the memory plot with nothing saying what it was
+    from dataclasses import replace
+    live = LiveData()
+    live.start_reply(100.0)
+    live.add_step(step(0, "prefill"))
+    memory = make(MemoryPlot, live, qtbot, replace(fake_cpu(), cache_bandwidth_gbs=61.0, cache_bytes=184 << 20))
+    memory.show()
+    label = memory._peak_lines["cache_bw"].label
+    memory.resize(900, 300)
+    qtbot.waitUntil(lambda: memory.plot.getViewBox().sceneBoundingRect().width() > 700)
+    memory.fit_peak_labels()
+    assert label.isVisible() and label.format == "last-level cache 61 GB/s (steps up to 184 MiB)"
+    memory.resize(260, 300)
+    qtbot.waitUntil(lambda: memory.plot.getViewBox().sceneBoundingRect().width() < 240)
+    memory.fit_peak_labels()
+    assert label.isVisible() and label.format == "cache 61 GB/s"
+    memory.resize(900, 300)  # room again: the whole label
+    qtbot.waitUntil(lambda: memory.plot.getViewBox().sceneBoundingRect().width() > 700)
+    memory.fit_peak_labels()
+    assert label.isVisible() and label.format.startswith("last-level cache")
+
+
 def test_a_gpu_with_nvml_adds_its_measured_counters_beside_the_model(data, qtbot):
     from engine.hardware.nvml import HardwareSample
     from engine.hardware.spec import DeviceSpec
