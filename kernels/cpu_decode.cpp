@@ -11,7 +11,7 @@
 // a block of rows is applied to every token row while it is in registers or L1/L2.
 //
 // Vector levels, chosen by the compiler's target (reported by `membound_isa`): AVX-512 (bf16 dot
-// products where __AVX512BF16__), AVX2 + FMA + F16C, NEON on aarch64 (BFDOT where
+// products where __AVX512BF16__, INT4 by vpdpbusd where __AVX512VNNI__), AVX2 + FMA + F16C, NEON on aarch64 (BFDOT where
 // __ARM_FEATURE_BF16, SDOT where __ARM_FEATURE_DOTPROD) and scalar, the reference of last resort.
 // One loop body per operation over the mapping layer below (vector width, loads of fp32 / bf16 /
 // int8 / fp16, FMA, sums, tails); the quantised dot products that need their own intrinsics sit in
