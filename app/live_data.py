@@ -19,7 +19,7 @@ STEP_COLUMNS = ("x", "t_s", "start_s", "prefill", "mixed", "label", "tokens_per_
                 "flops", "mfu_pct", "ai", "step_ms", "peak_flops", "peak_bps",
                 # speculative decoding: a draft step (the draft model's forwards), a verify step (the target's),
                 # its guesses and those kept; tokens produced; time beyond the step's bytes at peak bandwidth
-                "draft", "verify", "draft_tokens", "accepted", "tokens_out", "overhead_ms")
+                "draft", "verify", "draft_tokens", "accepted", "tokens_out", "overhead_ms", "cache_roof")
 HW_COLUMNS = ("x", "t_s", "sm_util_pct", "dram_bw_util_pct", "tensor_active_pct")
 SERVING_COLUMNS = ("x", "t_s", "users", "running", "waiting", "aggregate_tps", "per_request_tps", "ttft_p50_s",
                    "ttft_p95_s", "itl_p50_s", "itl_p95_s", "preempted")
@@ -87,7 +87,8 @@ class LiveData:
             ai=m.arithmetic_intensity, step_ms=1e3 * m.step_s, peak_flops=m.peak_flops, peak_bps=m.peak_bandwidth_bps,
             draft=1.0 if m.phase == "draft" else 0.0, verify=1.0 if m.phase == "verify" else 0.0,
             draft_tokens=m.draft_tokens, accepted=m.accepted_tokens if m.phase == "verify" else None,
-            tokens_out=m.tokens_out, overhead_ms=1e3 * m.overhead_s)
+            tokens_out=m.tokens_out, overhead_ms=1e3 * m.overhead_s,
+            cache_roof=1.0 if m.roof == "cache" else 0.0)  # the roof it sits under (engine/hardware/roof.py)
         self.version += 1
 
     def add_batch_stats(self, b) -> None:

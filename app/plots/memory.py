@@ -8,7 +8,6 @@ import pyqtgraph as pg
 from app.i18n import QT_TRANSLATE_NOOP, translate
 from app.plots.step_plot import StepPlot, StepWindow
 from app.plots.style import nice_ceiling, pen
-from engine.hardware.roof import CACHE_FASTER
 
 
 def cache_roof_gbs(spec) -> float | None:
@@ -64,7 +63,7 @@ class MemoryPlot(StepPlot):
         peak_gbs = steps.last("peak_bps") / 1e9
         cache_bw = cache_roof_gbs(self.hardware)
         memory_gbs = getattr(self.hardware, "peak_bandwidth_gbs", 0.0) or 0.0
-        if cache_bw and peak_gbs >= CACHE_FASTER * memory_gbs:
+        if cache_bw and steps.last("cache_roof") == 1.0:
             # the step's bytes fit the last-level cache (or lie where it gives out, under a read of their
             # size: engine/hardware/roof.py Roof.level_for): its roof is the cache's, and the readout says so
             return translate("Plots", "{gbs} GB/s (model) · {pct}% of the cache roof").format(
