@@ -1166,6 +1166,45 @@ static inline void int4_unpack(const uint8_t *p, int64_t octets, __m512i *out) {
 typedef __m512i Unpacked;
 #define UNPACKED_PER_OCTET 2
 
+// A whole tile for G token rows, their accumulators in registers across the groups (int4_group's
+// operations in its order: the same bits), up to six rows a pass: 18 accumulators, two codes and
+// the constants of 32 registers, so a five-row verify step is one pass over the tile's codes
+#define INT4_TILES 1
+#define INT4_TILE_G 6
+template <int G>
+static inline void int4_tile(const uint8_t *p, int64_t groups, int64_t octets, const struct In *in, int64_t t0,
+                             int64_t group, const uint16_t *st, const uint16_t *mt, float *acc, const __m512i *unpacked) {
+  (void)unpacked;
+  const int64_t ls = sums_ld(in->ld), k = in->ld;
+  __m512 a[G];
+  for (int r = 0; r < G; r++) a[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; g++, p += 64 * octets) {
+    __m512i hi[G], lo[G];
+    for (int r = 0; r < G; r++) hi[r] = lo[r] = _mm512_setzero_si512();
+    for (int64_t j = 0; j < octets; j++) {
+      __m512i c[2];
+      int4_bytes(p, j, c);
+      for (int b = 0; b < 2; b++) in_register(c[b]);
+      for (int r = 0; r < G; r++) {
+        const uint8_t *xp = (const uint8_t *)(in->xq + (t0 + r) * in->ld) + g * group + 8 * j;
+        hi[r] = _mm512_dpbusd_epi32(hi[r], c[0], _mm512_set1_epi32((int)load_u32(xp)));
+        hi[r] = _mm512_dpbusd_epi32(hi[r], c[1], _mm512_set1_epi32((int)load_u32(xp + 4)));
+        lo[r] = _mm512_dpbusd_epi32(lo[r], c[0], _mm512_set1_epi32((int)load_u32(xp + k)));
+        lo[r] = _mm512_dpbusd_epi32(lo[r], c[1], _mm512_set1_epi32((int)load_u32(xp + k + 4)));
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(st + g * 16)));
+    const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mt + g * 16)));
+    for (int r = 0; r < G; r++) {
+      const __m512 dx = _mm512_mul_ps(d, _mm512_set1_ps(in->xqs[(t0 + r) * ls + g]));
+      const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(hi[r], 7), lo[r]);
+      a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), dx, a[r]);
+      a[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(in->xsum[(t0 + r) * ls + g]), a[r]);
+    }
+  }
+  for (int r = 0; r < G; r++) _mm512_storeu_ps(acc + (t0 + r) * 16, a[r]);
+}
+
 #elif defined(LEVEL_AVX512) && defined(HAVE_BF16_DOT)
 // code c becomes the bf16 number 128 + c by setting the exponent bits (c | 0x4300): one logic op,
 // exact; the 128 * sum(x) it adds to each group's sum comes off with the mins' term. Two chains per
