@@ -184,31 +184,37 @@ def load(isa: str | None = None, options: EngineOptions | None = None) -> ctypes
         lib = _LOADED.get(key)
         if lib is None:
             import torch  # noqa: F401  (first: its OpenMP runtime is the one the library binds to)
-            lib = ctypes.CDLL(str(_build(plan, cache_dir=options.cache_dir)))
-            lib.membound_scratch_floats.argtypes = [ctypes.POINTER(Model), ctypes.c_int64, ctypes.c_int64]
-            lib.membound_scratch_floats.restype = ctypes.c_int64
-            lib.membound_step.argtypes = [ctypes.POINTER(Model), ctypes.POINTER(Row), ctypes.c_int64,
-                                          ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                          ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
-            lib.membound_step.restype = ctypes.c_int
-            lib.membound_profile_phases.restype = ctypes.c_int64
-            lib.membound_max_rows.restype = ctypes.c_int64
-            lib.membound_max_blocks.restype = ctypes.c_int64
-            lib.membound_product_floats.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
-            lib.membound_product_floats.restype = ctypes.c_int64
-            lib.membound_gemm.argtypes = [ctypes.POINTER(Mat), ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                                          ctypes.c_void_p, ctypes.c_int64]
-            lib.membound_gemm.restype = ctypes.c_int
-            lib.membound_isa.restype = ctypes.c_char_p
-            lib.membound_openmp.restype = ctypes.c_int
-            lib.membound_input_rounding.argtypes = [ctypes.c_int64]
-            lib.membound_input_rounding.restype = ctypes.c_int
-            lib.isa = lib.membound_isa().decode()
+            lib = bind(ctypes.CDLL(str(_build(plan, cache_dir=options.cache_dir))))
             lib.level = plan.level
             lib.threads_note = plan.note if not lib.membound_openmp() else ""
-            lib.max_rows = int(lib.membound_max_rows())
             _LOADED[key] = lib
         return lib
+
+
+def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """The library's entry points typed, and what it says of itself (`.isa`, `.max_rows`): a build of
+    kernels/cpu_decode.cpp, `load`'s or a test's own for another target."""
+    lib.membound_scratch_floats.argtypes = [ctypes.POINTER(Model), ctypes.c_int64, ctypes.c_int64]
+    lib.membound_scratch_floats.restype = ctypes.c_int64
+    lib.membound_step.argtypes = [ctypes.POINTER(Model), ctypes.POINTER(Row), ctypes.c_int64,
+                                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    lib.membound_step.restype = ctypes.c_int
+    lib.membound_profile_phases.restype = ctypes.c_int64
+    lib.membound_max_rows.restype = ctypes.c_int64
+    lib.membound_max_blocks.restype = ctypes.c_int64
+    lib.membound_product_floats.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
+    lib.membound_product_floats.restype = ctypes.c_int64
+    lib.membound_gemm.argtypes = [ctypes.POINTER(Mat), ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                  ctypes.c_void_p, ctypes.c_int64]
+    lib.membound_gemm.restype = ctypes.c_int
+    lib.membound_isa.restype = ctypes.c_char_p
+    lib.membound_openmp.restype = ctypes.c_int
+    lib.membound_input_rounding.argtypes = [ctypes.c_int64]
+    lib.membound_input_rounding.restype = ctypes.c_int
+    lib.isa = lib.membound_isa().decode()
+    lib.max_rows = int(lib.membound_max_rows())
+    return lib
 
 
 def gemm(lib, mat: Mat, x, threads: int):

@@ -123,6 +123,42 @@ def test_each_x86_level_builds_clean_under_wall_wextra(isa, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+# ---- the AVX-512 variants a laptop or server may have: without VNNI or bf16 dots (Skylake-X), VNNI without
+# bf16 dots (Ice Lake laptops), both (Cooper Lake, Sapphire Rapids, Zen 4): each INT4 path its own code
+AVX512_TARGETS = {"skylake-avx512": ("AVX-512", ["avx512f"]),
+                  "icelake-server": ("AVX-512 (int8 dot products)", ["avx512f", "avx512_vnni"]),
+                  "cooperlake": ("AVX-512 (bf16 and int8 dot products)", ["avx512f", "avx512_vnni", "avx512_bf16"])}
+
+
+@pytest.mark.parametrize("target", list(AVX512_TARGETS))
+def test_each_avx512_variant_builds_clean_and_its_products_match_their_references(target, tmp_path):
+    from tests.kernels.test_cpu_decode import (INT16_TOLERANCE, PRODUCT_TOLERANCE, c_matrix, product_layer,
+                                               product_reference, relative_error)
+    isa, needs = AVX512_TARGETS[target]
+    has = cpu_decode.cpu_feature_line().split()
+    if not all(n in has for n in needs):  # (an AVX2 machine: the AVX2 build is tested above)
+        pytest.skip(f"this CPU cannot run {target}'s instructions ({', '.join(n for n in needs if n not in has)})")
+    built = build_plan("scalar")
+    flags = [f for f in built.flags if not f.startswith("-march")] + [f"-march={target}", "-Werror"]
+    done = subprocess.run([built.compiler, *flags, str(cpu_decode.SOURCE), "-o", str(tmp_path / "x.so")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    import ctypes
+    lib = cpu_decode.bind(ctypes.CDLL(str(tmp_path / "x.so")))
+    assert lib.isa == isa
+    for fmt in PRODUCT_TOLERANCE:
+        for n, k in ((40, 96), (37, 224)):
+            layer = product_layer(fmt, n, k)
+            mat, _keep = c_matrix(layer)
+            rounding = lib.membound_input_rounding(mat.fmt)
+            tol = INT16_TOLERANCE if rounding == cpu_decode.X_INT16 else PRODUCT_TOLERANCE[fmt]
+            x = torch.randn(9, k, generator=torch.Generator().manual_seed(n)) * 3 + 1
+            got = cpu_decode.gemm(lib, mat, x, 2)
+            assert relative_error(got, product_reference(layer, fmt, x, rounding)) < tol, (target, fmt, n, k)
+            for i in (0, 5, 8):  # a row alone gives the bits it gave among eight others
+                assert torch.equal(cpu_decode.gemm(lib, mat, x[i:i + 1], 1)[0], got[i]), (target, fmt, i)
+
+
 # ---- aarch64 under qemu --------------------------------------------------------------------------------
 AARCH64 = {"armv8-a": "NEON", "armv8.2-a+dotprod": "NEON (SDOT)", "armv8.6-a+bf16+dotprod": "NEON (BFDOT, SDOT)",
            "armv8-a+nosimd": "scalar"}
