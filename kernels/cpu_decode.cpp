@@ -11,8 +11,9 @@
 // a block of rows is applied to every token row while it is in registers or L1/L2.
 //
 // Vector levels, chosen by the compiler's target (reported by `membound_isa`): AVX-512 (bf16 dot
-// products where __AVX512BF16__, INT4 by vpdpbusd where __AVX512VNNI__), AVX2 + FMA + F16C, NEON on aarch64 (BFDOT where
-// __ARM_FEATURE_BF16, SDOT where __ARM_FEATURE_DOTPROD) and scalar, the reference of last resort.
+// products where __AVX512BF16__, INT4 by vpdpbusd where __AVX512VNNI__), AVX2 + FMA + F16C, NEON on
+// aarch64 (BFDOT where __ARM_FEATURE_BF16, SDOT where __ARM_FEATURE_DOTPROD) and scalar, the
+// reference of last resort.
 // One loop body per operation over the mapping layer below (vector width, loads of fp32 / bf16 /
 // int8 / fp16, FMA, sums, tails); the quantised dot products that need their own intrinsics sit in
 // per-architecture blocks beside the generic version.
@@ -70,7 +71,7 @@ static inline double omp_get_wtime(void) {
 #define HAVE_BF16_DOT 1  // vdpbf16ps
 #endif
 #if defined(LEVEL_AVX512) && defined(__AVX512VNNI__)
-#define HAVE_VNNI 1  // vpdpbusd: INT4's codes (u8) times int8 input codes, four a lane
+#define HAVE_VNNI 1  // vpdpbusd: INT4's codes (u8) times signed input bytes, four a lane
 #endif
 #if defined(LEVEL_NEON) && (defined(__ARM_FEATURE_BF16) || defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC))
 #define HAVE_BF16_DOT 1  // BFDOT (GCC names the feature by its vector half)
@@ -536,9 +537,9 @@ static void quantise_i16(const float *x, int64_t k, int16_t *xq, float *xqs) {
 // INT4's inputs for vpdpbusd: per group, codes c = x * 16383 / max|x| rounded to nearest even (as
 // quantise_groups rounds them; 15 bits, nearly int16's precision), split into c = 128 hi + lo with hi
 // signed and lo in 0..127, both bytes vpdpbusd takes: hi at bytes [0, k) of the row's slot (ld int16s),
-// lo at [ld, ld + k); each octet's codes in the order of a tile word's low nibbles (inputs 0, 4, 1, 5: bytes 0..3
-// of word & 0x0F0F0F0F) then its high nibbles (2, 6, 3, 7), so the kernel broadcasts four at a time;
-// the scale max|x| / 16383 in xqs, the group's sum of the exact inputs in xsum
+// lo at [ld, ld + k); each octet's codes in the order of a tile word's low nibbles (inputs 0, 4, 1,
+// 5: bytes 0..3 of word & 0x0F0F0F0F) then its high nibbles (2, 6, 3, 7), so the kernel broadcasts
+// four at a time; the scale max|x| / 16383 in xqs, the group's sum of the exact inputs in xsum
 #define INT4_X_TOP 16383.0f
 static void quantise_int4_inputs(const float *x, int64_t k, int64_t group, int8_t *xq, int64_t ld, float *xqs,
                                  float *xsum) {
@@ -556,7 +557,7 @@ static void quantise_int4_inputs(const float *x, int64_t k, int64_t group, int8_
     xqs[g] = top / INT4_X_TOP;
     xsum[g] = _mm512_reduce_add_ps(sum);
     const __m512 inv = _mm512_set1_ps(top > 0 ? INT4_X_TOP / top : 0.0f);
-    for (int64_t j = 0; j < group; j += 16) {  // group a multiple of 8: a half vector's tail stays in the row's slot
+    for (int64_t j = 0; j < group; j += 16) {  // (a group is whole octets: a tail is 8 codes)
       const __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(vloadn(x + j0 + j, group - j), inv));
       const __m128i hi = _mm512_cvtepi32_epi8(_mm512_srai_epi32(c, 7));  // |c| <= 16383: exact
       const __m128i lo = _mm512_cvtepi32_epi8(_mm512_and_si512(c, _mm512_set1_epi32(127)));
@@ -1155,10 +1156,11 @@ static void gemm_int8_i16(const struct Mat *mt, const struct In *in, float *y, i
 
 #if defined(HAVE_VNNI)
 // vpdpbusd: a tile word's low nibbles (bytes 0..3 of word & 0x0F0F0F0F: inputs 0, 4, 1, 5 of the
-// octet) and high nibbles (2, 6, 3, 7) as unsigned bytes, times the token row's int8 codes in that
-// order (prepare's int4_input_order), four products a lane summed into int32: exact integer sums
-// per group, whatever the order, scaled once (as SDOT's). Three logic ops and two dot products per
-// 128 weights, where the bf16 dot took seven and four.
+// octet) and high nibbles (2, 6, 3, 7) as unsigned bytes, times the token row's input codes in that
+// order, their high and low bytes apart (quantise_int4_inputs), four products a lane summed into
+// int32: exact integer sums per group, whatever the order, scaled once. Three logic ops and four dot
+// products per 128 weights a row, where the bf16 dot took seven and four. (One signed byte a code
+// would halve the dot products at +2.4% perplexity on the default model: docs/benchmarks.md.)
 static ALWAYS_INLINE void int4_bytes(const uint8_t *p, int64_t j, __m512i *c) {
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const __m512i v = _mm512_loadu_si512(p + 64 * j);
