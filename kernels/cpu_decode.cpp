@@ -503,24 +503,32 @@ static void round_bf16_row(const float *x, int64_t k, int64_t group, uint16_t *x
 // INT8's inputs: int16 codes per group of I8_GROUP (code = x * 32767 / max|x| of the group, rounded to
 // nearest even, as quantise_groups rounds them), the group's scale max|x| / 32767 in xqs; no sums
 #define I8_GROUP 64
-static void quantise_i16(const float *x, int64_t k, int16_t *xq, float *xqs) {
+
+// codes per group of `group` inputs (the last group may be shorter), W inputs a vector: each group's
+// scale max|x| / 32767 in xqs and, with xsum, the sum of its exact inputs (in the vector's order: the
+// same for one row or many). INT4's at AVX2 and at AVX-512 without VNNI (a scalar loop took ~1 us a
+// product a thread there: a tenth of a step's INT4 products); INT8's, groups of I8_GROUP
+static void quantise_i16_groups(const float *x, int64_t k, int64_t group, int16_t *xq, float *xqs, float *xsum) {
   const V sign = vset1(-0.0f);
-  for (int64_t j0 = 0, g = 0; j0 < k; j0 += I8_GROUP, g++) {
-    const int64_t n = k - j0 < I8_GROUP ? k - j0 : I8_GROUP;
-    V mx = vzero();
-    int64_t j = 0;
+  for (int64_t j0 = 0, g = 0; j0 < k; j0 += group, g++) {
+    const int64_t n = k - j0 < group ? k - j0 : group;
+    V mx = vzero(), sum = vzero();
+    for (int64_t j = 0; j < n; j += W) {
+      const V v = j + W <= n ? vload(x + j0 + j) : vloadn(x + j0 + j, n - j);
 #if defined(LEVEL_AVX512)
-    for (; j + W <= n; j += W) mx = vmax(mx, _mm512_andnot_ps(sign, vload(x + j0 + j)));
-    if (j < n) mx = vmax(mx, _mm512_andnot_ps(sign, vloadn(x + j0 + j, n - j)));
+      mx = vmax(mx, _mm512_andnot_ps(sign, v));
 #else
-    for (; j + W <= n; j += W) mx = vmax(mx, _mm256_andnot_ps(sign, vload(x + j0 + j)));
-    if (j < n) mx = vmax(mx, _mm256_andnot_ps(sign, vloadn(x + j0 + j, n - j)));
+      mx = vmax(mx, _mm256_andnot_ps(sign, v));
 #endif
+      if (xsum) sum = vadd(sum, v);
+    }
     const float top = vhmax(mx);
     xqs[g] = top / 32767.0f;
+    if (xsum) xsum[g] = vhsum(sum);
     const V inv = vset1(top > 0 ? 32767.0f / top : 0.0f);
     int16_t *q = xq + j0;
-    for (j = 0; j + W <= n; j += W) {
+    int64_t j = 0;
+    for (; j + W <= n; j += W) {
 #if defined(LEVEL_AVX512)
       _mm256_storeu_si256((__m256i *)(q + j), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(vmul(vload(x + j0 + j), inv))));
 #else
@@ -569,43 +577,6 @@ static void quantise_int4_inputs(const float *x, int64_t k, int64_t group, int8_
 }
 #endif
 
-#if (defined(LEVEL_AVX512) || defined(LEVEL_AVX2)) && !defined(HAVE_VNNI)
-// INT4's inputs where the products take int16 codes (vpmaddwd): quantise_groups' 16-bit codes, scales
-// and sums, W inputs a vector (the scalar loop took ~1 us a product a thread: a tenth of a step's
-// INT4 products here). The sums add in the vector's order: the same for one row or many.
-static void quantise_i16_groups(const float *x, int64_t k, int64_t group, int16_t *xq, float *xqs, float *xsum) {
-  const V sign = vset1(-0.0f);
-  for (int64_t g = 0; g * group < k; g++) {
-    const float *xg = x + g * group;
-    V mx = vzero(), sum = vzero();
-    for (int64_t j = 0; j < group; j += W) {
-      const V v = vloadn(xg + j, group - j);
-#if defined(LEVEL_AVX512)
-      mx = vmax(mx, _mm512_andnot_ps(sign, v));
-#else
-      mx = vmax(mx, _mm256_andnot_ps(sign, v));
-#endif
-      sum = vadd(sum, v);
-    }
-    const float top = vhmax(mx);
-    xqs[g] = top / 32767.0f;
-    xsum[g] = vhsum(sum);
-    const V inv = vset1(top > 0 ? 32767.0f / top : 0.0f);
-    int16_t *q = xq + g * group;
-    int64_t j = 0;
-    for (; j + W <= group; j += W) {
-#if defined(LEVEL_AVX512)
-      _mm256_storeu_si256((__m256i *)(q + j), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(vmul(vload(xg + j), inv))));
-#else
-      const __m256i c = _mm256_cvtps_epi32(vmul(vload(xg + j), inv));  // |c| <= 32767: packs is exact
-      _mm_storeu_si128((__m128i *)(q + j), _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1)));
-#endif
-    }
-    for (; j < group; j++) q[j] = (int16_t)lrintf(xg[j] * (top > 0 ? 32767.0f / top : 0.0f));
-  }
-}
-#endif
-
 static void prepare(struct In *in, const struct Mat *m) {
   const int rounding = input_rounding(m->fmt);
   const int64_t k = m->k, ls = sums_ld(in->ld);
@@ -628,7 +599,7 @@ static void prepare(struct In *in, const struct Mat *m) {
         }
 #if defined(LEVEL_AVX512) || defined(LEVEL_AVX2)
     } else if (rounding == X_INT16 && m->fmt == INT8) {
-      quantise_i16(x, k, in->xq + r * in->ld, in->xqs + r * ls);
+      quantise_i16_groups(x, k, I8_GROUP, in->xq + r * in->ld, in->xqs + r * ls, NULL);
 #endif
 #if defined(HAVE_VNNI)
     } else if (rounding == X_INT16 && m->fmt == INT4) {
@@ -1019,7 +990,7 @@ static void gemm_int8_sdot(const struct Mat *mt, const struct In *in, float *y, 
 #endif
 
 #if defined(LEVEL_AVX512) || defined(LEVEL_AVX2)
-// int8 weights against the token rows' int16 codes (quantise_i16): the codes sign-extended to int16
+// int8 weights against the token rows' int16 codes (quantise_i16_groups): the codes sign-extended to int16
 // (one instruction a vector) and multiplied pairwise into int32 lanes (vpdpwssd where AVX512-VNNI,
 // else vpmaddwd + vpaddd): half the instructions per product of the int8 -> int32 -> fp32 widening and
 // an FMA. Each group's int32 sums (at most I8_GROUP / 2 pairs of |code| products <= 32767 * 127 a
@@ -1169,43 +1140,46 @@ static ALWAYS_INLINE void int4_bytes(const uint8_t *p, int64_t j, __m512i *c) {
   c[1] = _mm512_and_si512(_mm512_srli_epi32(v, 4), low4);
 }
 
+// one octet's two code vectors times a token row's eight input codes: hi and lo bytes apart, at xp and
+// ld bytes on (quantise_int4_inputs)
+static ALWAYS_INLINE void int4_octet(const __m512i *c, const uint8_t *xp, int64_t ld, __m512i &hi, __m512i &lo) {
+  hi = _mm512_dpbusd_epi32(hi, c[0], _mm512_set1_epi32((int)load_u32(xp)));
+  hi = _mm512_dpbusd_epi32(hi, c[1], _mm512_set1_epi32((int)load_u32(xp + 4)));
+  lo = _mm512_dpbusd_epi32(lo, c[0], _mm512_set1_epi32((int)load_u32(xp + ld)));
+  lo = _mm512_dpbusd_epi32(lo, c[1], _mm512_set1_epi32((int)load_u32(xp + ld + 4)));
+}
+
+// a group's sums into a row's 16 outputs: a + (128 hi + lo) x scale x the inputs' scale + min x their sum
+static ALWAYS_INLINE __m512 int4_scaled(__m512 a, __m512i hi, __m512i lo, __m512 d, __m512 mn, float xqs, float xsum) {
+  const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(hi, 7), lo);
+  a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(xqs)), a);
+  return _mm512_fmadd_ps(mn, _mm512_set1_ps(xsum), a);
+}
+
+// one group for G token rows, their outputs in memory (the one-row step; int4_tile takes more rows)
 template <int G>
 static inline void int4_group(const uint8_t *p, int64_t octets, const struct In *in, int64_t t0, int64_t g,
                               int64_t group, const uint16_t *st, const uint16_t *mt, float *acc, const __m512i *unpacked) {
+  (void)unpacked;  // (INT4_TILES: no pass reads unpacked codes)
   __m512i hi[G], lo[G];  // sum code x hi, sum code x lo: exact in int32 (|sum| <= 15 x 128 x group)
   for (int r = 0; r < G; r++) hi[r] = lo[r] = _mm512_setzero_si512();
   for (int64_t j = 0; j < octets; j++) {
     __m512i c[2];
-    if (unpacked) {
-      c[0] = unpacked[2 * j], c[1] = unpacked[2 * j + 1];
-    } else {
-      int4_bytes(p, j, c);
-    }
-    for (int r = 0; r < G; r++) {
-      const uint8_t *xp = (const uint8_t *)(in->xq + (t0 + r) * in->ld) + g * group + 8 * j;  // 8 hi codes
-      const int64_t k = in->ld;  // the lo codes: ld bytes on (quantise_int4_inputs)
-      hi[r] = _mm512_dpbusd_epi32(hi[r], c[0], _mm512_set1_epi32((int)load_u32(xp)));
-      hi[r] = _mm512_dpbusd_epi32(hi[r], c[1], _mm512_set1_epi32((int)load_u32(xp + 4)));
-      lo[r] = _mm512_dpbusd_epi32(lo[r], c[0], _mm512_set1_epi32((int)load_u32(xp + k)));
-      lo[r] = _mm512_dpbusd_epi32(lo[r], c[1], _mm512_set1_epi32((int)load_u32(xp + k + 4)));
-    }
+    int4_bytes(p, j, c);
+    for (int r = 0; r < G; r++)
+      int4_octet(c, (const uint8_t *)(in->xq + (t0 + r) * in->ld) + g * group + 8 * j, in->ld, hi[r], lo[r]);
   }
   const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(st + g * 16)));
   const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mt + g * 16)));
   const int64_t ls = sums_ld(in->ld);
   for (int r = 0; r < G; r++) {
     float *ap = acc + (t0 + r) * 16;
-    const __m512 dx = _mm512_mul_ps(d, _mm512_set1_ps(in->xqs[(t0 + r) * ls + g]));
-    const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(hi[r], 7), lo[r]);
-    const __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), dx, _mm512_loadu_ps(ap));
-    _mm512_storeu_ps(ap, _mm512_fmadd_ps(mn, _mm512_set1_ps(in->xsum[(t0 + r) * ls + g]), a));
+    _mm512_storeu_ps(ap, int4_scaled(_mm512_loadu_ps(ap), hi[r], lo[r], d, mn, in->xqs[(t0 + r) * ls + g],
+                                     in->xsum[(t0 + r) * ls + g]));
   }
 }
 
-static inline void int4_unpack(const uint8_t *p, int64_t octets, __m512i *out) {
-  for (int64_t j = 0; j < octets; j++) int4_bytes(p, j, out + 2 * j);
-}
-typedef __m512i Unpacked;
+typedef __m512i Unpacked;  // (the scratch's size: int4_tile reads the codes themselves)
 #define UNPACKED_PER_OCTET 2
 
 // A whole tile for G token rows, their accumulators in registers across the groups (int4_group's
@@ -1217,7 +1191,7 @@ template <int G>
 static inline void int4_tile(const uint8_t *p, int64_t groups, int64_t octets, const struct In *in, int64_t t0,
                              int64_t group, const uint16_t *st, const uint16_t *mt, float *acc, const __m512i *unpacked) {
   (void)unpacked;
-  const int64_t ls = sums_ld(in->ld), k = in->ld;
+  const int64_t ls = sums_ld(in->ld);
   __m512 a[G];
   for (int r = 0; r < G; r++) a[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; g++, p += 64 * octets) {
@@ -1227,22 +1201,13 @@ static inline void int4_tile(const uint8_t *p, int64_t groups, int64_t octets, c
       __m512i c[2];
       int4_bytes(p, j, c);
       for (int b = 0; b < 2; b++) in_register(c[b]);
-      for (int r = 0; r < G; r++) {
-        const uint8_t *xp = (const uint8_t *)(in->xq + (t0 + r) * in->ld) + g * group + 8 * j;
-        hi[r] = _mm512_dpbusd_epi32(hi[r], c[0], _mm512_set1_epi32((int)load_u32(xp)));
-        hi[r] = _mm512_dpbusd_epi32(hi[r], c[1], _mm512_set1_epi32((int)load_u32(xp + 4)));
-        lo[r] = _mm512_dpbusd_epi32(lo[r], c[0], _mm512_set1_epi32((int)load_u32(xp + k)));
-        lo[r] = _mm512_dpbusd_epi32(lo[r], c[1], _mm512_set1_epi32((int)load_u32(xp + k + 4)));
-      }
+      for (int r = 0; r < G; r++)
+        int4_octet(c, (const uint8_t *)(in->xq + (t0 + r) * in->ld) + g * group + 8 * j, in->ld, hi[r], lo[r]);
     }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(st + g * 16)));
     const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mt + g * 16)));
-    for (int r = 0; r < G; r++) {
-      const __m512 dx = _mm512_mul_ps(d, _mm512_set1_ps(in->xqs[(t0 + r) * ls + g]));
-      const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(hi[r], 7), lo[r]);
-      a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), dx, a[r]);
-      a[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(in->xsum[(t0 + r) * ls + g]), a[r]);
-    }
+    for (int r = 0; r < G; r++)
+      a[r] = int4_scaled(a[r], hi[r], lo[r], d, mn, in->xqs[(t0 + r) * ls + g], in->xsum[(t0 + r) * ls + g]);
   }
   for (int r = 0; r < G; r++) _mm512_storeu_ps(acc + (t0 + r) * 16, a[r]);
 }
