@@ -54,3 +54,25 @@ def test_the_share_is_of_the_last_second_only():
         now += TICK_S
         budget.tick(now, cpu)
     assert budget.share < 0.05
+
+
+def test_an_idle_spell_buys_one_frame_not_a_burst():
+    """After the window idled (a speaker talking between replies), a reply's first half second draws
+    one frame at its start, not the 3 an average over the last second let through (issue 25: the first
+    reply after a load decoded at 0.75-0.8x of headless while later ones reached 0.9x)."""
+    budget = FrameBudget(budget_cores=0.08, min_fps=1)
+    run(budget, seconds=0.5, frame_cpu_s=0.030, event_cpu_s_per_tick=0.001)  # a reply: the cost is learnt
+    now, cpu = 0.5, 0.5 / TICK_S * 0.001 + 0.030 * 3
+    for _ in range(int(5 / TICK_S)):  # five idle seconds (nothing new: no frame drawn)
+        now += TICK_S
+        budget.tick(now, cpu)
+    frames = 0
+    for _ in range(int(0.5 / TICK_S)):  # the next reply: events 0.03 of a core, 30 ms frames
+        now += TICK_S
+        cpu += 0.001
+        if budget.tick(now, cpu):
+            budget.drew(now)
+            frames += 1
+            cpu += 0.030
+            now += 0.030
+    assert frames == 1

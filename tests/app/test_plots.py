@@ -226,3 +226,40 @@ def test_a_title_that_wraps_and_unwraps_as_its_numbers_change_keeps_the_plot_s_h
     QApplication.processEvents()
     label.setText(short)
     qtbot.waitUntil(lambda: below.height() > two_lines)
+
+
+def test_a_frame_whose_ranges_move_paints_each_plot_once(data, qtbot):
+    """A frame that moves the plots' view ranges repaints each plot once: the view's new transform is
+    set before Qt paints (set during the paint, as pyqtgraph defers it, it queued a second paint of
+    every plot area, ~1 ms each of the GUI thread a frame on a 2-core CPU engine)."""
+    from PySide6.QtCore import QEvent, QObject
+
+    class Paints(QObject):
+        def __init__(self):
+            super().__init__()
+            self.count: dict[str, int] = {}
+
+        def eventFilter(self, obj, event):
+            if event.type() == QEvent.Type.Paint:
+                self.count[obj.objectName()] = self.count.get(obj.objectName(), 0) + 1
+            return False
+
+    panel = PlotsPanel(data, DARK, SettingColours(DARK))
+    qtbot.addWidget(panel)
+    panel.set_hardware(fake_cpu())
+    panel.resize(1100, 700)
+    panel.show()
+    qtbot.waitExposed(panel)
+    assert panel.refresh()
+    qtbot.wait(50)
+    paints = Paints()
+    for name, view in panel.views.items():
+        if view.isVisibleTo(panel):
+            view.widget.viewport().setObjectName(name)
+            view.widget.viewport().installEventFilter(paints)
+    for i in range(10, 80):  # past the x window's first page (50 steps), and a y range that grows
+        data.add_step(step(i, label=KV_OFF, flops=10**10 * (1 + i // 20), t_s=100.2 + 0.01 * i))
+    assert panel.refresh()
+    qtbot.wait(100)
+    moved = {name for name in ("tokens", "memory", "compute") if panel.views[name].isVisibleTo(panel)}
+    assert moved and all(paints.count.get(name) == 1 for name in moved), paints.count
