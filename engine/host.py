@@ -60,6 +60,10 @@ from engine.settings import EngineError, Settings
 # engine's threads: at 60 batches a second the app decoded at 0.78x headless, at 10 at 0.90x
 # (`python -m app.gui_bench`, docs/benchmarks.md). Ten text updates a second still read as a stream.
 BATCH_INTERVAL_S = 1 / 10
+# An engine on the CPU shares its cores with the window, whose work per batch (the chat's text laid
+# out and painted, the steps taken in) is taken from the engine's threads: five a second there (int4
+# on 2 cores: the app at 0.91x headless against 0.86x at ten, docs/benchmarks.md "Session 20")
+BATCH_INTERVAL_S_CPU = 1 / 5
 KV_SNAPSHOT_INTERVAL_S = 0.15  # the KV panel needs a few pictures a second, not one per token
 IDLE_WAIT_S = 0.02  # background work with nothing to run (users thinking, weights being made): look again
 
@@ -181,13 +185,18 @@ class EngineHost:
             return False
         self._background.extend(events)
         now = time.monotonic()
-        if now - self._background_emit_s >= BATCH_INTERVAL_S or not engine.serving \
+        if now - self._background_emit_s >= self.batch_interval_s() or not engine.serving \
                 or any(isinstance(event, (SettingsApplied, SettingsRefused)) for event in events):
             self._flush_background()
         if now - self._background_snapshot_s >= KV_SNAPSHOT_INTERVAL_S or not engine.serving:
             self._emit_kv_snapshot(engine)
             self._background_snapshot_s = now
         return True
+
+    def batch_interval_s(self) -> float:
+        """How often events leave: BATCH_INTERVAL_S, or BATCH_INTERVAL_S_CPU for an engine on the CPU."""
+        engine = self.engine
+        return BATCH_INTERVAL_S_CPU if engine is not None and engine.device == "cpu" else BATCH_INTERVAL_S
 
     def _flush_background(self) -> None:
         if self._background:
@@ -299,6 +308,8 @@ class EngineHost:
         self.emit("reply_started", time.monotonic())
         batch: list = []
         last_emit = last_snapshot = time.monotonic()
+        interval = self.batch_interval_s()
+        snapshot_interval = max(KV_SNAPSHOT_INTERVAL_S, interval)  # (no wake-up of its own between batches)
         try:
             self.faults.inject("chat")
             for event in engine.chat(text, ignore_eos=ignore_eos):
@@ -310,10 +321,10 @@ class EngineHost:
                 now = time.monotonic()
                 # a settings answer leaves at once: the window shows the change only when it arrives
                 if isinstance(event, (DoneEvent, SettingsApplied, SettingsRefused)) \
-                        or now - last_emit >= BATCH_INTERVAL_S:
+                        or now - last_emit >= interval:
                     self.emit("events", batch)
                     batch, last_emit = [], now
-                if isinstance(event, DoneEvent) or now - last_snapshot >= KV_SNAPSHOT_INTERVAL_S:
+                if isinstance(event, DoneEvent) or now - last_snapshot >= snapshot_interval:
                     self._emit_kv_snapshot(engine)  # the generator is paused: between steps
                     last_snapshot = now
         except Exception as error:  # a failed turn is not part of the conversation (Engine.chat)

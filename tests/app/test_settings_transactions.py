@@ -65,11 +65,12 @@ def process_window(qtbot, tiny_model, monkeypatch):
     from app.window import MainWindow
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    # PyTorch's step: the C++ one decodes the tiny model's 400 tokens before the first event batch
-    # leaves the engine process (engine/host.py BATCH_INTERVAL_S), and mid_reply needs a reply running
+    # PyTorch's step (the C++ one decodes the tiny model's tokens far faster) and a long budget: the
+    # first event batch leaves the engine process BATCH_INTERVAL_S_CPU into the reply (engine/host.py),
+    # and mid_reply needs a reply still running when it arrives (400 tokens took 0.1-0.2 s here)
     monkeypatch.setenv("MEMBOUND_CPU_STEP", "0")
     window = MainWindow(model=tiny_model, hardware=fake_cpu(), engine_process=True,
-                        settings=Settings(max_new_tokens=400, sampling=GREEDY))
+                        settings=Settings(max_new_tokens=2000, sampling=GREEDY))
     qtbot.addWidget(window)
     with qtbot.waitSignal(window.model_ready, timeout=60_000):
         pass

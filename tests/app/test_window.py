@@ -19,22 +19,22 @@ from engine.steps.plain import PlainSteps
 
 
 def test_a_prompt_streams_a_reply_into_the_chat_panel(make_window, qtbot):
-    # long enough to outlast the host's event interval (engine/host.py BATCH_INTERVAL_S) even where
-    # the tiny model decodes in C++ (engine/model/cpu_step.py: ~0.1 ms a token)
-    window = make_window(max_new_tokens=1000)
+    # long enough to outlast the host's event interval on a CPU (engine/host.py BATCH_INTERVAL_S_CPU,
+    # 0.2 s) even where the tiny model decodes in C++ (engine/model/cpu_step.py: ~0.1 ms a token)
+    window = make_window(max_new_tokens=3000)
     batches = []
     window.worker.events.connect(lambda batch: batches.append(
         "".join(e.text for e in batch if isinstance(e, TokenEvent))))
     partial = []
     window.worker.events.connect(lambda _batch: partial.append(window.chat.reply_text))
     done = send_and_wait(window, qtbot, "hello there")
-    assert isinstance(done, DoneEvent) and done.reason == "max_tokens" and done.n_new_tokens == 1000
+    assert isinstance(done, DoneEvent) and done.reason == "max_tokens" and done.n_new_tokens == 3000
     streamed = [text for text in batches if text]
     assert len(streamed) >= 2, "the reply arrived in one piece, not streamed"
     assert "".join(streamed) == done.text
     assert 0 < len(partial[0]) < len(done.text)  # the panel showed part of it before the end
     transcript = window.chat.plain_text()
-    assert "hello there" in transcript and done.text in transcript and "1000 tokens" in transcript
+    assert "hello there" in transcript and done.text in transcript and "3000 tokens" in transcript
     assert "assistant:" not in transcript  # the chat template stays hidden
     assert window.chat.send_button.isEnabled() and not window.chat.stop_button.isEnabled()
 
