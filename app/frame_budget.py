@@ -10,8 +10,9 @@ The budget is a credit of the GUI thread's CPU time, measured on its own clock: 
 drawn when the credit holds what a frame costs (measured: the CPU of the tick after one was drawn,
 smoothed). The credit is capped at one frame, so an idle spell (the minutes a speaker talks between
 replies) buys one frame at the next reply, not a second of frames in its first tenths (an average
-over the last second let 3 frames through at the start of a reply after idle: issue 25). Never fewer than `min_fps` frames a second, so the window never looks stopped.
-`share` is the thread's share of a core over the last `window_s`, for the readouts."""
+over the last second let 3 frames through at the start of a reply after idle: issue 25). Never
+fewer than `min_fps` frames a second, so the window never looks stopped. `share` is the thread's
+share of a core over the last `window_s`, for the readouts."""
 from __future__ import annotations
 
 from collections import deque
