@@ -219,10 +219,12 @@ def in_app(model: str, tokens: int, replies: int, engine_process: bool = True, d
             if wall_s else {}}
 
 
-def in_app_users(model: str, users: int, seconds: float, dtype: str = "fp32", weights: str = "fp") -> dict:
-    """`users` simulated users served in the window (the engine in its own process) for `seconds`: the
-    aggregate tok/s the serving panel plots, over the samples with every user's request running (the
-    first third of the run left out: the batch filling up)."""
+def in_app_users(model: str, users: int, seconds: float, dtype: str = "fp32", weights: str = "fp",
+                 engine_process: bool = True) -> dict:
+    """`users` simulated users served in the window (the engine in its own process, as the app runs it;
+    on a thread of this one with engine_process=False) for `seconds`: the aggregate tok/s the serving
+    panel plots, over the samples with every user's request running (the first third of the run left
+    out: the batch filling up)."""
     import numpy as np
     from PySide6.QtCore import QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
@@ -234,7 +236,8 @@ def in_app_users(model: str, users: int, seconds: float, dtype: str = "fp32", we
     app = QApplication.instance() or QApplication(sys.argv[:1])
     configure_pyqtgraph()
     window = MainWindow(model=model, settings=Settings(dtype=dtype, weights=weights, users=users,
-                                                      sampling=SamplingParams(greedy=True)))
+                                                      sampling=SamplingParams(greedy=True)),
+                        engine_process=engine_process)
     window.resize(1600, 960)
     window.show()
     loop = QEventLoop()
@@ -244,7 +247,8 @@ def in_app_users(model: str, users: int, seconds: float, dtype: str = "fp32", we
     QTimer.singleShot(int(seconds * 1000), wait.quit)
     cpu0, wall0 = time.process_time(), time.monotonic()
     wait.exec()
-    gui_cores = (time.process_time() - cpu0) / (time.monotonic() - wall0)  # the GUI process's share of the machine
+    # this process's share of the machine: the GUI's alone in process mode, the engine's too on a thread
+    gui_cores = (time.process_time() - cpu0) / (time.monotonic() - wall0)
     serving = window.data.serving
     t, running = serving.column("t_s"), serving.column("running")
     aggregate = serving.column("aggregate_tps")
@@ -318,7 +322,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     args = parser.parse_args(argv)
     if args.users:
-        print(json.dumps(in_app_users(args.model, args.users, args.seconds, args.dtype, args.weights), indent=2))
+        print(json.dumps(in_app_users(args.model, args.users, args.seconds, args.dtype, args.weights,
+                                      engine_process=not args.engine_thread), indent=2))
         return 0
     if args.attach:
         print(json.dumps(attached(args.attach, args.replies), indent=2))

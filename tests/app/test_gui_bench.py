@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
+import pytest
+
 from app.gui_bench import decode_tokens_per_s, lateness_ms
 
 
@@ -30,3 +32,26 @@ def test_the_ratio_is_the_mean_of_each_replys_app_over_its_headless_run_and_skip
     assert result["app_over_headless_per_reply"] == [0.9, 0.9]
     assert result["app_over_headless"] == 0.9 and result["headless_decode_tokens_per_s"] == 150.0
     assert math.isnan(paired_ratios([None], [100.0])["app_over_headless"])
+
+
+def test_the_in_window_users_run_serves_from_the_engine_process_as_the_app_does(monkeypatch):
+    """`gui_bench --users` measures the window as it ships: the engine in its own process (it ran on a
+    thread of the GUI's, its docstring saying otherwise, so its "app process cores" counted the engine)."""
+    import app.window
+    from app import gui_bench
+
+    made = {}
+
+    class Stop(Exception):
+        pass
+
+    def window(**kwargs):
+        made.update(kwargs)
+        raise Stop
+    monkeypatch.setattr(app.window, "MainWindow", window)
+    with pytest.raises(Stop):
+        gui_bench.in_app_users("default", users=8, seconds=1.0)
+    assert made["engine_process"] is True
+    with pytest.raises(Stop):
+        gui_bench.in_app_users("default", users=8, seconds=1.0, engine_process=False)
+    assert made["engine_process"] is False
