@@ -47,8 +47,8 @@ class FrameBudget:
             samples.popleft()
         t0, cpu0 = samples[0]
         self.share = (cpu - cpu0) / (now - t0) if now - t0 >= 0.25 * self.window_s else 0.0
-        credit = self.frame_cpu_s if self.credit_s is None else self.credit_s
-        return credit >= self.frame_cpu_s or now - self._last_draw >= 1 / self.min_fps
+        full = self.credit_s is None or self.credit_s >= self.frame_cpu_s
+        return full or now - self._last_draw >= 1 / self.min_fps
 
     def drew(self, now: float) -> None:
         self._last_draw = now
