@@ -27,14 +27,17 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(autouse=True)
 def pytorch_decode_steps(monkeypatch):
     """PyTorch's decode step, in the engine's process or thread: the C++ CPU step decodes the tiny
-    model's 400 tokens before the session below can switch the cache off and stop the reply."""
+    model's reply before the session below can switch the cache off and stop the reply."""
     monkeypatch.setenv("MEMBOUND_CPU_STEP", "0")  # read by the engine's context as it is made
 
 
 def record_session(make_window, qtbot, path: Path) -> object:
     """A short session: a reply with the KV cache switched off mid-way, NVML samples, simulated
     users (batched steps: the serving buffer), a second reply. Returns the (closed) window."""
-    window = make_window(max_new_tokens=400, recorder=Recorder(path))
+    # long enough to outlast the first event batches (a CPU engine sends five a second: 100-200 of
+    # the tiny model's steps have run when the window sees the first), the settings round trip and
+    # the samples, which a window takes only while a reply runs
+    window = make_window(max_new_tokens=3000, recorder=Recorder(path))
     activate(window, qtbot)
     window.send("a reply to record")
     qtbot.waitUntil(lambda: window.data.steps.total > 10, timeout=10_000)
