@@ -67,7 +67,8 @@ def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledS
     decode_layout = _layout(decodes, bs) if decodes and gather is None else None
     prefill_layouts = [_layout([s], bs) for s in prefills]
     if moved is not None:
-        moved.update(_kv_moved(decodes, prefill_layouts, gather, decode_layout, attention, device, bs))
+        moved.update(_kv_moved(decodes, prefill_layouts, gather, decode_layout, attention, device, bs,
+                               paged_kernel_enabled(model.context)))
 
     x = model.embed_tokens(tokens)  # (1, N, dim)
     n_dec = len(decodes)
@@ -111,7 +112,8 @@ def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledS
     return ids, model.logits(last[None])[0]
 
 
-def _kv_moved(decodes, prefill_layouts, gather, decode_layout, attention: str, device, block_size: int) -> dict:
+def _kv_moved(decodes, prefill_layouts, gather, decode_layout, attention: str, device, block_size: int,
+              paged_kernel: bool) -> dict:
     """What forward_plan's attention copies out of the pool, per layer, as positions (the cost model
     charges them: engine/metrics.py KVCopy), and the width the decode rows' attention runs over."""
     copy, width = KVCopy(), None
@@ -121,7 +123,7 @@ def _kv_moved(decodes, prefill_layouts, gather, decode_layout, attention: str, d
         blocks = len(decodes) * -(-width // block_size)
         copy += KVCopy(read=blocks * block_size - live, written=blocks * block_size, read_back=len(decodes) * width)
     elif decode_layout is not None and len(decodes) > 1 and not (
-            attention == "flash" and device.type == "cuda" and paged_kernel_enabled()):  # PagedKV.dense()
+            attention == "flash" and device.type == "cuda" and paged_kernel):  # PagedKV.dense()
         width = max(decode_layout.context_lens)
         copy += KVCopy(written=len(decodes) * width + sum(decode_layout.context_lens), read_back=len(decodes) * width)
     for layout in prefill_layouts:  # a chunk whose blocks are not consecutive: PagedKV.dense() too
@@ -131,11 +133,12 @@ def _kv_moved(decodes, prefill_layouts, gather, decode_layout, attention: str, d
     return {"kv_copy": copy, "decode_width": width}
 
 
-def paged_kernel_enabled() -> bool:
-    """The GPU's paged flash-decoding kernel reads the pool in place (engine/model/attention.py)."""
+def paged_kernel_enabled(context=None) -> bool:
+    """The GPU's paged flash-decoding kernel reads the pool in place (engine/model/attention.py), unless
+    `context`'s engine (None: the default) switched it off at load."""
+    from engine.context import default_context
     from engine.model.attention import _kernels_available
-    from kernels import registry as kernel_registry
-    return _kernels_available() and kernel_registry.enabled("paged")
+    return _kernels_available() and (context or default_context()).kernels.enabled("paged")
 
 
 def _slot(table, pos: int, block_size: int) -> int:

@@ -95,14 +95,26 @@ def test_batched_decode_rows_gathered_on_a_cpu_are_charged_their_padded_copy(tin
 def test_decode_rows_read_in_place_copy_nothing(tiny, monkeypatch):
     # a GPU's paged kernel reads the block tables in place (taken here with the gather off and the kernel on)
     monkeypatch.setattr(batch_forward, "CPU_GATHER_DECODE_KEYS", False)
-    monkeypatch.setattr(batch_forward, "paged_kernel_enabled", lambda: True)
+    monkeypatch.setattr(batch_forward, "paged_kernel_enabled", lambda context=None: True)
     cache = PagedKVCache(CFG, num_blocks=8, block_size=16, dtype=torch.float32, device="cpu")
     moved: dict = {}
     forward_plan(tiny, cache, decode_rows(), "flash", moved)
     assert moved["kv_copy"].written == 3 * 36 + (11 + 21 + 36)  # on a CPU PagedKV.dense() still copies
     fake_cuda = type("Device", (), {"type": "cuda"})()
     assert batch_forward._kv_moved(decode_rows(), [], None, batch_forward._layout(decode_rows(), 16), "flash",
-                                   fake_cuda, 16) == {"kv_copy": KVCopy(), "decode_width": None}
+                                   fake_cuda, 16, True) == {"kv_copy": KVCopy(), "decode_width": None}
+    assert batch_forward._kv_moved(decode_rows(), [], None, batch_forward._layout(decode_rows(), 16), "flash",
+                                   fake_cuda, 16, False)["kv_copy"].written == 3 * 36 + (11 + 21 + 36)
+
+
+def test_the_paged_kernel_is_asked_of_the_engines_own_switches(monkeypatch):
+    # (the first GPU run failed here: every batched step on a GPU raised AttributeError)
+    from engine.model import attention
+    monkeypatch.setattr(attention, "_kernels_available", lambda: True)
+    context = EngineContext()
+    assert batch_forward.paged_kernel_enabled(context) and batch_forward.paged_kernel_enabled()
+    context.kernels.disable("paged", "failed its check")
+    assert not batch_forward.paged_kernel_enabled(context) and batch_forward.paged_kernel_enabled()
 
 
 def test_a_batch_runners_steps_carry_their_copies(tiny, monkeypatch):

@@ -328,3 +328,20 @@ def test_a_cpu_engine_runs_eager_and_its_capabilities_say_why():
     assert eng.take_settings()[0].settings.cuda_graphs is False
     _, steps, _ = tokens_of(eng)
     assert not any(s.captured for s in steps)
+
+
+def test_a_greedy_reply_that_parts_at_a_tie_is_named_and_a_real_change_is_not(monkeypatch):
+    # (the first GPU run: oracle k=4 at bf16 parted from plain decoding, and the sweep stopped there)
+    from engine.bench import speculative as sweep
+    engine = engine_with(GREEDY)
+    plain = reference(GREEDY)
+    model = engine.model
+    logits = model(torch.tensor([PROMPT + plain[:5]]), start_pos=0, cache=None, last_only=True)[0, -1]
+    runner_up = int(logits.topk(2).indices[1])
+    other = plain[:5] + [runner_up] + plain[6:]
+    share = float(logits[plain[5]] - logits[runner_up]) / float(logits.max() - logits.min())
+    assert share > sweep.TIE_SHARE["float32"]  # sharpened logits: no tie at fp32, so a real change
+    assert sweep.near_tie(model, PROMPT, plain, other) is None
+    monkeypatch.setitem(sweep.TIE_SHARE, "float32", 2 * share)  # the same two tokens, looser rounding
+    assert sweep.near_tie(model, PROMPT, plain, other) == f"token 6 of {len(plain)}, logits {share:.1e} of their spread apart"
+    assert sweep.near_tie(model, PROMPT, plain, plain[:9]) is None  # a reply that stops early: no tie

@@ -20,6 +20,7 @@ from engine.model import attention, quant  # noqa: E402
 from engine.model.config import ModelConfig  # noqa: E402
 from engine.model.quant import Int4Linear, Int8Linear  # noqa: E402
 from engine.context import EngineContext  # noqa: E402
+from engine.kv.cache import PagedKV  # noqa: E402
 from tests.engine.test_attention import paged_handles, qkv  # noqa: E402
 
 # the shapes the checks take from a model: its heads, head size and a layer's weight (w_down)
@@ -76,7 +77,7 @@ def spy(monkeypatch, module, name):
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_a_switched_off_matmul_kernel_leaves_the_layer_on_its_reference(monkeypatch, kind):
-    w = torch.randn(40, 64, generator=torch.Generator().manual_seed(2))
+    w = torch.randn(40, 64, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     calls = []
     # the layer's torch custom op, straight to the kernel (the op's first call imports torch._dynamo: seconds)
     if kind == "int8":
@@ -87,7 +88,7 @@ def test_a_switched_off_matmul_kernel_leaves_the_layer_on_its_reference(monkeypa
         monkeypatch.setattr(quant, "_int4_op", lambda *args: calls.append(kind) or int4_module.int4_matmul(*args))
     layer.backend = "triton"  # what a CUDA device chooses; the kernel runs interpreted here
     layer.context = EngineContext()  # its engine's (Transformer.bind does this for a model's layers)
-    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(3))
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     torch.testing.assert_close(layer(x), layer.reference(x), rtol=1e-4, atol=1e-4)
     assert calls == [kind]
     layer.context.kernels.disable(kind, "failed its check")
@@ -97,7 +98,7 @@ def test_a_switched_off_matmul_kernel_leaves_the_layer_on_its_reference(monkeypa
 def test_a_switched_off_flash_kernel_leaves_decode_to_sdpa(monkeypatch):
     monkeypatch.setattr(attention, "_on_gpu", lambda q: True)  # the GPU's branch, with CPU tensors
     calls = spy(monkeypatch, flash_module, "flash_decode")
-    q, k, v = qkv(2, 6, 2, 1, 23)
+    q, k, v = (t.to(DEVICE) for t in qkv(2, 6, 2, 1, 23))  # a compiled kernel takes only the GPU's tensors
     context = EngineContext()
     with_kernel = attention.attend(q, k, v, "flash", context=context)
     assert calls == ["flash_decode"]
@@ -111,8 +112,8 @@ def test_a_switched_off_flash_kernel_leaves_decode_to_sdpa(monkeypatch):
 def test_a_switched_off_paged_kernel_leaves_decode_to_the_gathered_keys(monkeypatch):
     monkeypatch.setattr(attention, "_on_gpu", lambda q: True)
     paged_calls = spy(monkeypatch, flash_module, "paged_flash_decode")
-    k, v, _, _ = paged_handles([21, 7, 13], block_size=16)
-    q = torch.randn(3, 6, 1, 24, generator=torch.Generator().manual_seed(4))
+    k, v = (PagedKV(h.pool.to(DEVICE), h.layout) for h in paged_handles([21, 7, 13], block_size=16)[:2])
+    q = torch.randn(3, 6, 1, 24, generator=torch.Generator().manual_seed(4)).to(DEVICE)
     context = EngineContext()
     with_kernel = attention.attend(q, k, v, "flash", context=context)
     assert paged_calls == ["paged_flash_decode"]
