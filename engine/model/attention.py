@@ -91,7 +91,8 @@ def flash_attention(q, k, v, kv_lens=None, *, scale: float | None = None, window
         # 20% faster than enable_gqa on a 2-core CPU at 1-4k keys)
         qg = q.reshape(B, n_kv, H // n_kv, hd)
         mask = None if allowed is None else allowed[:, None]  # (B, 1, 1, S)
-        return F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale).view(B, H, 1, hd)
+        # (reshape: on a GPU SDPA may hand back its output in another memory order, a view fails)
+        return F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale).reshape(B, H, 1, hd)
     # a chunk after cached context, or ragged rows: an explicit mask (B or 1, 1, T, S)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None], enable_gqa=gqa, scale=scale)
 
@@ -159,7 +160,7 @@ def _decode_over_runs(q, k_runs: list[torch.Tensor], v_runs: list[torch.Tensor])
         part = probs[..., pos:pos + n] @ vr
         out = part if out is None else out + part
         pos += n
-    return out.reshape(B, H, 1, hd)
+    return out.view(B, H, 1, hd)
 
 
 def _record(T: int, impl: str) -> None:

@@ -134,3 +134,16 @@ def test_paged_is_charged_for_the_block_tables_it_reads():
     # 1001 positions in 63 blocks of 16: one int32 per block, read per KV head per layer
     assert paged.kv_read_bytes - contiguous.kv_read_bytes == 32 * 8 * 63 * 4
     assert paged.kv_write_bytes == contiguous.kv_write_bytes
+
+
+def test_one_query_attention_takes_sdpa_output_in_any_memory_order(monkeypatch):
+    # on a GPU, SDPA can return its output as a transposed view (the first GPU run failed here: a
+    # `.view` of it raised when the flash kernel was switched off); on a CPU it is contiguous
+    from engine.model import attention
+    sdpa = attention.F.scaled_dot_product_attention
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention",
+                        lambda *a, **kw: sdpa(*a, **kw).transpose(1, 2).contiguous().transpose(1, 2))
+    q, k, v = qkv(2, 6, 2, 1, 23)
+    got = attention.flash_attention(q, k, v, torch.tensor([23, 9]))
+    monkeypatch.undo()
+    torch.testing.assert_close(got, attention.flash_attention(q, k, v, torch.tensor([23, 9])))
