@@ -389,7 +389,8 @@ def describe_lever(name: str, data: dict) -> str:
                          for r in rows)
     if name == "speculative" and rows:
         parts = [f"{r['sampling']} {r['source']} k={r['k']}: {r['decode_tokens_per_s']:,.1f} tok/s "
-                 f"({r['speedup']:.2f}x k=0)" for r in rows if r["k"]]
+                 f"({r['speedup']:.2f}x k=0; {_pct(r.get('in_steps'))} of the wall in steps, slowest "
+                 f"{r.get('slowest_step_ms', float('nan')):.1f} ms)" for r in rows if r["k"]]
         base = {r["sampling"]: r["decode_tokens_per_s"] for r in rows if not r["k"]}
         return (f"{data.get('model', '?').split(' ')[0]}: k=0 greedy {base.get('greedy', float('nan')):,.1f} tok/s; "
                 + "; ".join(parts))

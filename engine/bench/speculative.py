@@ -69,6 +69,8 @@ class SpecPoint:
     draft_time_share: float  # of decode time, in draft-model steps
     target_step_ms: float  # median time of the target's steps (decode at k = 0, else verify: k + 1 tokens)
     tokens: int  # decode tokens over the workload
+    slowest_step_ms: float = float("nan")  # the longest decode-phase step (a compile, a capture, a stall)
+    in_steps: float = float("nan")  # of the replies' decode wall time, the share inside their steps
     label: str = ""
 
 
@@ -242,7 +244,9 @@ def _point(key, runs, baseline) -> SpecPoint:
         tokens_per_weight_read=sum(s.tokens_out for s in target_steps) / max(1, len(target_steps)),
         draft_time_share=sum(s.step_s for s in steps if s.phase == "draft") / decode_s if decode_s else 0.0,
         target_step_ms=1e3 * statistics.median(s.step_s for s in target_steps) if target_steps else float("nan"),
-        tokens=tokens, label=_label(key))
+        tokens=tokens, label=_label(key),
+        slowest_step_ms=1e3 * max((s.step_s for s in steps), default=float("nan")),
+        in_steps=decode_s / wall if (wall := sum(w for _, _, w in runs)) else float("nan"))
 
 
 def _label(key) -> str:
@@ -260,6 +264,8 @@ def format_speculative(points: list[SpecPoint]) -> str:
         ("target step (median)", lambda p: f"{p.target_step_ms:.1f} ms"),
         ("draft time", lambda p: f"{100 * p.draft_time_share:.0f}%" if p.source == "draft" else ""),
         ("tokens", lambda p: f"{p.tokens}"),
+        ("slowest step", lambda p: f"{p.slowest_step_ms:.1f} ms"),
+        ("wall time in steps", lambda p: f"{100 * p.in_steps:.0f}%"),
     ]
     lines = []
     for sampling in dict.fromkeys(p.sampling for p in points):

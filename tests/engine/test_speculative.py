@@ -345,3 +345,18 @@ def test_a_greedy_reply_that_parts_at_a_tie_is_named_and_a_real_change_is_not(mo
     monkeypatch.setitem(sweep.TIE_SHARE, "float32", 2 * share)  # the same two tokens, looser rounding
     assert sweep.near_tie(model, PROMPT, plain, other) == f"token 6 of {len(plain)}, logits {share:.1e} of their spread apart"
     assert sweep.near_tie(model, PROMPT, plain, plain[:9]) is None  # a reply that stops early: no tie
+
+
+def test_the_sweep_says_how_much_of_a_replys_time_its_steps_hold():
+    # (the first GPU run: greedy oracle k=4 at 0.33x of plain with the same median step: the time
+    # was outside the steps' median, and the table could not say where)
+    from engine.bench import speculative as sweep
+    eng = engine_with(GREEDY)
+    tokens, steps, wall_s = sweep.measure(eng, PROMPT, 16)
+    decode = [s for s in steps if s.phase in ("decode", "verify", "draft")]
+    point = sweep._point(("none", 0, "greedy"), [(tokens, decode, wall_s)], [(tokens, decode, wall_s)])
+    assert 0.5 < point.in_steps <= 1.0 and point.in_steps == sum(s.step_s for s in decode) / wall_s
+    assert point.slowest_step_ms == 1e3 * max(s.step_s for s in decode) >= point.target_step_ms
+    stalled = sweep._point(("none", 0, "greedy"), [(tokens, decode, 3 * wall_s)], [(tokens, decode, wall_s)])
+    assert stalled.in_steps == pytest.approx(point.in_steps / 3) and stalled.speedup == pytest.approx(1 / 3)
+    assert "wall time in steps" in sweep.format_speculative([point])
