@@ -39,8 +39,8 @@ MIN_STEP_S=${GPU_CHECK_MIN_STEP_S:-5}
 # name:cap in seconds of the nominal budget, in order of value; the caps add up to the budget less
 # the summary's reserve and one kill's grace. Estimates: no step has run on a GPU yet.
 if ((PASS == 1)); then
-    STEPS=(env:12 nvidia-smi:5 nvml-probe:13 kernel-tests:30 smoke:35 bench:55 weights:65 batch:25
-           flash-decode:15 speculative:30)
+    STEPS=(env:12 nvidia-smi:5 nvml-probe:13 kernel-tests:30 smoke:35 bench:55 weights:60 batch:25
+           flash-decode:20 speculative:30)
 else
     STEPS=(smoke-2:45 overhead:60 batch-sweep:50 attention:55 weights-1b:75)
 fi

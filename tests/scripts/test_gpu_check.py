@@ -220,3 +220,35 @@ def test_the_probe_samples_a_matmul_phase_then_a_copy_phase():
     phases = [s["phase"] for s in samples]
     assert phases[0] == "matmul" and phases[-1] == "copy" and phases == sorted(phases, key=["matmul", "copy"].index)
     assert set(work) == {"matmul", "copy"} and samples[0]["sm_clock_mhz"] == 1980.0
+
+
+def test_the_flash_launch_grid_times_each_launch_and_records_a_failure():
+    # the GPU-only part of the flash-decode step, run here by the interpreter on a toy shape (a
+    # subprocess: the interpreter must be chosen before the kernels are imported)
+    code = """
+import os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, "scripts")
+import torch, gpu_steps
+from kernels.flash_decode import flash_decode
+g = torch.Generator().manual_seed(0)
+q, k, v = torch.randn(1, 4, 16, generator=g), torch.randn(1, 2, 300, 16, generator=g), torch.randn(1, 2, 300, 16, generator=g)
+lens = torch.tensor([300], dtype=torch.int32)
+class Testing:
+    @staticmethod
+    def do_bench(fn, **kw):
+        fn()
+        return 0.5
+def picky(q, k, v, lens, num_splits=None, block_n=None):
+    if block_n == 128:
+        raise RuntimeError("out of resources: shared memory")
+    return flash_decode(q, k, v, lens, num_splits=num_splits, block_n=block_n)
+runs = gpu_steps.flash_launch_grid(Testing, picky, q, k, v, lens, 1000, flash_decode(q, k, v, lens, num_splits=1))
+assert [(r["num_splits"], r["block_n"]) for r in runs] == [(s, b) for s in (1, 2, 4, 8) for b in (64, 128)], runs
+assert all(r["kv_gbs"] == 1000 / 0.5 / 1e6 and r["rel_error"] < 1e-5 for r in runs if r["block_n"] == 64), runs
+assert all(r["error"].startswith("RuntimeError: out of resources") for r in runs if r["block_n"] == 128), runs
+print("ok")
+"""
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.stdout.strip().endswith("ok"), run.stdout + run.stderr
