@@ -160,7 +160,7 @@ def _decode_over_runs(q, k_runs: list[torch.Tensor], v_runs: list[torch.Tensor])
         part = probs[..., pos:pos + n] @ vr
         out = part if out is None else out + part
         pos += n
-    return out.view(B, H, 1, hd)
+    return out.reshape(B, H, 1, hd)
 
 
 def _record(T: int, impl: str) -> None:
