@@ -14,6 +14,7 @@ import platform
 import statistics
 import sys
 from dataclasses import asdict, dataclass, replace
+from types import MappingProxyType
 
 from engine.bench.tables import rows_of, side_by_side
 
@@ -201,7 +202,7 @@ def run_speculative_sweep(args, progress) -> int:
 # how close, as a share of the logits' spread, the two tokens' logits may be for the reply's parting to
 # count as rounding: a verify step of k+1 rows rounds differently from a one-row step where the
 # products are not computed row by row (a GPU's matmuls pick their algorithm by shape)
-TIE_SHARE = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2}
+TIE_SHARE = MappingProxyType({"float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2})
 
 
 def near_tie(model, prompt_ids: list[int], plain: list[int], other: list[int]) -> str | None:

@@ -141,6 +141,8 @@ def test_window_attached_plots_the_server_and_survives_its_restart(qtbot, tiny_m
         done = reply.args[0]
         assert isinstance(done, ChatDone) and done.n_tokens > 0
         qtbot.wait(800)  # the scrapes after its end
+        # and enough of the probe's ticks to judge by (under load a short reply left exactly 100)
+        qtbot.waitUntil(lambda: len(probe.lateness_ms) > 150, timeout=30_000)
         probe.stop()  # (what follows stops and starts the server from this thread: the test's own waits)
         # what the tokens/s plot draws: one row per scrape; over the reply it adds up to its tokens
         steps = window.data.steps
