@@ -37,12 +37,13 @@ RESERVE_S=10      # kept back for the summary at the end
 KILL_GRACE_S=5    # after its time, a step gets SIGTERM, then SIGKILL this much later
 MIN_STEP_S=${GPU_CHECK_MIN_STEP_S:-5}
 # name:cap in seconds of the nominal budget, in order of value; the caps add up to the budget less
-# the summary's reserve and one kill's grace. Estimates: no step has run on a GPU yet.
+# the summary's reserve and one kill's grace. From the first GPU run's times (session 22): the 8B
+# quantise-and-compile went to pass 2, batch 64 to the end of pass 1 (pass 2 sweeps it).
 if ((PASS == 1)); then
-    STEPS=(env:12 nvidia-smi:5 nvml-probe:13 kernel-tests:30 smoke:35 bench:55 weights:60 batch:25
-           flash-decode:20 speculative:30)
+    STEPS=(env:10 nvidia-smi:4 nvml-probe:12 kernel-tests:45 smoke:45 bench:45 weights:55 flash-decode:18
+           speculative:41 batch:10)
 else
-    STEPS=(smoke-2:45 overhead:60 batch-sweep:50 attention:55 weights-1b:75)
+    STEPS=(smoke-2:30 overhead:60 batch-sweep:45 attention:35 weights-8b:115)
 fi
 
 mkdir -p "$OUT"

@@ -20,8 +20,8 @@ import gpu_steps  # noqa: E402
 # What each step must say on a CPU. "ok": it ran (on toy shapes); "skipped: needs CUDA": only a GPU
 # can run it. In the order the pass runs them.
 PASS_1 = {"env": "ok", "nvidia-smi": "skipped: needs CUDA", "nvml-probe": "skipped: needs CUDA", "kernel-tests": "ok",
-          "smoke": "ok", "bench": "ok", "weights": "ok", "batch": "ok", "flash-decode": "ok", "speculative": "ok"}
-PASS_2 = {"smoke-2": "ok", "overhead": "ok", "batch-sweep": "ok", "attention": "ok", "weights-1b": "ok"}
+          "smoke": "ok", "bench": "ok", "weights": "ok", "flash-decode": "ok", "speculative": "ok", "batch": "ok"}
+PASS_2 = {"smoke-2": "ok", "overhead": "ok", "batch-sweep": "ok", "attention": "ok", "weights-8b": "ok"}
 # the checks inside the steps, by name: what a CPU runs and what it leaves to a GPU
 SMOKE_1 = {"static_step_matches_forward": "ok", "graph_matches_eager": "skipped: needs CUDA",
            "engine_uses_graphs": "skipped: needs CUDA", "batched_matches_solo": "ok", "speculation_matches_plain": "ok"}
@@ -110,11 +110,11 @@ def test_each_bench_json_says_which_path_ran(pass_1, name):
                    if impl != "eager")
     if name == "sweep-batch.json":  # batch 1 on the plain path too: the ratios against it
         assert data["single_stream"]["path"] == "eager: not on a GPU" and set(data["vs_single_stream"]) == {"1", "2"}
-    if name == "sweep-weights.json":  # pass 1: INT8 and INT4 beside bf16, no perplexity (pass 2 has it)
+    if name == "sweep-weights.json":  # pass 1: INT8 and INT4 beside bf16 (the 1B shape), no perplexity
         assert [r["name"] for r in data["results"]] == ["bf16", "int8", "int4 g32"]
 
 
-def test_pass_2_runs_the_sweeps_and_the_1b_shape(pass_2):
+def test_pass_2_runs_the_sweeps_and_the_8b_weights(pass_2):
     out, code, output, rows = pass_2
     assert code == 0, output
     assert {step: said(row) for step, row in rows.items()} == PASS_2, output
@@ -143,16 +143,16 @@ def test_the_passes_fit_the_loan():
 
 
 def test_a_hung_step_is_cut_at_its_share_of_the_budget_and_the_next_steps_still_run(tmp_path):
-    # budget 60 s: bench's share is 55/300 of it, 11 s
+    # budget 60 s: bench's share is 45/300 of it, 9 s
     code, output, rows = gpu_check(tmp_path, 200, GPU_CHECK_STEPS="bench,batch", GPU_CHECK_FAULT="bench:hang",
                                    GPU_CHECK_BUDGET_S="60", GPU_CHECK_CAPS="batch=120")
     assert code != 0  # a cut step makes the run fail
     bench = rows["bench"]
-    assert (bench["status"], bench["rc"], bench["allowed"]) == ("TIMED-OUT", "124", 11), rows
-    assert 11 <= bench["seconds"] < 16 and bench["note"].startswith("cut at 11 s")
+    assert (bench["status"], bench["rc"], bench["allowed"]) == ("TIMED-OUT", "124", 9), rows
+    assert 9 <= bench["seconds"] < 14 and bench["note"].startswith("cut at 9 s")
     assert rows["batch"]["status"] in ("ok", "TIMED-OUT", "skipped"), output  # what the 60 s left it
     summary = (tmp_path / "summary.txt").read_text()
-    assert "GPU_CHECK_STEPS=bench" in summary and "GPU_CHECK_CAPS=bench=22" in summary  # rerun with twice the time
+    assert "GPU_CHECK_STEPS=bench" in summary and "GPU_CHECK_CAPS=bench=18" in summary  # rerun with twice the time
 
 
 def test_a_step_that_ignores_sigterm_is_killed_and_the_next_one_runs(tmp_path):
@@ -199,8 +199,8 @@ def test_a_rerun_gives_a_cut_step_twice_its_time_and_a_starved_one_its_own_cap()
     lines = gpu_steps.next_steps(1, rows)
     assert lines[2].startswith("  pass 2: bash scripts/gpu_check.sh --pass 2")
     assert lines[3] == ("  then rerun what was cut or had no time: GPU_CHECK_STEPS=bench,speculative "
-                        "GPU_CHECK_CAPS=bench=110,speculative=30 GPU_CHECK_BUDGET_S=155 bash scripts/gpu_check.sh "
-                        "--pass 1   (device tool run: timeout_s 185)")
+                        "GPU_CHECK_CAPS=bench=110,speculative=41 GPU_CHECK_BUDGET_S=166 bash scripts/gpu_check.sh "
+                        "--pass 1   (device tool run: timeout_s 196)")
 
 
 def test_the_kernel_tests_on_the_gpu_host_build_no_cpp():
