@@ -139,10 +139,13 @@ class LatenessProbe:
 
 
 def in_app(model: str, tokens: int, replies: int, engine_process: bool = True, dtype: str = "fp32",
-           weights: str = "fp", probe_ms: int = 10, settle_s: float = 1.0, after_reply=None) -> dict:
+           weights: str = "fp", probe_ms: int = 10, settle_s: float = 1.0, after_reply=None,
+           warmup_replies: int = 0) -> dict:
     """The app's replies, `settle_s` after the model is ready (a person types the first prompt once the
     window has drawn it; the load's last layouts land in that time). after_reply(i), if given, runs on
-    this thread after reply i with the window idle (the headless reply); its results are returned too."""
+    this thread after reply i with the window idle (the headless reply); its results are returned too.
+    The first `warmup_replies` replies (each followed by its after_reply) are not counted: both sides
+    then measure engines that have decoded a reply, not the app's cold one against a warmed headless."""
     import numpy as np
     from PySide6.QtCore import QEventLoop
     from PySide6.QtWidgets import QApplication
@@ -173,7 +176,16 @@ def in_app(model: str, tokens: int, replies: int, engine_process: bool = True, d
     decode_rates, figures, contexts, after = [], [], [], []
     gui_cpu_s = wall_s = 0.0
     activity = {}
-    for i in range(replies):
+    for i in range(warmup_replies + replies):
+        if i < warmup_replies:
+            reply_loop = QEventLoop()
+            window.reply_finished.connect(reply_loop.quit)
+            window.send(PROMPTS[min(i, 1)])
+            reply_loop.exec()
+            window.reply_finished.disconnect(reply_loop.quit)
+            if after_reply is not None:
+                after_reply(i)
+            continue
         activity0 = thread_activity()
         done_loop = QEventLoop()
         window.reply_finished.connect(done_loop.quit)
@@ -320,6 +332,9 @@ def main(argv=None) -> int:
                         help="serve this many simulated users in the window for --seconds instead of replies: the "
                              "serving panel's aggregate tok/s (compare `membound bench --sweep batch`)")
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--warmup-replies", type=int, default=1, metavar="N",
+                        help="replies each side decodes before the timed ones (default 1: the headless engine is "
+                             "warmed at its load, the app's is not; 0: the app's first reply counts, cold)")
     args = parser.parse_args(argv)
     if args.users:
         print(json.dumps(in_app_users(args.model, args.users, args.seconds, args.dtype, args.weights,
@@ -336,11 +351,13 @@ def main(argv=None) -> int:
     if args.engine_spin_count is not None:  # the engine process reads it at its start; this one's OpenMP
         os.environ["GOMP_SPINCOUNT"] = str(args.engine_spin_count)  # (headless) read its own already
     result = in_app(args.model, args.tokens, args.replies, engine_process=not args.engine_thread, dtype=args.dtype,
-                    weights=args.weights, probe_ms=args.probe_ms, settle_s=args.settle_s, after_reply=headless.reply)
+                    weights=args.weights, probe_ms=args.probe_ms, settle_s=args.settle_s, after_reply=headless.reply,
+                    warmup_replies=args.warmup_replies)
     if args.engine_spin_count is not None:
         del os.environ["GOMP_SPINCOUNT"]
     result["engine_spin_count"] = args.engine_spin_count
     result["engine"] = "thread" if args.engine_thread else "process"
+    result["warmup_replies"] = args.warmup_replies
     result["dtype"], result["weights"] = args.dtype, args.weights
     result.update(paired_ratios(result.pop("app_decode_tokens_per_s_per_reply"), result.pop("after_reply")))
     # `membound bench`'s 32-token prompt (shorter contexts than the app's replies: a faster denominator;

@@ -55,3 +55,15 @@ def test_the_in_window_users_run_serves_from_the_engine_process_as_the_app_does(
     with pytest.raises(Stop):
         gui_bench.in_app_users("default", users=8, seconds=1.0, engine_process=False)
     assert made["engine_process"] is False
+
+
+def test_warmup_replies_run_on_both_sides_and_are_not_counted(qapp):
+    # the headless engine is warmed at its load; the app's first reply was its engine's first (cold),
+    # which made "the first reply after load" the weakest pairing of every run before session 22
+    from app import gui_bench
+    asked = []
+    result = gui_bench.in_app("default", tokens=6, replies=2, engine_process=False, settle_s=0.0,
+                              after_reply=lambda i: asked.append(i) or 100.0 + i, warmup_replies=1)
+    assert asked == [0, 1, 2]  # the headless side decodes the warm-up reply too: the same conversation
+    assert result["after_reply"] == [101.0, 102.0]
+    assert len(result["app_decode_tokens_per_s_per_reply"]) == 2
