@@ -9,7 +9,8 @@ Prints one JSON object: timer lateness p50/p95/max (ms), decode tok/s in the app
 and their ratio. Headless runs the app's conversation (the same prompts, greedy, the same budget) on
 one engine on this thread, each reply right after the app's (the window idle meanwhile), so the two
 decode at the same contexts in the same minute of a shared machine; the ratio is the mean of the
-replies' ratios. `app_over_bench` is the ratio against `membound bench`'s shorter 32-token prompt,
+replies' ratios. Both sides first decode one untimed reply (--warmup-replies): the headless engine is
+warmed at its load, and the app's first reply was otherwise its engine's first. `app_over_bench` is the ratio against `membound bench`'s shorter 32-token prompt,
 for comparison. The issue's bar: p95 lateness < 50 ms, ratio >= 0.90. --dtype/--weights set the
 precision of both (one per run: the app's ratios between precisions are those of separate runs).
 
