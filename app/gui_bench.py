@@ -10,8 +10,8 @@ and their ratio. Headless runs the app's conversation (the same prompts, greedy,
 one engine on this thread, each reply right after the app's (the window idle meanwhile), so the two
 decode at the same contexts in the same minute of a shared machine; the ratio is the mean of the
 replies' ratios. Both sides first decode one untimed reply (--warmup-replies): the headless engine is
-warmed at its load, and the app's first reply was otherwise its engine's first. `app_over_bench` is the ratio against `membound bench`'s shorter 32-token prompt,
-for comparison. The issue's bar: p95 lateness < 50 ms, ratio >= 0.90. --dtype/--weights set the
+warmed at its load, and the app's first reply was otherwise its engine's first. `app_over_bench` is
+the ratio against `membound bench`'s shorter 32-token prompt, for comparison. The issue's bar: p95 lateness < 50 ms, ratio >= 0.90. --dtype/--weights set the
 precision of both (one per run: the app's ratios between precisions are those of separate runs).
 
     QT_QPA_PLATFORM=offscreen python -m app.gui_bench --attach URL [--replies 2]
@@ -177,16 +177,15 @@ def in_app(model: str, tokens: int, replies: int, engine_process: bool = True, d
     decode_rates, figures, contexts, after = [], [], [], []
     gui_cpu_s = wall_s = 0.0
     activity = {}
-    for i in range(warmup_replies + replies):
-        if i < warmup_replies:
-            reply_loop = QEventLoop()
-            window.reply_finished.connect(reply_loop.quit)
-            window.send(PROMPTS[min(i, 1)])
-            reply_loop.exec()
-            window.reply_finished.disconnect(reply_loop.quit)
-            if after_reply is not None:
-                after_reply(i)
-            continue
+    for i in range(warmup_replies):  # untimed, on both sides
+        warm_loop = QEventLoop()
+        window.reply_finished.connect(warm_loop.quit)
+        window.send(PROMPTS[min(i, 1)])
+        warm_loop.exec()
+        window.reply_finished.disconnect(warm_loop.quit)
+        if after_reply is not None:
+            after_reply(i)
+    for i in range(warmup_replies, warmup_replies + replies):
         activity0 = thread_activity()
         done_loop = QEventLoop()
         window.reply_finished.connect(done_loop.quit)

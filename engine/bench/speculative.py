@@ -202,7 +202,7 @@ def run_speculative_sweep(args, progress) -> int:
 # how close, as a share of the logits' spread, the two tokens' logits may be for the reply's parting to
 # count as rounding: a verify step of k+1 rows rounds differently from a one-row step where the
 # products are not computed row by row (a GPU's matmuls pick their algorithm by shape)
-TIE_SHARE = MappingProxyType({"float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2})
+TIE_SHARE = MappingProxyType({"fp32": 1e-4, "bf16": 3e-2, "fp16": 1e-2})
 
 
 def near_tie(model, prompt_ids: list[int], plain: list[int], other: list[int]) -> str | None:
@@ -210,6 +210,8 @@ def near_tie(model, prompt_ids: list[int], plain: list[int], other: list[int]) -
     little, if the two tokens are a near-tie in a reference pass (the model's own forward over the
     prompt and plain's tokens before the parting), else None: a real change."""
     import torch
+
+    from engine.hardware.spec import dtype_name
 
     d = next((i for i, (a, b) in enumerate(zip(plain, other)) if a != b), None)
     if d is None:  # one reply ends where the other goes on: not a tie between two tokens
@@ -220,7 +222,7 @@ def near_tie(model, prompt_ids: list[int], plain: list[int], other: list[int]) -
     a, b = plain[d], other[d]
     spread = float(logits.max() - logits.min()) or 1.0
     share = abs(float(logits[a] - logits[b])) / spread
-    if share > TIE_SHARE.get(str(model.dtype).removeprefix("torch."), 1e-4):
+    if share > TIE_SHARE.get(dtype_name(model.dtype), 1e-4):
         return None
     return f"token {d + 1} of {len(plain)}, logits {share:.1e} of their spread apart"
 

@@ -340,9 +340,9 @@ def test_a_greedy_reply_that_parts_at_a_tie_is_named_and_a_real_change_is_not(mo
     runner_up = int(logits.topk(2).indices[1])
     other = plain[:5] + [runner_up] + plain[6:]
     share = float(logits[plain[5]] - logits[runner_up]) / float(logits.max() - logits.min())
-    assert share > sweep.TIE_SHARE["float32"]  # sharpened logits: no tie at fp32, so a real change
+    assert share > sweep.TIE_SHARE["fp32"]  # sharpened logits: no tie at fp32, so a real change
     assert sweep.near_tie(model, PROMPT, plain, other) is None
-    monkeypatch.setattr(sweep, "TIE_SHARE", {**sweep.TIE_SHARE, "float32": 2 * share})  # looser rounding
+    monkeypatch.setattr(sweep, "TIE_SHARE", {**sweep.TIE_SHARE, "fp32": 2 * share})  # looser rounding
     assert sweep.near_tie(model, PROMPT, plain, other) == f"token 6 of {len(plain)}, logits {share:.1e} of their spread apart"
     assert sweep.near_tie(model, PROMPT, plain, plain[:9]) is None  # a reply that stops early: no tie
 
