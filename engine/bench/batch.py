@@ -57,6 +57,8 @@ class BatchPoint:
     bound: str  # "memory" | "compute" (cost model against the device's ridge point)
     roofline_tokens_per_s: float = float("nan")  # the lower roof (bytes at peak GB/s, FLOPs at peak FLOP/s)
     of_roofline: float = float("nan")  # aggregate / roofline
+    read_beside_gbs: tuple[float, float] | None = None  # CPU: a read of a step's bytes before and after the run
+    of_roofline_beside: float | None = None  # aggregate / the roofline with that read as the bandwidth roof
 
 
 def _runner(model, hardware, dtype: str, num_blocks: int, **kw):
@@ -65,18 +67,22 @@ def _runner(model, hardware, dtype: str, num_blocks: int, **kw):
 
 
 def run_batch_point(model, hardware, dtype: str, batch_size: int, prompt_ids: list[int], decode_tokens: int,
-                    attention: str = "flash", full_batch_steps: int | None = None) -> BatchPoint:
+                    attention: str = "flash", full_batch_steps: int | None = None, beside=None,
+                    beside_bytes: int = 0) -> BatchPoint:
     """B copies of one request, started together; the decode steps that run all B are measured.
     The prompts are prefilled `token_budget` tokens a step, so the first requests decode while the
     last ones' prompts go in: all B decode together only once every prompt is in. `full_batch_steps`
     (a warm-up) stops the run after that many steps of the whole batch: the same prefill chunks and
-    decode shape as the full run, without its length."""
+    decode shape as the full run, without its length. With `beside` (engine/bench/beside.py), a read
+    of `beside_bytes` (a step's, from the warm-up) just before and after the run, and the share of the
+    roofline that read allows."""
     per_seq = -(-(len(prompt_ids) + decode_tokens) // BLOCK_SIZE)
     token_budget = max(512, batch_size)
     runner = _runner(model, hardware, dtype, batch_size * per_seq, max_batch_size=batch_size,
                      token_budget=token_budget, attention=attention)
     for i in range(batch_size):
         runner.scheduler.add_request(_request(i, prompt_ids, decode_tokens))
+    before = beside.read_gbs(beside_bytes) if beside is not None else None
     steps, prefill_steps = [], 0
     while runner.scheduler.has_unfinished and (full_batch_steps is None or len(steps) < full_batch_steps):
         _, _, m = runner.step()
@@ -96,12 +102,23 @@ def run_batch_point(model, hardware, dtype: str, batch_size: int, prompt_ids: li
     # each step's least time under the roofline: its bytes at the peak bandwidth or its FLOPs at the peak
     roof_s = sum(m.tokens_out / m.predicted_ceiling_tokens_per_s for m in steps)
     ridge = steps[0].peak_flops / steps[0].peak_bandwidth_bps
+    reads = beside_share = None
+    if beside is not None:
+        reads = (round(before, 2), round(beside.read_gbs(beside_bytes), 2))
+        bps = 1e9 * sum(reads) / 2  # each step's least time with that read as its bandwidth roof
+        beside_share = sum(max(m.total_bytes / bps, m.flops / m.peak_flops) for m in steps) / step_s
     return BatchPoint(batch_size=batch_size, decode_steps=len(steps), aggregate_tokens_per_s=aggregate,
                       per_request_tokens_per_s=aggregate / batch_size, decode_step_ms=1e3 * step_s / len(steps),
                       arithmetic_intensity=flops / moved, achieved_gbs=moved / step_s / 1e9,
                       mbu=moved / step_s / steps[0].peak_bandwidth_bps, mfu=flops / step_s / steps[0].peak_flops,
                       bound="compute" if flops / moved >= ridge else "memory",
-                      roofline_tokens_per_s=tokens / roof_s, of_roofline=roof_s / step_s)
+                      roofline_tokens_per_s=tokens / roof_s, of_roofline=roof_s / step_s,
+                      read_beside_gbs=reads, of_roofline_beside=beside_share)
+
+
+def step_bytes_of(point: BatchPoint) -> int:
+    """The bytes one decode step of a point moves (the cost model's, its mean)."""
+    return int(point.achieved_gbs * 1e9 * point.decode_step_ms / 1e3)
 
 
 PROFILE_STEPS = 4  # full-batch decode steps under torch.profiler, per batch size
@@ -242,6 +259,13 @@ def format_batch_table(points: list[BatchPoint], ridge: float, single_stream: di
         ("roofline tok/s", lambda p: f"{p.roofline_tokens_per_s:,.1f}"),
         ("of the roofline", lambda p: f"{100 * p.of_roofline:.0f}%"),
     ]
+    if any(p.read_beside_gbs for p in points):  # CPU: the read of a step's bytes around each run
+        rows += [
+            ("read before / after GB/s", lambda p: f"{p.read_beside_gbs[0]:,.0f}/{p.read_beside_gbs[1]:,.0f}"
+             if p.read_beside_gbs else ""),
+            ("of the roofline beside", lambda p: f"{100 * p.of_roofline_beside:.0f}%"
+             if p.of_roofline_beside is not None else ""),
+        ]
     if peer:
         rows += [
             # named by the tool that measured them (llama-batched-bench's S_TG), bytes by our cost model
@@ -357,17 +381,21 @@ def run_batch_bench(args, progress) -> int:
     # a CPU, where nothing compiles, on the prefill chunks and a few steps of the whole batch
     warm_up_steps = None if args.device == "cuda" else CPU_WARMUP_FULL_BATCH_STEPS
     t0 = time.perf_counter()
+    warm = {}
     for i, b in enumerate(sizes):  # every batch size once, untimed: its prefill chunks, M buckets and kernels
         progress(i / len(sizes), f"warming up batch {b}")
-        run_batch_point(model, hw, dtype, b, prompt_ids, args.decode_tokens, args.attention,
-                        full_batch_steps=warm_up_steps)
+        warm[b] = run_batch_point(model, hw, dtype, b, prompt_ids, args.decode_tokens, args.attention,
+                                  full_batch_steps=warm_up_steps)
     seconds["warmup"] = time.perf_counter() - t0
     report.update(seconds=seconds)
+    from engine.bench.beside import ReadBeside
+    beside = ReadBeside.for_engine(engine)
     clocks_before, watch = device_clocks(hw), PathWatch()
     points = []
     for i, b in enumerate(sizes):
         progress(i / len(sizes), f"batch {b}: {b} x ({args.prompt_tokens} prompt + {args.decode_tokens} decode)")
-        points.append(run_batch_point(model, hw, dtype, b, prompt_ids, args.decode_tokens, args.attention))
+        points.append(run_batch_point(model, hw, dtype, b, prompt_ids, args.decode_tokens, args.attention,
+                                      beside=beside, beside_bytes=step_bytes_of(warm[b])))
         report.update(results=[asdict(p) for p in points])
     paths = {"batched": watch.report(model=model, cuda_graphs=BATCHED_GRAPHS)}
     # the plain batch-1 path (CUDA graphs on a GPU) in the same run: the single-stream figure

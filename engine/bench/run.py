@@ -14,6 +14,7 @@ import torch
 from engine.bench.prompts import bench_prompt_ids
 from engine.bench.record import JsonReport, device_clocks
 # run_ours: for app/gui_bench.py
+from engine.bench.beside import ReadBeside, beside_rows
 from engine.bench.single import BenchResult, path_line, roof_of, roof_peak, run_ours, timed_run, warm_up
 from engine.bench.tables import rows_of, side_by_side
 
@@ -79,7 +80,7 @@ TABLE_ROWS = [
 
 def format_table(results: list[BenchResult]) -> str:
     """Results side by side; with two or more, a last column: the first's figure over the second's."""
-    rows = TABLE_ROWS
+    rows = [*TABLE_ROWS, *beside_rows(results)]
     names = [r.name for r in results]
     if len(results) >= 2:
         names.append("ratio")
@@ -131,12 +132,13 @@ def run_weight_sweep(engine, variants: dict, prompt_ids: list[int], decode_token
     if report is not None:
         report.update(seconds=seconds)
     results, steps, paths = {}, {}, {}
+    beside = ReadBeside.for_engine(engine)
     for r in range(repeats):
         for i, (label, s) in enumerate(variants.items()):
             progress((r * len(variants) + i) / (repeats * len(variants)),
                      f"decoding {decode_tokens} tokens with {label} (run {r + 1}/{repeats})")
             engine.apply(s)  # every copy is made by now: applies at the first step
-            result, run_steps, run_paths = timed_run(engine, prompt_ids, decode_tokens)
+            result, run_steps, run_paths = timed_run(engine, prompt_ids, decode_tokens, beside)
             seconds["timed"] += run_paths["run_s"]
             if any(m.settings_label != s.label for m in run_steps):
                 raise RuntimeError(f"the sweep asked for {label}, but a step ran other settings")
@@ -177,7 +179,7 @@ def format_sweep(results: list[BenchResult], quality: dict, chain: bool = False,
     else:
         speed_up = (f"speed-up vs {base.name}", lambda r: f"{r.decode_tokens_per_s / base.decode_tokens_per_s:.2f}x"
                     if r in ours else "")
-    rows = list(TABLE_ROWS[:2]) + [speed_up] + list(TABLE_ROWS[2:])
+    rows = list(TABLE_ROWS[:2]) + [speed_up] + list(TABLE_ROWS[2:]) + list(beside_rows(results))
     if quality:
         ref = quality_base or base.name
         base_ppl = quality[ref].perplexity
@@ -255,9 +257,10 @@ def run_bench(args, progress) -> int:
     clocks_before = device_clocks(engine.hardware)
     best = steps = paths = None
     timed_s = 0.0
+    beside = ReadBeside.for_engine(engine)
     for r in range(args.repeats):
         progress(r / args.repeats, f"decoding {args.decode_tokens} tokens (run {r + 1}/{args.repeats})")
-        result, run_steps, run_paths = timed_run(engine, prompt_ids, args.decode_tokens)
+        result, run_steps, run_paths = timed_run(engine, prompt_ids, args.decode_tokens, beside)
         timed_s += run_paths["run_s"]
         if best is None or result.decode_tokens_per_s > best.decode_tokens_per_s:
             best, steps, paths = result, run_steps, run_paths
@@ -396,10 +399,11 @@ def _run_against_llamacpp(engine, gguf, settings, prompt_ids: list[int], args, p
         ours = steps = paths = None
         theirs: dict[str, BenchResult] = {}
         runs = []
+        beside = ReadBeside.for_engine(engine)
         for r in range(args.repeats):
             progress(r / args.repeats, f"decoding {args.decode_tokens} tokens, membound then llama.cpp "
                                        f"(run {r + 1}/{args.repeats})")
-            result, run_steps, run_paths = timed_run(engine, prompt_ids, args.decode_tokens)
+            result, run_steps, run_paths = timed_run(engine, prompt_ids, args.decode_tokens, beside)
             found = peer()
             runs.append({"membound_decode_tokens_per_s": result.decode_tokens_per_s,
                          **{f"{p.name}_decode_tokens_per_s": p.decode_tokens_per_s for p in found}})

@@ -24,6 +24,8 @@ class BenchResult:
     predicted_ceiling_tokens_per_s: float
     decode_bytes_per_token: float
     roof: str = "memory"  # the roof its decode steps sit under: "memory", "cache" (their bytes fit it), or both
+    read_beside_gbs: tuple[float, float] | None = None  # CPU: the memory read just before and after the run
+    mbu_beside: float | None = None  # achieved GB/s over their mean (engine/bench/beside.py)
 
 
 def roof_of(decode) -> tuple[float, str]:
@@ -61,13 +63,19 @@ def run_ours(engine, prompt_ids: list[int], decode_tokens: int) -> tuple[BenchRe
     return summarise("membound", prefill, decode, done.ttft_s, decode_wall_s=t_done - t_first_token), steps
 
 
-def timed_run(engine, prompt_ids: list[int], decode_tokens: int) -> tuple[BenchResult, list, dict]:
-    """run_ours, with the path every step took (engine/bench/record.py) and the seconds it ran."""
+def timed_run(engine, prompt_ids: list[int], decode_tokens: int, beside=None) -> tuple[BenchResult, list, dict]:
+    """run_ours, with the path every step took (engine/bench/record.py) and the seconds it ran; with
+    `beside` (engine/bench/beside.py ReadBeside), the memory read just before and after it."""
+    from engine.bench.beside import step_bytes, with_read_beside
     watch = PathWatch(engine.graphs)
+    size = step_bytes(engine) if beside is not None else 0
+    before = beside.read_gbs(size) if beside is not None else None
     t0 = time.perf_counter()
     result, steps = run_ours(engine, prompt_ids, decode_tokens)
     paths = watch.report(steps, engine.model)
     paths["run_s"] = time.perf_counter() - t0
+    if beside is not None:
+        result = with_read_beside(result, before, beside.read_gbs(size))
     return result, steps, paths
 
 

@@ -93,6 +93,32 @@ def test_batch_point_measures_the_full_batch_decode_steps(model):
     assert p.bound == "memory" and 0 < p.mbu and p.arithmetic_intensity > 0
 
 
+def test_batch_point_reads_memory_around_its_run_and_puts_the_roofline_under_that_read(model):
+    from engine.bench.batch import format_batch_table, step_bytes_of
+
+    class Reads:  # the read beside the run (engine/bench/beside.py), scripted
+        def __init__(self):
+            self.sizes = []
+
+        def read_gbs(self, n_bytes):
+            self.sizes.append(n_bytes)
+            return 4.0 if len(self.sizes) == 1 else 6.0
+
+    plain = run_batch_point(model, fake_cpu(), "fp32", 4, list(range(1, 9)), 5)
+    reads = Reads()
+    p = run_batch_point(model, fake_cpu(), "fp32", 4, list(range(1, 9)), 5, beside=reads,
+                        beside_bytes=step_bytes_of(plain))
+    assert reads.sizes == [step_bytes_of(plain)] * 2 and p.read_beside_gbs == (4.0, 6.0)
+    assert step_bytes_of(plain) == pytest.approx(plain.achieved_gbs * plain.decode_step_ms * 1e6, rel=1e-6)
+    # every step's bytes at the mean read (5 GB/s) or its FLOPs at the peak, whichever is longer, over the time
+    step_s = p.decode_step_ms * p.decode_steps / 1e3
+    moved_s = p.achieved_gbs * step_s / 5.0
+    assert p.bound == "memory" and p.of_roofline_beside == pytest.approx(moved_s / step_s, rel=1e-6)
+    assert plain.read_beside_gbs is None and plain.of_roofline_beside is None
+    assert "of the roofline beside" in format_batch_table([p], 10.0)
+    assert "beside" not in format_batch_table([plain], 10.0)  # a GPU's table as it was
+
+
 @pytest.mark.parametrize("policy", ["continuous", "static"])
 def test_mixed_workload_serves_every_request(model, policy):
     wl = Workload(prompts=((5, 6, 7),), prompt_lens=(2, 30), output_lens=(2, 8))
