@@ -24,7 +24,7 @@ class ReadBeside:
     and kept, read on demand with the decode step's thread count."""
 
     def __init__(self, probe, threads: int):
-        self._probe, self.threads, self._buffers = probe, threads, {}
+        self._probe, self.threads, self._held = probe, threads, {}
 
     @classmethod
     def for_engine(cls, engine) -> "ReadBeside | None":
@@ -43,9 +43,9 @@ class ReadBeside:
     def read_gbs(self, n_bytes: int) -> float:
         """GB/s of the best pass over a buffer of `n_bytes` (rounded up to 2 MiB)."""
         n = max(PAGE, -(-int(n_bytes) // PAGE) * PAGE)
-        if n not in self._buffers:
-            self._buffers[n], _ = self._probe.read_buffer(n)
-        buffer = self._buffers[n]
+        if n not in self._held:
+            self._held[n], _ = self._probe.read_buffer(n)
+        buffer = self._held[n]
         return buffer.nbytes / self._probe.read_best_s(buffer, BESIDE_PASSES, self.threads) / 1e9
 
 

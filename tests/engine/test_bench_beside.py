@@ -60,6 +60,6 @@ def test_a_cpu_engine_gets_a_read_beside_and_a_gpu_none():
     beside = ReadBeside.for_engine(tiny_engine())
     assert beside is not None and beside.threads >= 1
     assert 0.1 < beside.read_gbs(3 << 20) < 10_000  # GB/s of a real read
-    assert [n for n in beside._buffers] == [4 << 20]  # rounded up to 2 MiB pages, kept for the next read
+    assert [n for n in beside._held] == [4 << 20]  # rounded up to 2 MiB pages, kept for the next read
     beside.read_gbs(4 << 20)
-    assert len(beside._buffers) == 1
+    assert len(beside._held) == 1
