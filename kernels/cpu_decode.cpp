@@ -381,7 +381,7 @@ static inline V vload_i8n(const int8_t *p, int64_t n) {
 #define PREFETCH_LOCALITY 2
 #endif
 static inline void prefetch(const void *p) { __builtin_prefetch(p, 0, PREFETCH_LOCALITY); }
-// INT4's tiles are one stream a thread, 2048 bytes ahead: prefetcht0 keeps them in step (its products fell
+// INT4's tiles are one stream a thread, INT4_AHEAD bytes ahead: prefetcht0 keeps them in step (its products fell
 // from 92-103% to 64-68% of the roof with prefetcht1 in the same run)
 static inline void prefetch_l1(const void *p) { __builtin_prefetch(p, 0, 3); }
 #if defined(__GNUC__)
@@ -1121,6 +1121,15 @@ static void gemm_int8_i16(const struct Mat *mt, const struct In *in, float *y, i
 #endif
 
 // ---- INT4 tiles: the 16 rows of a tile are vector lanes; each token row keeps 16 accumulators ----------
+// Bytes of codes ahead of the octet being read that each octet asks for (-D to try another). AVX2's product
+// takes twice AVX-512's instructions an octet; 4096 ahead made its one-token INT4 step 4-6% faster than 2048
+// on a Zen 5 (the step in one process, two libraries alternating: docs/benchmarks.md, session 23), where
+// AVX-512's moved within the noise
+#if !defined(INT4_AHEAD) && defined(LEVEL_AVX2)
+#define INT4_AHEAD 4096
+#elif !defined(INT4_AHEAD)
+#define INT4_AHEAD 2048
+#endif
 // Per group of inputs: sum = sum_j code[j] x[j] over the group (each level its own way), then
 // acc += sum * scale + min * xsum. `acc` is (m, 16) fp32.
 #define INT4_G 4  // token rows per pass over a group's codes
@@ -1135,7 +1144,7 @@ static void gemm_int8_i16(const struct Mat *mt, const struct In *in, float *y, i
 static ALWAYS_INLINE void int4_bytes(const uint8_t *p, int64_t j, __m512i *c) {
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const __m512i v = _mm512_loadu_si512(p + 64 * j);
-  prefetch_l1(p + 64 * j + 2048);
+  prefetch_l1(p + 64 * j + INT4_AHEAD);
   c[0] = _mm512_and_si512(v, low4);
   c[1] = _mm512_and_si512(_mm512_srli_epi32(v, 4), low4);
 }
@@ -1217,11 +1226,11 @@ static inline void int4_tile(const uint8_t *p, int64_t groups, int64_t octets, c
 // exact; the 128 * sum(x) it adds to each group's sum comes off with the mins' term. Two chains per
 // token row: the products of an octet do not wait on each other.
 // the 64 bytes of octet j of a group (16 rows' words) as four vectors of bf16 numbers 128 + code, one per
-// nibble pair (inputs 2a, 2a + 1 of the octet in each word's halves), the octet 2048 bytes on prefetched
+// nibble pair (inputs 2a, 2a + 1 of the octet in each word's halves), the octet INT4_AHEAD bytes on prefetched
 static ALWAYS_INLINE void int4_nibbles(const uint8_t *p, int64_t j, __m512i *c) {
   const __m512i low4 = _mm512_set1_epi32(0x000F000F), exponent = _mm512_set1_epi32(0x43004300);
   const __m512i v = _mm512_loadu_si512(p + 64 * j);
-  prefetch_l1(p + 64 * j + 2048);
+  prefetch_l1(p + 64 * j + INT4_AHEAD);
   c[0] = _mm512_ternarylogic_epi32(v, low4, exponent, 0xEA);  // (v & mask) | 0x4300 per word
   c[1] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 4), low4, exponent, 0xEA);
   c[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 8), low4, exponent, 0xEA);
@@ -1324,7 +1333,7 @@ static inline void int4_group(const uint8_t *p, int64_t octets, const struct In 
         for (int a = 0; a < 4; a++) c[a] = unpacked[8 * j + 4 * h + a];
       } else {
         const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 64 * j + 32 * h));
-        if (h == 0) prefetch_l1(p + 64 * j + 2048);
+        if (h == 0) prefetch_l1(p + 64 * j + INT4_AHEAD);
         c[0] = _mm256_and_si256(v, low4);
         c[1] = _mm256_and_si256(_mm256_srli_epi32(v, 4), low4);
         c[2] = _mm256_and_si256(_mm256_srli_epi32(v, 8), low4);
