@@ -103,8 +103,9 @@ def run_batch_point(model, hardware, dtype: str, batch_size: int, prompt_ids: li
     roof_s = sum(m.tokens_out / m.predicted_ceiling_tokens_per_s for m in steps)
     ridge = steps[0].peak_flops / steps[0].peak_bandwidth_bps
     reads = beside_share = None
-    if beside is not None:
-        reads = (round(before, 2), round(beside.read_gbs(beside_bytes), 2))
+    after = beside.read_gbs(beside_bytes) if beside is not None else None
+    if before is not None and after is not None:
+        reads = (round(before, 2), round(after, 2))
         bps = 1e9 * sum(reads) / 2  # each step's least time with that read as its bandwidth roof
         beside_share = sum(max(m.total_bytes / bps, m.flops / m.peak_flops) for m in steps) / step_s
     return BatchPoint(batch_size=batch_size, decode_steps=len(steps), aggregate_tokens_per_s=aggregate,

@@ -40,11 +40,15 @@ class ReadBeside:
             return None
         return cls(probe, torch.get_num_threads())
 
-    def read_gbs(self, n_bytes: int) -> float:
-        """GB/s of the best pass over a buffer of `n_bytes` (rounded up to 2 MiB)."""
+    def read_gbs(self, n_bytes: int) -> float | None:
+        """GB/s of the best pass over a buffer of `n_bytes` (rounded up to 2 MiB); None where the machine
+        cannot spare the buffer (the run then shows no read beside it: the bench goes on)."""
         n = max(PAGE, -(-int(n_bytes) // PAGE) * PAGE)
-        if n not in self._held:
-            self._held[n], _ = self._probe.read_buffer(n)
+        try:
+            if n not in self._held:
+                self._held[n], _ = self._probe.read_buffer(n)
+        except (MemoryError, OSError, RuntimeError):
+            return None
         buffer = self._held[n]
         return buffer.nbytes / self._probe.read_best_s(buffer, BESIDE_PASSES, self.threads) / 1e9
 
@@ -56,9 +60,12 @@ def step_bytes(engine) -> int:
     return decode_weight_bytes(engine.cfg, 4 if s.dtype == "fp32" else 2, s.weights, s.group_size, "cpu")
 
 
-def with_read_beside(result, before_gbs: float, after_gbs: float):
+def with_read_beside(result, before_gbs: float | None, after_gbs: float | None):
     """The result with the reads of its step's size before and after its run, and its MBU against
-    their mean: its achieved bandwidth over what a read of the same bytes got then."""
+    their mean: its achieved bandwidth over what a read of the same bytes got then (as it was where a
+    read could not be made)."""
+    if before_gbs is None or after_gbs is None:
+        return result
     mean = (before_gbs + after_gbs) / 2
     mbu = result.decode_achieved_gbs / mean if mean > 0 else None
     return replace(result, read_beside_gbs=(round(before_gbs, 2), round(after_gbs, 2)), mbu_beside=mbu)

@@ -29,6 +29,7 @@ def test_mbu_beside_is_the_runs_bandwidth_over_the_mean_of_the_reads_around_it()
     assert got.read_beside_gbs == (40.0, 60.0)
     assert abs(got.mbu_beside - 0.6) < 1e-12
     assert got.mbu == result(30.0).mbu  # against the cached roof, unchanged
+    assert with_read_beside(result(30.0), None, 60.0) == result(30.0)  # no buffer to read: the run as it was
 
 
 
@@ -63,3 +64,8 @@ def test_a_cpu_engine_gets_a_read_beside_and_a_gpu_none():
     assert [n for n in beside._held] == [4 << 20]  # rounded up to 2 MiB pages, kept for the next read
     beside.read_gbs(4 << 20)
     assert len(beside._held) == 1
+
+    def no_room(n_bytes):
+        raise MemoryError
+    beside._probe = SimpleNamespace(read_buffer=no_room)
+    assert beside.read_gbs(64 << 20) is None  # a machine that cannot spare the buffer: no figure, no traceback
