@@ -1,6 +1,7 @@
 """Simulated users (engine/serving/users.py), the batch runner's step metrics, and the batching bench
 (engine/bench/batch.py) on a tiny random model; `membound bench --sweep batch` end to end."""
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -179,6 +180,30 @@ def test_cli_sweep_batch_prints_the_table_and_json(capsys, tmp_path):
         assert row in out
     data = json.loads(path.read_text())
     assert [p["batch_size"] for p in data["results"]] == [1, 3]
+
+
+def test_cli_sweep_batch_repeats_every_size_in_turn_and_keeps_the_best(capsys, tmp_path, monkeypatch):
+    from engine.bench import batch
+
+    ran, real = [], batch.run_batch_point
+
+    def counted(model, hardware, dtype, batch_size, *args, **kwargs):
+        point = real(model, hardware, dtype, batch_size, *args, **kwargs)
+        if kwargs.get("full_batch_steps") is None:  # a timed run (the warm-ups stop early)
+            ran.append(batch_size)
+            point = replace(point, aggregate_tokens_per_s=float(len(ran)))  # the later run of each is the best
+        return point
+
+    monkeypatch.setattr(batch, "run_batch_point", counted)
+    path = tmp_path / "b.json"
+    code, out, err = run_cli(capsys, "bench", "--model", "synthetic:smollm2-135m", "--sweep", "batch",
+                             "--batch-sizes", "1,3", "--prompt-tokens", "4", "--decode-tokens", "3",
+                             "--max-context", "64", "--repeats", "3", "--json", str(path))
+    assert code == 0, err
+    assert ran == [1, 3, 1, 3, 1, 3]  # interleaved, not each size three times in a row
+    data = json.loads(path.read_text())
+    assert [(p["batch_size"], p["aggregate_tokens_per_s"]) for p in data["results"]] == [(1, 5.0), (3, 6.0)]
+    assert "the best of 3 runs each" in out
 
 
 def test_cli_mixed_workload_sends_sixteen_requests_a_user_by_default(capsys, tmp_path):
