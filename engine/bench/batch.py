@@ -119,7 +119,7 @@ def run_batch_point(model, hardware, dtype: str, batch_size: int, prompt_ids: li
 
 def step_bytes_of(point: BatchPoint) -> int:
     """The bytes one decode step of a point moves (the cost model's, its mean)."""
-    return int(point.achieved_gbs * 1e9 * point.decode_step_ms / 1e3)
+    return round(point.achieved_gbs * 1e9 * point.decode_step_ms / 1e3)
 
 
 PROFILE_STEPS = 4  # full-batch decode steps under torch.profiler, per batch size

@@ -110,7 +110,7 @@ def test_batch_point_reads_memory_around_its_run_and_puts_the_roofline_under_tha
     p = run_batch_point(model, fake_cpu(), "fp32", 4, list(range(1, 9)), 5, beside=reads,
                         beside_bytes=step_bytes_of(plain))
     assert reads.sizes == [step_bytes_of(plain)] * 2 and p.read_beside_gbs == (4.0, 6.0)
-    assert step_bytes_of(plain) == pytest.approx(plain.achieved_gbs * plain.decode_step_ms * 1e6, rel=1e-6)
+    assert abs(step_bytes_of(plain) - plain.achieved_gbs * plain.decode_step_ms * 1e6) <= 0.5
     # every step's bytes at the mean read (5 GB/s) or its FLOPs at the peak, whichever is longer, over the time
     step_s = p.decode_step_ms * p.decode_steps / 1e3
     moved_s = p.achieved_gbs * step_s / 5.0
