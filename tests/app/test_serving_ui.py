@@ -34,7 +34,11 @@ def test_the_users_slider_is_bounded_by_memory_and_steps_by_doubling(make_window
     assert window.side_tabs.currentWidget() is window.serving_panel or not window.side_tabs.isVisibleTo(window)
 
 
-def test_users_are_served_between_replies_and_the_panel_draws_them(make_window, qtbot):
+def test_users_are_served_between_replies_and_the_panel_draws_them(make_window, qtbot, monkeypatch):
+    # think times of 0-50 ms: an arrival then nearly always finds others decoding, so "mixed" steps come
+    # every second (with the app's 0.2-1.5 s against a tiny model's millisecond replies they were rare
+    # enough that once no step of the last 50 was one for 30 s: a failed fresh-clone run)
+    monkeypatch.setenv("MEMBOUND_USER_THINK_S", "0,0.05")
     window = make_window(max_new_tokens=8)
     window.view.show_seed_table(True)
     slider = users_slider(window)
