@@ -102,11 +102,12 @@ def run_batch_point(model, hardware, dtype: str, batch_size: int, prompt_ids: li
     # each step's least time under the roofline: its bytes at the peak bandwidth or its FLOPs at the peak
     roof_s = sum(m.tokens_out / m.predicted_ceiling_tokens_per_s for m in steps)
     ridge = steps[0].peak_flops / steps[0].peak_bandwidth_bps
+    from engine.bench.beside import mean_read
+    after = beside.read_gbs(beside_bytes) if before is not None else None
     reads = beside_share = None
-    after = beside.read_gbs(beside_bytes) if beside is not None else None
-    if before is not None and after is not None:
+    if (mean := mean_read(before, after)) is not None:
         reads = (round(before, 2), round(after, 2))
-        bps = 1e9 * sum(reads) / 2  # each step's least time with that read as its bandwidth roof
+        bps = 1e9 * mean  # each step's least time with that read as its bandwidth roof
         beside_share = sum(max(m.total_bytes / bps, m.flops / m.peak_flops) for m in steps) / step_s
     return BatchPoint(batch_size=batch_size, decode_steps=len(steps), aggregate_tokens_per_s=aggregate,
                       per_request_tokens_per_s=aggregate / batch_size, decode_step_ms=1e3 * step_s / len(steps),

@@ -56,17 +56,24 @@ class ReadBeside:
 def step_bytes(engine) -> int:
     """The weight bytes a batch-1 decode step reads at the engine's settings (engine/metrics.py)."""
     from engine.metrics import decode_weight_bytes
+    from engine.steps.timing import elem_bytes
+    from engine.variants import DTYPES
     s = engine.settings
-    return decode_weight_bytes(engine.cfg, 4 if s.dtype == "fp32" else 2, s.weights, s.group_size, "cpu")
+    return decode_weight_bytes(engine.cfg, elem_bytes(DTYPES[s.dtype]), s.weights, s.group_size, "cpu")
+
+
+def mean_read(before_gbs: float | None, after_gbs: float | None) -> float | None:
+    """GB/s between the reads before and after a run; None where either could not be made."""
+    return None if before_gbs is None or after_gbs is None else (before_gbs + after_gbs) / 2
 
 
 def with_read_beside(result, before_gbs: float | None, after_gbs: float | None):
     """The result with the reads of its step's size before and after its run, and its MBU against
     their mean: its achieved bandwidth over what a read of the same bytes got then (as it was where a
     read could not be made)."""
-    if before_gbs is None or after_gbs is None:
+    mean = mean_read(before_gbs, after_gbs)
+    if mean is None:
         return result
-    mean = (before_gbs + after_gbs) / 2
     mbu = result.decode_achieved_gbs / mean if mean > 0 else None
     return replace(result, read_beside_gbs=(round(before_gbs, 2), round(after_gbs, 2)), mbu_beside=mbu)
 
@@ -85,4 +92,4 @@ BESIDE_ROWS = (("read before / after GB/s", beside_cell), ("MBU beside the run",
 
 def beside_rows(results) -> tuple:
     """The two rows, where any result was read beside (CPU); none otherwise (a GPU's table unchanged)."""
-    return BESIDE_ROWS if any(getattr(r, "read_beside_gbs", None) for r in results) else ()
+    return BESIDE_ROWS if any(r.read_beside_gbs for r in results) else ()
