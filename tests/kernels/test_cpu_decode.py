@@ -33,7 +33,7 @@ QWEN = ModelConfig(name="qwen", dim=96, n_layers=2, n_heads=6, n_kv_heads=2, hea
 # same weights: the C++ one may be off by at most 1.5x PyTorch's error.
 TOLERANCE = {("fp32", "fp"): 1e-4, ("fp32", "int8"): 1e-4, ("fp32", "int4"): 5e-3, ("bf16", "fp"): 1.5,
              ("bf16", "int8"): 1.5, ("bf16", "int4"): 1.5}
-# INT8 at the levels that take its inputs as int16 codes per group of 64 (x86: vpmaddwd / vpdpwssd) against
+# INT8 at the levels that take its inputs as int16 codes per group of 256 (x86: vpmaddwd / vpdpwssd) against
 # the exact-input reference: each code is within half a step, max|x| of its group / 65534, of its input, so
 # each product stays within INT16_TOLERANCE (below) of the exact one, and the step chains nine of them
 # (q/k/v, output, gate/up, down in each of two layers, the head) with softmaxes between: 9 x 2e-4 < 2e-3
@@ -170,7 +170,8 @@ def c_matrix(layer):
 
 @pytest.mark.parametrize("isa", LEVELS)
 @pytest.mark.parametrize("fmt", list(PRODUCT_TOLERANCE))
-@pytest.mark.parametrize("n,k", [(40, 96), (250, 64), (3, 160), (37, 224)], ids=["n40", "n250", "n3", "n37k224"])
+@pytest.mark.parametrize("n,k", [(40, 96), (250, 64), (3, 160), (37, 224), (20, 608)],
+                         ids=["n40", "n250", "n3", "n37k224", "n20k608"])  # (608: INT8's groups of 256 and a tail)
 def test_each_product_matches_its_reference(isa, fmt, n, k):
     """One product of each format at each level (all threads), against PyTorch's dequantise-then-matmul
     in fp64, for 1, 3 and 7 token rows (x not centred: INT4's mins and its 128 offset both matter)."""
@@ -193,9 +194,9 @@ def test_a_token_row_gives_the_same_bits_alone_or_among_others(isa, fmt):
     9-row product (more than a pass takes: the converted / unpacked block is reused) equal each row's
     product alone, and any thread count gives the same bits."""
     lib = cpu_decode.load(isa)
-    layer = product_layer(fmt, 70, 96, seed=1)
+    layer = product_layer(fmt, 70, 608, seed=1)  # (INT8's input groups: two of 256 and a tail)
     mat, _keep = c_matrix(layer)
-    x = torch.randn(9, 96, generator=torch.Generator().manual_seed(5))
+    x = torch.randn(9, 608, generator=torch.Generator().manual_seed(5))
     together = cpu_decode.gemm(lib, mat, x, 2)
     for i in range(9):
         assert torch.equal(cpu_decode.gemm(lib, mat, x[i:i + 1], 1)[0], together[i]), f"{lib.isa} row {i}"
