@@ -22,7 +22,7 @@ STEP_COLUMNS = ("x", "t_s", "start_s", "prefill", "mixed", "label", "tokens_per_
                 "draft", "verify", "draft_tokens", "accepted", "tokens_out", "overhead_ms", "cache_roof")
 HW_COLUMNS = ("x", "t_s", "sm_util_pct", "dram_bw_util_pct", "tensor_active_pct")
 SERVING_COLUMNS = ("x", "t_s", "users", "running", "waiting", "aggregate_tps", "per_request_tps", "ttft_p50_s",
-                   "ttft_p95_s", "itl_p50_s", "itl_p95_s", "preempted")
+                   "ttft_p95_s", "itl_p50_s", "itl_p95_s", "preempted", "prefix_hit_pct")
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class LiveData:
             x=max(self.steps.total - 1, 0), t_s=b.t_s, users=b.users, running=b.running, waiting=b.waiting,
             aggregate_tps=b.aggregate_tokens_per_s, per_request_tps=b.per_request_tokens_per_s,
             ttft_p50_s=b.ttft_p50_s, ttft_p95_s=b.ttft_p95_s, itl_p50_s=b.itl_p50_s, itl_p95_s=b.itl_p95_s,
-            preempted=b.preempted_total)
+            preempted=b.preempted_total, prefix_hit_pct=b.prefix_hit_pct)
         self.serving_policy = b.policy
         self.serving_version += 1
 

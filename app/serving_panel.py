@@ -31,10 +31,15 @@ def format_ms(seconds: float) -> str:
 
 
 def latency_readout(last: dict[str, float]) -> str:
-    """'TTFT p50 120 ms · p95 480 ms   ITL p50 35 ms · p95 60 ms   pre-empted 2' from a row."""
-    return (f"TTFT p50 {format_ms(last['ttft_p50_s'])} · p95 {format_ms(last['ttft_p95_s'])}   "
+    """'TTFT p50 120 ms · p95 480 ms   ITL p50 35 ms · p95 60 ms   pre-empted 2   prefix cache 86%' from
+    a row (the last part once users' requests have finished: their prompt tokens taken from earlier prompts)."""
+    text = (f"TTFT p50 {format_ms(last['ttft_p50_s'])} · p95 {format_ms(last['ttft_p95_s'])}   "
             f"ITL p50 {format_ms(last['itl_p50_s'])} · p95 {format_ms(last['itl_p95_s'])}   "
             + translate("Serving", "pre-empted {n}").format(n=int(last["preempted"])))
+    hit = last.get("prefix_hit_pct", math.nan)
+    if math.isfinite(hit):
+        text += "   " + translate("Serving", "prefix cache {pct}%").format(pct=f"{hit:.0f}")
+    return text
 
 
 class ServingPanel(QWidget):

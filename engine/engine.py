@@ -122,7 +122,8 @@ class Engine:
         self.speculative = SpeculativeSteps(self.plain, self.counter, self.max_context)
         # batched serving (engine/serving/lifecycle.py): made when users > 0, dropped when they are gone
         self.batch = BatchLifecycle(self.cfg, self.tokenizer, device, self.hardware.memory_total_bytes,
-                                    think_range(self.context.options.user_think_s))
+                                    think_range(self.context.options.user_think_s),
+                                    prefix_cache=self.context.options.prefix_cache)
         self.batched = BatchedSteps(self.batch, self.counter, self.max_context, self.plain)
         self.batch.on_end = lambda ids, k, v: self.plain.take_over(ids, k, v, self.settings.kv_layout,
                                                                    self.model.dtype)

@@ -82,6 +82,10 @@ class BatchStats:
     kv_blocks_used: int
     kv_blocks_total: int
     person_in_batch: bool  # the person's reply is one of the running requests
+    # users' finished requests since serving started: the share of their prompt tokens whose K/V came from
+    # an earlier prompt's (engine/serving/prefix_store.py) instead of being computed; nan before any and
+    # while the store is off (MEMBOUND_PREFIX_CACHE=0)
+    prefix_hit_pct: float = float("nan")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ engine process spawned by the app sees what its parent's environment held then. 
     MEMBOUND_ENGINE_OMP_WAIT_POLICY=...  OpenMP's waiting in the engine process the app spawns alone
     MEMBOUND_USER_THINK_S=LO,HI          the simulated users' think time between requests, seconds
                                          (default 0.2,1.5; 0,0: always a request in flight)
+    MEMBOUND_PREFIX_CACHE=0              the users' prompts are not kept across requests: each one
+                                         computes its whole prompt (engine/serving/prefix_store.py)
     MEMBOUND_LLAMA_SERVER=PATH           the llama-server `bench --compare llamacpp` runs
     MEMBOUND_CACHE=DIR                   where built and measured things are kept (default
                                          $XDG_CACHE_HOME/membound, ~/.cache/membound): the llama-server
@@ -39,6 +41,7 @@ class EngineOptions:
     faults: str = ""  # MEMBOUND_FAULTS, unparsed (engine/faults.py parses it)
     engine_omp_wait_policy: str = ""  # MEMBOUND_ENGINE_OMP_WAIT_POLICY ("": OpenMP's default)
     user_think_s: str = ""  # MEMBOUND_USER_THINK_S, unparsed (engine/serving/server.py think_range)
+    prefix_cache: bool = True  # MEMBOUND_PREFIX_CACHE != "0"
     llama_server: str = ""  # MEMBOUND_LLAMA_SERVER ("": the one `make peers` built, else PATH)
     llama_batched_bench: str = ""  # MEMBOUND_LLAMA_BATCHED_BENCH (likewise)
     llama_bench: str = ""  # MEMBOUND_LLAMA_BENCH (likewise)
@@ -56,6 +59,7 @@ class EngineOptions:
                    faults=env.get("MEMBOUND_FAULTS", ""),
                    engine_omp_wait_policy=env.get("MEMBOUND_ENGINE_OMP_WAIT_POLICY", ""),
                    user_think_s=env.get("MEMBOUND_USER_THINK_S", ""),
+                   prefix_cache=env.get("MEMBOUND_PREFIX_CACHE", "1") != "0",
                    llama_server=env.get("MEMBOUND_LLAMA_SERVER", ""),
                    llama_batched_bench=env.get("MEMBOUND_LLAMA_BATCHED_BENCH", ""),
                    llama_bench=env.get("MEMBOUND_LLAMA_BENCH", ""),

@@ -1010,6 +1010,10 @@
         <translation>desalojadas {n}</translation>
     </message>
     <message>
+        <source>prefix cache {pct}%</source>
+        <translation>caché de prefijos {pct} %</translation>
+    </message>
+    <message>
         <source>tokens/s</source>
         <translation>tokens/s</translation>
     </message>

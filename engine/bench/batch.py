@@ -194,12 +194,17 @@ class MixedResult:
     mean_batch: float
     preemptions: int
     drain_s: float  # from the last request's arrival to the end of the run
+    prompt_tokens: int = 0  # the requests' prompts together
+    reused_tokens: int = 0  # of them, taken from earlier requests' prompts (engine/serving/prefix_store.py)
 
 
 def run_mixed(model, hardware, dtype: str, policy: str, n_users: int, n_requests: int, workload: Workload,
               attention: str = "flash", seed: int = 0, num_blocks: int | None = None,
-              token_budget: int | None = None, chunk_size: int | None = 128) -> MixedResult:
+              token_budget: int | None = None, chunk_size: int | None = 128,
+              prefix_bytes: int | None = None) -> MixedResult:
     """Closed loop: each user sends its next request when the last one ends (after think time).
+    `prefix_bytes` None: the app's room for prompts kept across requests (server.py prefix_store_bytes;
+    none under MEMBOUND_PREFIX_CACHE=0); 0: none.
     `token_budget` None: what the app's serving plans (engine/serving/server.py): on a CPU within the
     C++ step's rows where it runs (cpu_token_budget), else 256; prompt chunks no longer than that."""
     if token_budget is None:
@@ -209,8 +214,13 @@ def run_mixed(model, hardware, dtype: str, policy: str, n_users: int, n_requests
     longest = (max(map(len, workload.prompts)) if workload.prompt_lens is None else workload.prompt_lens[1]) \
         + workload.output_lens[1]
     num_blocks = num_blocks or n_users * -(-longest // BLOCK_SIZE)
+    if prefix_bytes is None:
+        from engine.options import EngineOptions
+        from engine.serving.server import kv_budget_bytes, prefix_store_bytes
+        prefix_bytes = prefix_store_bytes(kv_budget_bytes(str(model.device), getattr(hardware, "memory_total_bytes", None))) \
+            if EngineOptions.from_environ().prefix_cache else 0
     runner = _runner(model, hardware, dtype, num_blocks, max_batch_size=n_users, token_budget=token_budget,
-                     policy=policy, chunk_size=chunk_size, attention=attention)
+                     policy=policy, chunk_size=chunk_size, attention=attention, prefix_bytes=prefix_bytes)
     users = SimulatedUsers(n_users, workload, seed=seed, max_requests=n_requests, start_s=time.perf_counter())
     done, batches = [], []
     t0 = time.perf_counter()
@@ -234,7 +244,9 @@ def run_mixed(model, hardware, dtype: str, policy: str, n_users: int, n_requests
                        p90_ttft_s=ttfts[min(len(ttfts) - 1, int(0.9 * len(ttfts)))],
                        median_itl_s=statistics.median(gaps) if gaps else float("nan"),
                        mean_batch=statistics.fmean(batches), preemptions=runner.scheduler.num_preemptions,
-                       drain_s=t0 + wall_s - max(r.arrival_s for r in done))
+                       drain_s=t0 + wall_s - max(r.arrival_s for r in done),
+                       prompt_tokens=sum(len(r.prompt_ids) for r in done),
+                       reused_tokens=sum(r.num_reused_tokens for r in done))
 
 
 def format_batch_table(points: list[BatchPoint], ridge: float, single_stream: dict | None = None,
@@ -294,6 +306,7 @@ def format_mixed_table(results: list[MixedResult]) -> str:
         ("wall time", lambda r: f"{r.wall_s:,.1f} s"),
         ("last arrival → end", lambda r: f"{r.drain_s:,.1f} s"),
         ("requests / tokens", lambda r: f"{r.requests} / {r.output_tokens}"),
+        ("prompt tokens reused", lambda r: f"{r.reused_tokens} / {r.prompt_tokens}"),
     ]
     lines = side_by_side("", [r.policy for r in results], rows_of(results, rows), 20, 14)
     if len(results) == 2 and results[1].aggregate_tokens_per_s:

@@ -21,7 +21,8 @@ from engine.metrics import KVCopy, measured, plan_cost, weight_rows
 from engine.model import cpu_step
 from engine.model.attention import attend
 from engine.model.transformer import Transformer
-from engine.serving.scheduler import ScheduledSeq, Scheduler
+from engine.serving.prefix_store import PrefixStore
+from engine.serving.scheduler import Request, ScheduledSeq, Scheduler
 
 PYTORCH_ROWS_LABEL = "PyTorch's batched step"  # decode rows through the forward below (GPU, or no C++ step)
 
@@ -201,7 +202,8 @@ class BatchRunner:
     def __init__(self, model: Transformer, num_blocks: int, block_size: int = 16, *, max_batch_size: int = 8,
                  token_budget: int = 512, policy: str = "continuous", chunk_size: int | None = None,
                  attention: str = "flash", roof: Roof | None = None, peak_bandwidth_bps: float = float("nan"),
-                 peak_flops: float = float("nan"), sample=None, settings_label: str = ""):
+                 peak_flops: float = float("nan"), sample=None, settings_label: str = "",
+                 prefix_bytes: int = 0):
         self.model = model
         self.cache = PagedKVCache(model.cfg, num_blocks=num_blocks, block_size=block_size, dtype=model.dtype,
                                   device=model.device)
@@ -214,8 +216,49 @@ class BatchRunner:
         self.settings_label = settings_label
         self.step_count = 0
         self._elem_bytes = model.embed.element_size()
+        # prompts' K/V kept for later requests that start the same way (engine/serving/prefix_store.py);
+        # the person's conversation keeps its own (Request.retain_kv), so only other requests use it
+        self.prefixes = PrefixStore(prefix_bytes) if prefix_bytes > 0 else None
+        self._looked_up: set[tuple[int, int]] = set()  # (request id, its pre-emptions) already offered one
+
+    @torch.inference_mode()
+    def take_computed(self, request: Request, k: torch.Tensor, v: torch.Tensor) -> int:
+        """K/V (L, n_kv, n, hd) of the request's first n tokens, computed elsewhere, into the pool
+        where it has room; returns the tokens it now holds that way (0: it computes them)."""
+        start = self.scheduler.take_computed(request, k.shape[2])
+        if start is None:
+            return 0
+        end = request.num_computed_tokens
+        self.cache.write(request.request_id, start, k[:, :, start:end], v[:, :, start:end])
+        return end
+
+    def _offer_prefixes(self) -> None:
+        """Each newly waiting request (a pre-empted one again) takes the longest stored prefix of its prompt."""
+        if len(self._looked_up) > 4 * len(self.scheduler.requests) + 64:  # (cancelled while waiting)
+            self._looked_up = {key for key in self._looked_up if key[0] in self.scheduler.requests}
+        for req in self.scheduler.waiting:
+            key = (req.request_id, req.num_preemptions)
+            if req.retain_kv or req.num_computed_tokens or key in self._looked_up:
+                continue
+            self._looked_up.add(key)
+            kv = self.prefixes.lookup(req)
+            if kv is not None:
+                self.prefixes.taken(self.take_computed(req, *kv))
+
+    def _keep_prompts(self, plan) -> None:
+        """The prompts this step completed, into the store (copied out of the pool)."""
+        for s in plan.seqs:
+            req = self.scheduler.requests.get(s.request_id)
+            if req is None or req.retain_kv or req.is_finished or not s.is_prefill:
+                continue
+            self._looked_up.discard((req.request_id, req.num_preemptions))
+            n = len(req.prompt_ids)
+            if req.num_computed_tokens >= n and not self.prefixes.has(req.prompt_ids):
+                self.prefixes.put(req.prompt_ids, *self.cache.prefix(n, seq=req.request_id))
 
     def step(self):
+        if self.prefixes is not None:
+            self._offer_prefixes()
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return plan, {}, None
@@ -230,6 +273,8 @@ class BatchRunner:
         step_s = time.perf_counter() - t0
         sampled = dict(zip(ids, tokens))
         self.scheduler.update_from_output(plan, sampled)
+        if self.prefixes is not None:
+            self._keep_prompts(plan)
         cpp = moved.pop("cpp_step", False)  # the C++ step: no dequantised copy (engine/metrics.py weight_rows)
         weight_bytes = self.model.linear_weight_bytes(rows=weight_rows(plan.total_num_scheduled_tokens, cpp),
                                                       head_rows=weight_rows(sum(s.samples for s in plan.seqs), cpp))
@@ -249,4 +294,6 @@ class BatchRunner:
         A dtype change needs a new pool (engine/serving/server.py re-queues everything to recompute)."""
         if model.dtype != self.cache.k.dtype:
             raise ValueError(f"the KV pool is {self.cache.k.dtype}, the model {model.dtype}: make a new runner")
+        if model is not self.model and self.prefixes is not None:
+            self.prefixes.clear()  # what new requests take must be what these weights compute
         self.model = model

@@ -18,8 +18,9 @@ class BatchLifecycle:
     be set before the first server is made (tests, the bench); `on_request` is handed to each one."""
 
     def __init__(self, cfg: ModelConfig, tokenizer, device: str, memory_total_bytes: int | None,
-                 think_s: tuple[float, float] = USER_THINK_S):
+                 think_s: tuple[float, float] = USER_THINK_S, prefix_cache: bool = True):
         self.cfg = cfg
+        self.prefix_cache = prefix_cache  # the users' prompts kept across requests (EngineOptions.prefix_cache)
         self.think_s = think_s  # the users' think time between requests (EngineOptions.user_think_s)
         self.tokenizer = tokenizer
         self.device = device
@@ -54,7 +55,8 @@ class BatchLifecycle:
             self.server = BatchServer(
                 model, self.workload(), users=s.users, policy=s.policy, attention=s.attention,
                 budget_bytes=self.pool_budget(), roof=roof, settings_label=batch_label(s),
-                first_user_id=self.next_user_id, seed=self.next_user_id, on_request=self.on_request)
+                first_user_id=self.next_user_id, seed=self.next_user_id, on_request=self.on_request,
+                prefix_cache=self.prefix_cache)
         return self.server
 
     def step(self, step_index: int):

@@ -47,6 +47,12 @@ def kv_budget_bytes(device: str, memory_total_bytes: int | None) -> int:
     return min(1 << 30, ram // 8)
 
 
+def prefix_store_bytes(budget_bytes: int) -> int:
+    """Room for the users' prompts' K/V kept across requests (engine/serving/prefix_store.py): an
+    eighth of the pool's budget, beside it."""
+    return budget_bytes // 8
+
+
 def pool_size(cfg: ModelConfig, kv_elem_bytes: int, per_user_tokens: int, budget_bytes: int,
               block_size: int = DEFAULT_BLOCK_SIZE) -> tuple[int, int]:
     """(blocks, users): the person's whole context plus as many users' longest requests as the
@@ -137,8 +143,9 @@ class BatchServer:
                  budget_bytes: int, roof: Roof, settings_label: str = "",
                  first_user_id: int = 1_000_000, seed: int = 0,
                  on_request: Callable[[str, Request], None] | None = None,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, prefix_cache: bool = True):
         self.workload = workload
+        self.prefix_cache = prefix_cache  # users' prompts kept across requests (engine/serving/prefix_store.py)
         self.budget_bytes = budget_bytes
         self.on_request = on_request  # ("submitted" | "finished", request): tests account for every request
         self.clock = clock  # the scheduler's too: arrivals, token times, windows
@@ -150,6 +157,7 @@ class BatchServer:
         self._preempted_before = 0  # pre-emptions counted by runners replaced since
         self.finished_total = 0
         self.cancelled_total = 0
+        self._prompt_tokens = self._prefix_hit_tokens = 0  # users' finished requests (prefix_hit_pct)
         self._window: deque[tuple[float, float, int]] = deque()  # (step start, step end, tokens sampled)
         self._recent: deque[tuple[float, list[float]]] = deque(maxlen=STATS_FINISHED)  # (ttft, gaps)
         self._latency: tuple[float, float, float, float] = (float("nan"),) * 4
@@ -164,7 +172,8 @@ class BatchServer:
         budget = 2048 if gpu else cpu_token_budget(model)
         runner = BatchRunner(model, num_blocks, DEFAULT_BLOCK_SIZE, max_batch_size=MAX_USERS + 1,
                              token_budget=budget, chunk_size=512 if gpu else min(128, budget), policy=policy,
-                             attention=attention, roof=roof, sample=self._sampler, settings_label=settings_label)
+                             attention=attention, roof=roof, sample=self._sampler, settings_label=settings_label,
+                             prefix_bytes=prefix_store_bytes(self.budget_bytes) if self.prefix_cache else 0)
         self._sampler.scheduler = runner.scheduler
         runner.scheduler.clock = self.clock
         return runner
@@ -233,16 +242,10 @@ class BatchServer:
         if self.on_request:
             self.on_request("submitted", request)
 
-    @torch.inference_mode()
     def _take_computed(self, request: Request, k: torch.Tensor, v: torch.Tensor) -> bool:
         """K/V (L, n_kv, n, hd) of the request's first n tokens, computed elsewhere, into the pool
         where it has room (False: it computes them)."""
-        start = self.runner.scheduler.take_computed(request, k.shape[2])
-        if start is None:
-            return False
-        end = request.num_computed_tokens
-        self.runner.cache.write(request.request_id, start, k[:, :, start:end], v[:, :, start:end])
-        return True
+        return self.runner.take_computed(request, k, v) > 0
 
     def retained_kv(self):
         """(ids, K, V (L, n_kv, n, hd)) of the person's last turn kept in the pool, or None."""
@@ -312,6 +315,9 @@ class BatchServer:
                 self.cancelled_total += 1
             else:
                 self.finished_total += 1
+                if not req.retain_kv:  # a user's (the person's conversation keeps its own prefix)
+                    self._prompt_tokens += len(req.prompt_ids)
+                    self._prefix_hit_tokens += req.num_reused_tokens
                 if req.first_token_s is not None:
                     times = req.token_times_s
                     self._recent.append((req.ttft_s, [b - a for a, b in zip(times, times[1:])]))
@@ -353,7 +359,9 @@ class BatchServer:
             ttft_p50_s=self._latency[0], ttft_p95_s=self._latency[1], itl_p50_s=self._latency[2],
             itl_p95_s=self._latency[3], preempted_total=self.preempted_total, finished_total=self.finished_total,
             cancelled_total=self.cancelled_total, kv_blocks_used=pool.num_used, kv_blocks_total=pool.num_blocks,
-            person_in_batch=person is not None and person.request in sched.running)
+            person_in_batch=person is not None and person.request in sched.running,
+            prefix_hit_pct=100 * self._prefix_hit_tokens / self._prompt_tokens
+            if self._prompt_tokens and self.prefix_cache else float("nan"))
 
     @property
     def preempted_total(self) -> int:

@@ -39,6 +39,9 @@ def test_users_are_served_between_replies_and_the_panel_draws_them(make_window, 
     # every second (with the app's 0.2-1.5 s against a tiny model's millisecond replies they were rare
     # enough that once no step of the last 50 was one for 30 s: a failed fresh-clone run)
     monkeypatch.setenv("MEMBOUND_USER_THINK_S", "0,0.05")
+    # every prompt computed whole: with the users' prompts kept across requests (engine/serving/prefix_store.py)
+    # a repeated one computes its last token only, a decode-shaped row, and "mixed" steps end within seconds
+    monkeypatch.setenv("MEMBOUND_PREFIX_CACHE", "0")
     window = make_window(max_new_tokens=8)
     window.view.show_seed_table(True)
     slider = users_slider(window)
@@ -56,6 +59,7 @@ def test_users_are_served_between_replies_and_the_panel_draws_them(make_window, 
     x, y = window.serving_panel.running_item.getData()
     assert len(x) == len(serving) and x[-1] == 0.0
     assert "batching" in window.serving_panel.readout.text() and "TTFT p50" in window.serving_panel.readout.text()
+    assert "prefix cache" not in window.serving_panel.readout.text()  # (off: nothing to say)
     # the two short plots label 0 and their top only (their own ticks overlapped at projector fonts)
     for plot in (window.serving_panel.rate_plot, window.serving_panel.seq_plot):
         ticks = plot.getAxis("left")._tickLevels
@@ -93,6 +97,11 @@ def test_the_person_reply_streams_beside_the_users(make_window, qtbot, monkeypat
     qtbot.waitUntil(lambda: window.data.serving.total > total + 5, timeout=30_000)  # the users go on
     assert int(window.data.reply_mask().sum()) == in_reply  # their later steps are not the reply's
     assert window.data.steps.last("t_s") > window.data.reply_t1
+    # the users' prompts repeat (24 bundled ones): their share taken from the prefix cache reaches the panel
+    hits = window.data.serving.column("prefix_hit_pct")
+    assert np.isfinite(hits).any() and np.nanmax(hits) > 0
+    window.side_tabs.setCurrentWidget(window.serving_panel)
+    assert window.serving_panel.refresh(force=True) and "prefix cache" in window.serving_panel.readout.text()
 
 
 def test_the_policy_switch_reaches_the_engine_and_is_annotated(make_window, qtbot):
@@ -127,3 +136,11 @@ def test_closing_while_serving_leaves_nothing_running(make_window, qtbot):
     qtbot.waitUntil(lambda: window.data.serving.total > 3, timeout=30_000)
     window.close()
     assert not window.worker.isRunning()
+
+
+def test_the_readout_says_what_share_of_the_users_prompts_the_prefix_cache_gave():
+    from app.serving_panel import latency_readout
+    row = {"ttft_p50_s": 0.12, "ttft_p95_s": 0.48, "itl_p50_s": 0.035, "itl_p95_s": 0.06, "preempted": 2.0}
+    assert latency_readout(row).endswith("pre-empted 2")
+    assert latency_readout({**row, "prefix_hit_pct": float("nan")}).endswith("pre-empted 2")
+    assert latency_readout({**row, "prefix_hit_pct": 86.4}).endswith("pre-empted 2   prefix cache 86%")
