@@ -253,7 +253,7 @@ class BatchRunner:
                 continue
             self._looked_up.discard((req.request_id, req.num_preemptions))
             n = len(req.prompt_ids)
-            if req.num_computed_tokens >= n and not self.prefixes.has(req.prompt_ids):
+            if req.num_computed_tokens >= n and not self.prefixes.covers(req.prompt_ids):
                 self.prefixes.put(req.prompt_ids, *self.cache.prefix(n, seq=req.request_id))
 
     def step(self):

@@ -60,21 +60,27 @@ class PrefixStore:
             self.hits += 1
             self.reused_tokens += n
 
-    def has(self, ids: list[int]) -> bool:
-        key = tuple(ids)
-        if key in self._kv:
+    def covers(self, ids: list[int]) -> bool:
+        """A stored prompt starts with all of `ids` (touched: it is in use)."""
+        key, n = self.longest(ids)
+        if key is not None and n == len(ids):
             self._kv.move_to_end(key)
             return True
         return False
 
     def put(self, ids: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
-        """Keep a computed prompt's K/V (L, n_kv, len(ids), hd), owned here (copies, not views of the pool)."""
-        key = tuple(ids)
+        """Keep a computed prompt's K/V (L, n_kv, len(ids), hd), owned here (copies, not views of the pool).
+        A prompt another one starts with is not kept twice: the longer holds both."""
         size = k.numel() * k.element_size() + v.numel() * v.element_size()
-        if key in self._kv or size > self.max_bytes:
+        if size > self.max_bytes or self.covers(ids):
             return
-        self._kv[key] = (k, v)
+        for key in [key for key in self._kv if len(key) < len(ids) and common_prefix(list(key), ids) == len(key)]:
+            self._drop(key)
+        self._kv[tuple(ids)] = (k, v)
         self.bytes += size
         while self.bytes > self.max_bytes or len(self._kv) > self.max_prompts:
-            _, (ok, ov) = self._kv.popitem(last=False)
-            self.bytes -= ok.numel() * ok.element_size() + ov.numel() * ov.element_size()
+            self._drop(next(iter(self._kv)))  # the least recently used
+
+    def _drop(self, key: tuple[int, ...]) -> None:
+        k, v = self._kv.pop(key)
+        self.bytes -= k.numel() * k.element_size() + v.numel() * v.element_size()

@@ -121,6 +121,10 @@ def test_the_store_keeps_to_its_bytes_least_recently_used_first():
     assert store.lookup(Request(2, [1, 5], 1)) is None  # one shared token: not worth it
     store.put(list(range(100)), *kv(100))  # larger than the store: not kept
     assert len(store) == 2
+    store.put([7, 7, 7], *kv(3))  # a prompt a stored one starts with: held by it
+    assert len(store) == 2 and store.bytes == 64 * 14 and store.covers([7, 7, 7])
+    store.put([7, 7, 7, 7, 7, 7, 7, 7, 7, 7], *kv(10))  # one that starts with a stored one: replaces it
+    assert len(store) == 2 and store.bytes == 64 * 18 and store.longest([7] * 12)[1] == 10
     small = PrefixStore(max_bytes=1 << 20, max_prompts=2)
     for i in range(3):
         small.put([i] * 4, *kv(4))
