@@ -69,7 +69,9 @@ def naive_mask_bytes(mask_rows: int, queries: int, keys: int) -> int:
 class KVCopy:
     """K/V positions a step copies out of the paged pool into a dense buffer, per layer (K and V
     alike): batched decode rows gathered on a CPU (whole blocks, the longest row's width), or a
-    sequence whose blocks are not consecutive (PagedKV.dense: a zeroed buffer, filled)."""
+    sequence whose blocks are not consecutive (PagedKV.dense: a zeroed buffer, filled). Also the
+    prompt prefixes a batched step's requests took from the users' prefix cache (read from it, written
+    into the pool: engine/serving/prefix_store.py)."""
     read: int = 0  # positions read from the pool beyond the live ones the KV charge counts (padding)
     written: int = 0  # positions written into the copy (its zeros included)
     read_back: int = 0  # positions attention reads back from it

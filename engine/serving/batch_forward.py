@@ -220,6 +220,8 @@ class BatchRunner:
         # the person's conversation keeps its own (Request.retain_kv), so only other requests use it
         self.prefixes = PrefixStore(prefix_bytes) if prefix_bytes > 0 else None
         self._looked_up: set[tuple[int, int]] = set()  # (request id, its pre-emptions) already offered one
+        # positions copied in from the store and the seconds it took, charged to the next step that runs
+        self._copied = (0, 0.0)
 
     @torch.inference_mode()
     def take_computed(self, request: Request, k: torch.Tensor, v: torch.Tensor) -> int:
@@ -243,7 +245,13 @@ class BatchRunner:
             self._looked_up.add(key)
             kv = self.prefixes.lookup(req)
             if kv is not None:
-                self.prefixes.taken(self.take_computed(req, *kv))
+                t0 = time.perf_counter()
+                n = self.take_computed(req, *kv)
+                if self.model.device.type == "cuda":
+                    torch.cuda.synchronize()
+                self.prefixes.taken(n)
+                positions, seconds = self._copied
+                self._copied = (positions + n, seconds + time.perf_counter() - t0)
 
     def _keep_prompts(self, plan) -> None:
         """The prompts this step completed, into the store (copied out of the pool)."""
@@ -271,6 +279,11 @@ class BatchRunner:
             tokens = self.sample(logits).tolist() if ids else []
         sync()
         step_s = time.perf_counter() - t0
+        if self._copied[0]:  # the prefixes copied in for this plan: their time and bytes are the step's
+            positions, seconds = self._copied
+            step_s += seconds
+            moved["kv_copy"] = moved.get("kv_copy", KVCopy()) + KVCopy(read=positions, written=positions)
+            self._copied = (0, 0.0)
         sampled = dict(zip(ids, tokens))
         self.scheduler.update_from_output(plan, sampled)
         if self.prefixes is not None:

@@ -159,3 +159,16 @@ def test_with_the_cache_off_every_prompt_is_computed_and_the_stats_say_nothing()
     finished = [r for what, r in seen if what == "finished"]
     assert len(finished) > 2 and not any(r.num_reused_tokens for r in finished)
     assert server.runner.prefixes is None and stats[-1].prefix_hit_pct != stats[-1].prefix_hit_pct
+
+
+def test_the_step_after_a_prefix_is_taken_counts_its_copy(model):
+    """The copy into the pool is work the step's figures carry: its bytes (read and written) and its time."""
+    from engine.metrics import KVCopy
+    runner = BatchRunner(model, 64, 4, max_batch_size=4, token_budget=64, prefix_bytes=1 << 20)
+    serve(runner, [Request(1, list(P), 3)])
+    runner.scheduler.add_request(Request(2, list(P), 3))
+    plan, _, m = runner.step()
+    per_token = CFG.kv_bytes_per_token_per_elem * 4
+    assert m.tokens_in == 1 and m.copy_bytes == KVCopy(read=12, written=12).bytes(CFG, 4) == 24 * per_token
+    _, _, after = runner.step()  # the next step copies nothing
+    assert after.copy_bytes == 0
