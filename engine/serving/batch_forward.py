@@ -20,6 +20,7 @@ from engine.hardware.spec import dtype_name
 from engine.metrics import KVCopy, measured, plan_cost, weight_rows
 from engine.model import cpu_step
 from engine.model.attention import attend
+from engine.model.sampling import greedy
 from engine.model.transformer import Transformer
 from engine.serving.prefix_store import PrefixStore
 from engine.serving.scheduler import Request, ScheduledSeq, Scheduler
@@ -212,7 +213,7 @@ class BatchRunner:
         self.attention = attention
         # the roof its steps are measured against (engine/hardware/roof.py); bare peaks for the bench's runners
         self.roof = roof if roof is not None else Roof(peak_bandwidth_bps, {"fp32": peak_flops})
-        self.sample = sample or (lambda logits: logits.argmax(dim=-1))
+        self.sample = sample or greedy  # (engine/model/sampling.py: numpy's argmax on a CPU)
         self.settings_label = settings_label
         self.step_count = 0
         self._elem_bytes = model.embed.element_size()

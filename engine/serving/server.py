@@ -23,7 +23,7 @@ from engine.kv.cache import DEFAULT_BLOCK_SIZE
 from engine.hardware.roof import Roof
 from engine.metrics import StepMetrics
 from engine.model.config import ModelConfig
-from engine.model.sampling import mask_tokens, sample
+from engine.model.sampling import greedy, mask_tokens, sample
 from engine.model.transformer import Transformer
 from engine.serving.batch_forward import BatchRunner
 from engine.serving.scheduler import Request, RequestState, common_prefix
@@ -124,12 +124,12 @@ class _Sampler:
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         person = self.person
         if person is None or (person.sampling.is_greedy and not person.masked):
-            return logits.argmax(dim=-1)
+            return greedy(logits)
         rows = [s.request_id for s in self.scheduler.in_flight.seqs if s.samples]  # logits rows, plan order
         i = rows.index(person.request.request_id) if person.request.request_id in rows else None
         if i is not None:
             mask_tokens(logits[i], person.masked)
-        tokens = logits.argmax(dim=-1)
+        tokens = greedy(logits)
         if i is not None and not person.sampling.is_greedy:
             tokens[i] = sample(logits[i:i + 1], person.sampling, person.generator)[0]
         return tokens

@@ -18,7 +18,7 @@ from engine.kv.cache import ContiguousKVCache
 from engine.hardware.roof import Roof
 from engine.hardware.spec import dtype_name
 from engine.metrics import StepCost, StepMetrics, measured, step_cost, sum_costs
-from engine.model.sampling import mask_tokens, probabilities
+from engine.model.sampling import greedy, mask_tokens, probabilities
 from engine.model.transformer import Transformer
 from engine.serving.scheduler import common_prefix
 from engine.settings import DRAFT_GROUP_SIZE, EngineError, SamplingParams
@@ -42,7 +42,7 @@ def verify(logits: torch.Tensor, draft: Draft, sampling: SamplingParams,
     correction at the first rejection, or the bonus when all k are accepted)."""
     k = len(draft.tokens)
     if sampling.is_greedy:  # accept while the guess is the target's argmax
-        target = logits.argmax(dim=-1).tolist()
+        target = greedy(logits).tolist()
         n = 0
         while n < k and draft.tokens[n] == target[n]:
             n += 1
