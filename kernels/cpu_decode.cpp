@@ -11,9 +11,9 @@
 // a block of rows is applied to every token row while it is in registers or L1/L2.
 //
 // Vector levels, chosen by the compiler's target (reported by `membound_isa`): AVX-512 (bf16 dot
-// products where __AVX512BF16__, INT4 by vpdpbusd where __AVX512VNNI__), AVX2 + FMA + F16C, NEON on
-// aarch64 (BFDOT where __ARM_FEATURE_BF16, SDOT where __ARM_FEATURE_DOTPROD) and scalar, the
-// reference of last resort.
+// products where __AVX512BF16__, INT4 by vpdpbusd where __AVX512VNNI__), AVX2 + FMA + F16C (INT4 by
+// vpmaddubsw against int8 input codes), NEON on aarch64 (BFDOT where __ARM_FEATURE_BF16, SDOT where
+// __ARM_FEATURE_DOTPROD) and scalar, the reference of last resort.
 // One loop body per operation over the mapping layer below (vector width, loads of fp32 / bf16 /
 // int8 / fp16, FMA, sums, tails); the quantised dot products that need their own intrinsics sit in
 // per-architecture blocks beside the generic version.
@@ -448,7 +448,7 @@ static int input_rounding(int64_t fmt) {
 #elif defined(HAVE_BF16_DOT)
       return X_BF16;
 #elif defined(LEVEL_AVX512) || defined(LEVEL_AVX2)
-      return X_INT16;
+      return X_INT8;
 #elif defined(HAVE_SDOT)
       return X_INT8;
 #else
@@ -513,8 +513,7 @@ static void round_bf16_row(const float *x, int64_t k, int64_t group, uint16_t *x
 
 // codes per group of `group` inputs (the last group may be shorter), W inputs a vector: each group's
 // scale max|x| / 32767 in xqs and, with xsum, the sum of its exact inputs (in the vector's order: the
-// same for one row or many). INT4's at AVX2 and at AVX-512 without VNNI (a scalar loop took ~1 us a
-// product a thread there: a tenth of a step's INT4 products); INT8's, groups of I8_GROUP
+// same for one row or many): INT8's, groups of I8_GROUP (a scalar loop took ~1 us a product a thread)
 static void quantise_i16_groups(const float *x, int64_t k, int64_t group, int16_t *xq, float *xqs, float *xsum) {
   const V sign = vset1(-0.0f);
   for (int64_t j0 = 0, g = 0; j0 < k; j0 += group, g++) {
@@ -584,6 +583,40 @@ static void quantise_int4_inputs(const float *x, int64_t k, int64_t group, int8_
 }
 #endif
 
+#if !defined(HAVE_VNNI) && !defined(HAVE_BF16_DOT) && (defined(LEVEL_AVX512) || defined(LEVEL_AVX2))
+// INT4's inputs for vpmaddubsw (AVX2, and AVX-512 without VNNI): per group, int8 codes c = x * 127 /
+// max|x| rounded to nearest even (as quantise_groups rounds them), each octet's in the order of a tile
+// word's low nibbles (inputs 0, 4, 1, 5) then its high nibbles (2, 6, 3, 7); the scale max|x| / 127 in
+// xqs, the group's sum of the exact inputs in xsum (eight lanes, then across them: the same for one
+// row or many)
+static void quantise_int4_octets(const float *x, int64_t k, int64_t group, int8_t *xq, float *xqs, float *xsum) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m128i order = _mm_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+  for (int64_t g = 0; g * group < k; g++) {
+    const int64_t j0 = g * group;
+    __m256 mx = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < group; j += 8) {  // (a group is whole octets)
+      const __m256 v = _mm256_loadu_ps(x + j0 + j);
+      mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v));
+      sum = _mm256_add_ps(sum, v);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float top = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    xsum[g] = _mm_cvtss_f32(_mm_add_ss(s4, _mm_movehdup_ps(s4)));
+    xqs[g] = top / 127.0f;
+    const __m256 inv = _mm256_set1_ps(top > 0 ? 127.0f / top : 0.0f);
+    for (int64_t j = 0; j < group; j += 8) {
+      const __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j0 + j), inv));  // |c| <= 127
+      const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+      _mm_storel_epi64((__m128i *)(xq + j0 + j), _mm_shuffle_epi8(_mm_packs_epi16(w, w), order));
+    }
+  }
+}
+#endif
+
 static void prepare(struct In *in, const struct Mat *m) {
   const int rounding = input_rounding(m->fmt);
   const int64_t k = m->k, ls = sums_ld(in->ld);
@@ -611,9 +644,9 @@ static void prepare(struct In *in, const struct Mat *m) {
 #if defined(HAVE_VNNI)
     } else if (rounding == X_INT16 && m->fmt == INT4) {
       quantise_int4_inputs(x, k, m->group, (int8_t *)(in->xq + r * in->ld), in->ld, in->xqs + r * ls, in->xsum + r * ls);
-#elif defined(LEVEL_AVX512) || defined(LEVEL_AVX2)
-    } else if (rounding == X_INT16 && m->fmt == INT4) {
-      quantise_i16_groups(x, k, m->group, in->xq + r * in->ld, in->xqs + r * ls, in->xsum + r * ls);
+#elif !defined(HAVE_BF16_DOT) && (defined(LEVEL_AVX512) || defined(LEVEL_AVX2))
+    } else if (rounding == X_INT8 && m->fmt == INT4) {
+      quantise_int4_octets(x, k, m->group, (int8_t *)(in->xq + r * in->ld), in->xqs + r * ls, in->xsum + r * ls);
 #endif
     } else if (rounding == X_INT16) {
       quantise_groups(x, k, m->group, 16, in->xq + r * in->ld, in->xqs + r * ls, in->xsum + r * ls);
@@ -1332,61 +1365,71 @@ static inline void int4_tile(const uint8_t *p, int64_t groups, int64_t octets, c
 }
 
 #elif defined(LEVEL_AVX512) || defined(LEVEL_AVX2)
-// The words' nibble pairs (input 2a, input 2a + 1) masked into the two int16 halves of each lane and
-// multiplied by the token row's int16 codes of the same pair (vpmaddwd): exact integer sums per
-// group, scaled once. Eight rows a 256-bit vector, two per tile.
+// vpmaddubsw: each row's word split into its low nibbles (inputs 0, 4, 1, 5 in bytes 0..3) and high
+// nibbles (2, 6, 3, 7), unsigned bytes against the token row's int8 codes in that order
+// (quantise_int4_octets), adjacent products summed into int16: at most 2 x 15 x 127 = 3810 a lane
+// and instruction, so the int16 sums of INT4_OCTETS_16 octets (|s| <= 30480) cannot saturate; then
+// widened by vpmaddwd with ones, converted and scaled. Half the instructions an octet of the int16
+// codes by vpmaddwd it replaced. Eight rows a 256-bit vector, two per tile.
+#define INT4_OCTETS_16 4
 template <int G>
 static inline void int4_group(const uint8_t *p, int64_t octets, const struct In *in, int64_t t0, int64_t g,
                               int64_t group, const uint16_t *st, const uint16_t *mt, float *acc, const __m256i *unpacked) {
-  const __m256i low4 = _mm256_set1_epi32(0x000F000F);
-  __m256i s[G][2];
-  for (int r = 0; r < G; r++) s[r][0] = s[r][1] = _mm256_setzero_si256();
-  for (int64_t j = 0; j < octets; j++) {
-    for (int h = 0; h < 2; h++) {
-      __m256i c[4];
-      if (unpacked) {
-        for (int a = 0; a < 4; a++) c[a] = unpacked[8 * j + 4 * h + a];
-      } else {
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 64 * j + 32 * h));
-        if (h == 0) prefetch_l1(p + 64 * j + INT4_AHEAD);
-        c[0] = _mm256_and_si256(v, low4);
-        c[1] = _mm256_and_si256(_mm256_srli_epi32(v, 4), low4);
-        c[2] = _mm256_and_si256(_mm256_srli_epi32(v, 8), low4);
-        c[3] = _mm256_and_si256(_mm256_srli_epi32(v, 12), low4);
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const int64_t ls = sums_ld(in->ld);
+  for (int64_t j0 = 0; j0 < octets; j0 += INT4_OCTETS_16) {
+    const int64_t j1 = j0 + INT4_OCTETS_16 < octets ? j0 + INT4_OCTETS_16 : octets;
+    __m256i s[G][2];
+    for (int r = 0; r < G; r++) s[r][0] = s[r][1] = _mm256_setzero_si256();
+    for (int64_t j = j0; j < j1; j++) {
+      for (int h = 0; h < 2; h++) {
+        __m256i cl, ch;
+        if (unpacked) {
+          cl = unpacked[4 * j + 2 * h], ch = unpacked[4 * j + 2 * h + 1];
+        } else {
+          const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 64 * j + 32 * h));
+          if (h == 0) prefetch_l1(p + 64 * j + INT4_AHEAD);
+          cl = _mm256_and_si256(v, low4);
+          ch = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        }
+        for (int r = 0; r < G; r++) {
+          const int32_t *xp = (const int32_t *)((const int8_t *)(in->xq + (t0 + r) * in->ld) + g * group) + 2 * j;
+          const __m256i a = _mm256_maddubs_epi16(cl, _mm256_set1_epi32(xp[0]));
+          s[r][h] = _mm256_add_epi16(s[r][h], _mm256_add_epi16(a, _mm256_maddubs_epi16(ch, _mm256_set1_epi32(xp[1]))));
+        }
       }
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int h = 0; h < 2; h++) {
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(st + g * 16 + 8 * h)));
       for (int r = 0; r < G; r++) {
-        const int32_t *xp = (const int32_t *)(in->xq + (t0 + r) * in->ld + g * group) + 4 * j;  // int16 pairs
-        __m256i a0 = _mm256_madd_epi16(c[0], _mm256_set1_epi32(xp[0]));
-        __m256i a1 = _mm256_madd_epi16(c[1], _mm256_set1_epi32(xp[1]));
-        a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(c[2], _mm256_set1_epi32(xp[2])));
-        a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(c[3], _mm256_set1_epi32(xp[3])));
-        s[r][h] = _mm256_add_epi32(s[r][h], _mm256_add_epi32(a0, a1));
+        float *ap = acc + (t0 + r) * 16 + 8 * h;
+        const __m256 dx = _mm256_mul_ps(d, _mm256_set1_ps(in->xqs[(t0 + r) * ls + g]));
+        const __m256 sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[r][h], ones));
+        _mm256_storeu_ps(ap, _mm256_fmadd_ps(sum, dx, _mm256_loadu_ps(ap)));
       }
     }
   }
-  const int64_t ls = sums_ld(in->ld);
   for (int h = 0; h < 2; h++) {
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(st + g * 16 + 8 * h)));
     const __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mt + g * 16 + 8 * h)));
     for (int r = 0; r < G; r++) {
       float *ap = acc + (t0 + r) * 16 + 8 * h;
-      const __m256 dx = _mm256_mul_ps(d, _mm256_set1_ps(in->xqs[(t0 + r) * ls + g]));
-      __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r][h]), dx, _mm256_loadu_ps(ap));
-      _mm256_storeu_ps(ap, _mm256_fmadd_ps(mn, _mm256_set1_ps(in->xsum[(t0 + r) * ls + g]), a));
+      _mm256_storeu_ps(ap, _mm256_fmadd_ps(mn, _mm256_set1_ps(in->xsum[(t0 + r) * ls + g]), _mm256_loadu_ps(ap)));
     }
   }
 }
 
 static inline void int4_unpack(const uint8_t *p, int64_t octets, __m256i *out) {
-  const __m256i low4 = _mm256_set1_epi32(0x000F000F);
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
   for (int64_t j = 0; j < octets; j++)
     for (int h = 0; h < 2; h++) {
       const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 64 * j + 32 * h));
-      for (int a = 0; a < 4; a++) out[8 * j + 4 * h + a] = _mm256_and_si256(_mm256_srli_epi32(v, 4 * a), low4);
+      out[4 * j + 2 * h] = _mm256_and_si256(v, low4);
+      out[4 * j + 2 * h + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
     }
 }
 typedef __m256i Unpacked;
-#define UNPACKED_PER_OCTET 8
+#define UNPACKED_PER_OCTET 4
 
 #elif defined(LEVEL_NEON) && defined(HAVE_BF16_DOT)
 // as AVX-512's: code c as the bf16 number 128 + c (one AND and one OR), BFDOT with input pairs;
