@@ -1419,6 +1419,44 @@ static inline void int4_group(const uint8_t *p, int64_t octets, const struct In 
   }
 }
 
+// One token row over a whole tile, its 16 sums in two registers across the groups (int4_group<1>'s
+// operations in its order, so the same bits: its sums went through memory, a store and a load on the
+// chain of every group)
+static inline void int4_row_tile(const uint8_t *p, int64_t groups, int64_t octets, const struct In *in, int64_t group,
+                                 const uint16_t *st, const uint16_t *mt, float *acc) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 a[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t g = 0; g < groups; g++, p += 64 * octets) {
+    const int32_t *xg = (const int32_t *)((const int8_t *)in->xq + g * group);
+    for (int64_t j0 = 0; j0 < octets; j0 += INT4_OCTETS_16) {
+      const int64_t j1 = j0 + INT4_OCTETS_16 < octets ? j0 + INT4_OCTETS_16 : octets;
+      __m256i s[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+      for (int64_t j = j0; j < j1; j++) {
+        prefetch_l1(p + 64 * j + INT4_AHEAD);
+        const __m256i xl = _mm256_set1_epi32(xg[2 * j]), xh = _mm256_set1_epi32(xg[2 * j + 1]);
+        for (int h = 0; h < 2; h++) {
+          const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 64 * j + 32 * h));
+          const __m256i lo = _mm256_maddubs_epi16(_mm256_and_si256(v, low4), xl);
+          const __m256i hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), xh);
+          s[h] = _mm256_add_epi16(s[h], _mm256_add_epi16(lo, hi));
+        }
+      }
+      for (int h = 0; h < 2; h++) {
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(st + g * 16 + 8 * h)));
+        const __m256 dx = _mm256_mul_ps(d, _mm256_set1_ps(in->xqs[g]));
+        a[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s[h], ones)), dx, a[h]);
+      }
+    }
+    for (int h = 0; h < 2; h++) {
+      const __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mt + g * 16 + 8 * h)));
+      a[h] = _mm256_fmadd_ps(mn, _mm256_set1_ps(in->xsum[g]), a[h]);
+    }
+  }
+  _mm256_storeu_ps(acc, a[0]);
+  _mm256_storeu_ps(acc + 8, a[1]);
+}
+#define INT4_ROW_TILE 1
+
 static inline void int4_unpack(const uint8_t *p, int64_t octets, __m256i *out) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   for (int64_t j = 0; j < octets; j++)
@@ -1629,6 +1667,13 @@ static void gemm_int4(const struct Mat *mt, const struct In *in, float *y, int64
       }
     }
 #else
+#if defined(INT4_ROW_TILE)
+    if (m == 1) {
+      int4_row_tile(p, groups, octets, in, group, st, mnt, acc);
+      for (int64_t i = first; i < end; i++) y[t * 16 + i] = acc[i];
+      continue;
+    }
+#endif
     memset(acc, 0, sizeof(float) * 16 * m);
     for (int64_t g = 0; g < groups; g++, p += 64 * octets) {
       const Unpacked *u = NULL;
