@@ -90,6 +90,9 @@ def weight_pages(model) -> dict | None:
 
 
 def _dynamo_graphs() -> int:
+    """torch.compile's graphs so far (none where dynamo was never imported: importing it takes ~1 s)."""
+    if "torch._dynamo" not in sys.modules:
+        return 0
     try:
         from torch._dynamo.utils import counters
         return int(counters["stats"]["unique_graphs"])

@@ -125,3 +125,13 @@ def test_the_bench_keeps_the_one_measured_roof(monkeypatch):
     (same,), line = roof_peak(eng, [result])
     assert same == result and eng.hardware.peak_bandwidth_gbs == start
     assert line.startswith("peak: ") and f"{start:.1f} GB/s" in line
+
+def test_a_timed_region_on_a_cpu_does_not_import_torch_compile():
+    """PathWatch counts torch.compile's graphs only where dynamo is loaded: importing it to read zero
+    cost every bench ~1 s before its first measurement (a fresh process: nothing else loaded it)."""
+    import subprocess
+    import sys
+    code = ("import sys; from engine.bench.record import PathWatch; w = PathWatch(); w.report(); "
+            "assert 'torch._dynamo' not in sys.modules, 'dynamo imported'; assert w.dynamo_graphs == 0")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-800:]
