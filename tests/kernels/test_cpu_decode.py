@@ -230,6 +230,30 @@ def test_each_product_matches_its_reference(isa, fmt, n, k):
 
 
 @pytest.mark.parametrize("isa", LEVELS)
+@pytest.mark.parametrize("group", [64, 128])
+def test_int4_products_at_larger_groups_match_and_give_each_row_its_bits(isa, group):
+    """`--group-size` 64 and 128 (a group's sums are taken in pieces where int16 sums would saturate at
+    AVX2): each product against the reference at the level's input rounding, 1 to 7 token rows, each
+    row's bits the same alone."""
+    lib = cpu_decode.load(isa)
+    layer = Int4Linear.from_weight(torch.randn(37, 512, generator=torch.Generator().manual_seed(group)), group)
+    mat, _keep = c_matrix(layer)
+    rounding = lib.membound_input_rounding(mat.fmt)
+    for m in (1, 3, 7):
+        x = torch.randn(m, 512, generator=torch.Generator().manual_seed(m)) * 3 + 1
+        got = cpu_decode.gemm(lib, mat, x, 2)
+        if rounding == cpu_decode.X_INT8:
+            want = int4_codes_times_rounded(layer, x, rounding)
+        else:
+            xr = x.bfloat16().double() if rounding == cpu_decode.X_BF16 else x.double()
+            want = layer.reference(xr)
+        tol = INT16_TOLERANCE if rounding == cpu_decode.X_INT16 else PRODUCT_TOLERANCE["int4"]
+        assert relative_error(got, want) < tol, f"{lib.isa}, {m} rows: {relative_error(got, want):.1e}"
+        for i in range(m):
+            assert torch.equal(cpu_decode.gemm(lib, mat, x[i:i + 1], 1)[0], got[i]), (lib.isa, m, i)
+
+
+@pytest.mark.parametrize("isa", LEVELS)
 @pytest.mark.parametrize("fmt", list(PRODUCT_TOLERANCE))
 def test_a_token_row_gives_the_same_bits_alone_or_among_others(isa, fmt):
     """Each output is one chain that depends on its weight row and token row only: the rows of a
