@@ -11,8 +11,8 @@
 // a block of rows is applied to every token row while it is in registers or L1/L2.
 //
 // Vector levels, chosen by the compiler's target (reported by `membound_isa`): AVX-512 (bf16 dot
-// products where __AVX512BF16__, INT4 by vpdpbusd where __AVX512VNNI__), AVX2 + FMA + F16C (INT4 by
-// vpmaddubsw against int8 input codes), NEON on aarch64 (BFDOT where __ARM_FEATURE_BF16, SDOT where
+// products where __AVX512BF16__, INT4 by vpdpbusd against int8 input codes where __AVX512VNNI__), AVX2 +
+// FMA + F16C (INT4 by vpmaddubsw against the same codes), NEON on aarch64 (BFDOT where __ARM_FEATURE_BF16, SDOT where
 // __ARM_FEATURE_DOTPROD) and scalar, the reference of last resort.
 // One loop body per operation over the mapping layer below (vector width, loads of fp32 / bf16 /
 // int8 / fp16, FMA, sums, tails); the quantised dot products that need their own intrinsics sit in
@@ -444,7 +444,7 @@ static int input_rounding(int64_t fmt) {
 #endif
     case INT4:
 #if defined(HAVE_VNNI)
-      return X_INT16;
+      return X_INT8;
 #elif defined(HAVE_BF16_DOT)
       return X_BF16;
 #elif defined(LEVEL_AVX512) || defined(LEVEL_AVX2)
@@ -547,44 +547,9 @@ static void quantise_i16_groups(const float *x, int64_t k, int64_t group, int16_
 }
 #endif
 
-#if defined(HAVE_VNNI)
-// INT4's inputs for vpdpbusd: per group, codes c = x * 16383 / max|x| rounded to nearest even (as
-// quantise_groups rounds them; 15 bits, nearly int16's precision), split into c = 128 hi + lo with hi
-// signed and lo in 0..127, both bytes vpdpbusd takes: hi at bytes [0, k) of the row's slot (ld int16s),
-// lo at [ld, ld + k); each octet's codes in the order of a tile word's low nibbles (inputs 0, 4, 1,
-// 5: bytes 0..3 of word & 0x0F0F0F0F) then its high nibbles (2, 6, 3, 7), so the kernel broadcasts
-// four at a time; the scale max|x| / 16383 in xqs, the group's sum of the exact inputs in xsum
-#define INT4_X_TOP 16383.0f
-static void quantise_int4_inputs(const float *x, int64_t k, int64_t group, int8_t *xq, int64_t ld, float *xqs,
-                                 float *xsum) {
-  const __m512 sign = _mm512_set1_ps(-0.0f);
-  const __m128i order = _mm_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
-  for (int64_t g = 0; g * group < k; g++) {
-    const int64_t j0 = g * group;
-    __m512 mx = _mm512_setzero_ps(), sum = _mm512_setzero_ps();
-    for (int64_t j = 0; j < group; j += 16) {
-      const __m512 v = vloadn(x + j0 + j, group - j);
-      mx = _mm512_max_ps(mx, _mm512_andnot_ps(sign, v));
-      sum = _mm512_add_ps(sum, v);
-    }
-    const float top = _mm512_reduce_max_ps(mx);
-    xqs[g] = top / INT4_X_TOP;
-    xsum[g] = _mm512_reduce_add_ps(sum);
-    const __m512 inv = _mm512_set1_ps(top > 0 ? INT4_X_TOP / top : 0.0f);
-    for (int64_t j = 0; j < group; j += 16) {  // (a group is whole octets: a tail is 8 codes)
-      const __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(vloadn(x + j0 + j, group - j), inv));
-      const __m128i hi = _mm512_cvtepi32_epi8(_mm512_srai_epi32(c, 7));  // |c| <= 16383: exact
-      const __m128i lo = _mm512_cvtepi32_epi8(_mm512_and_si512(c, _mm512_set1_epi32(127)));
-      const __mmask16 n = group - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)0x00FF;
-      _mm_mask_storeu_epi8(xq + j0 + j, n, _mm_shuffle_epi8(hi, order));
-      _mm_mask_storeu_epi8(xq + ld + j0 + j, n, _mm_shuffle_epi8(lo, order));
-    }
-  }
-}
-#endif
-
-#if !defined(HAVE_VNNI) && !defined(HAVE_BF16_DOT) && (defined(LEVEL_AVX512) || defined(LEVEL_AVX2))
-// INT4's inputs for vpmaddubsw (AVX2, and AVX-512 without VNNI): per group, int8 codes c = x * 127 /
+#if (defined(HAVE_VNNI) || !defined(HAVE_BF16_DOT)) && (defined(LEVEL_AVX512) || defined(LEVEL_AVX2))
+// INT4's inputs for vpdpbusd (AVX-512 VNNI) and vpmaddubsw (AVX2, AVX-512 without VNNI or bf16 dots): per
+// group, int8 codes c = x * 127 /
 // max|x| rounded to nearest even (as quantise_groups rounds them), each octet's in the order of a tile
 // word's low nibbles (inputs 0, 4, 1, 5) then its high nibbles (2, 6, 3, 7); the scale max|x| / 127 in
 // xqs, the group's sum of the exact inputs in xsum (eight lanes, then across them: the same for one
@@ -641,10 +606,7 @@ static void prepare(struct In *in, const struct Mat *m) {
     } else if (rounding == X_INT16 && m->fmt == INT8) {
       quantise_i16_groups(x, k, I8_GROUP, in->xq + r * in->ld, in->xqs + r * ls, NULL);
 #endif
-#if defined(HAVE_VNNI)
-    } else if (rounding == X_INT16 && m->fmt == INT4) {
-      quantise_int4_inputs(x, k, m->group, (int8_t *)(in->xq + r * in->ld), in->ld, in->xqs + r * ls, in->xsum + r * ls);
-#elif !defined(HAVE_BF16_DOT) && (defined(LEVEL_AVX512) || defined(LEVEL_AVX2))
+#if (defined(HAVE_VNNI) || !defined(HAVE_BF16_DOT)) && (defined(LEVEL_AVX512) || defined(LEVEL_AVX2))
     } else if (rounding == X_INT8 && m->fmt == INT4) {
       quantise_int4_octets(x, k, m->group, (int8_t *)(in->xq + r * in->ld), in->xqs + r * ls, in->xsum + r * ls);
 #endif
@@ -1175,11 +1137,12 @@ static void gemm_int8_i16(const struct Mat *mt, const struct In *in, float *y, i
 
 #if defined(HAVE_VNNI)
 // vpdpbusd: a tile word's low nibbles (bytes 0..3 of word & 0x0F0F0F0F: inputs 0, 4, 1, 5 of the
-// octet) and high nibbles (2, 6, 3, 7) as unsigned bytes, times the token row's input codes in that
-// order, their high and low bytes apart (quantise_int4_inputs), four products a lane summed into
-// int32: exact integer sums per group, whatever the order, scaled once. Three logic ops and four dot
-// products per 128 weights a row, where the bf16 dot took seven and four. (One signed byte a code
-// would halve the dot products at +2.4% perplexity on the default model: docs/benchmarks.md.)
+// octet) and high nibbles (2, 6, 3, 7) as unsigned bytes, times the token row's int8 input codes in
+// that order (quantise_int4_octets), four products a lane summed into int32: exact integer sums per
+// group, whatever the order, scaled once. Two logic ops and two dot products per 128 weights a row.
+// (Until session 26 the inputs were 15-bit codes as two bytes, twice the dot products: a five-row
+// verify step took 1.7-2.1x a one-row step, 1.3-1.6x now; perplexity through the step +0.8%, the same
+// scheme as AVX2's and SDOT's: docs/benchmarks.md.)
 static ALWAYS_INLINE void int4_bytes(const uint8_t *p, int64_t j, __m512i *c) {
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const __m512i v = _mm512_loadu_si512(p + 64 * j);
@@ -1188,8 +1151,7 @@ static ALWAYS_INLINE void int4_bytes(const uint8_t *p, int64_t j, __m512i *c) {
   c[1] = _mm512_and_si512(_mm512_srli_epi32(v, 4), low4);
 }
 
-// one octet's two code vectors times a token row's eight input codes: hi and lo bytes apart, at xp and
-// ld bytes on (quantise_int4_inputs)
+// one octet's two code vectors times a token row's eight input codes at xp (quantise_int4_octets)
 // (GCC 12 copied each accumulator to another register and back around every _mm512_dpbusd_epi32 of a
 // multi-row tile: 14 register copies an octet for five rows; the instruction written out, its four input
 // bytes broadcast from memory, took 3-8% less time a product from L2 on a Zen 4. Other compilers: the intrinsic)
@@ -1199,16 +1161,13 @@ static ALWAYS_INLINE void int4_bytes(const uint8_t *p, int64_t j, __m512i *c) {
 #else
 #define DPBUSD_X4(acc, codes, x4) acc = _mm512_dpbusd_epi32(acc, codes, _mm512_set1_epi32((int)load_u32(x4)))
 #endif
-static ALWAYS_INLINE void int4_octet(const __m512i *c, const uint8_t *xp, int64_t ld, __m512i &hi, __m512i &lo) {
-  DPBUSD_X4(hi, c[0], xp);
-  DPBUSD_X4(hi, c[1], xp + 4);
-  DPBUSD_X4(lo, c[0], xp + ld);
-  DPBUSD_X4(lo, c[1], xp + ld + 4);
+static ALWAYS_INLINE void int4_octet(const __m512i *c, const uint8_t *xp, __m512i &sum) {
+  DPBUSD_X4(sum, c[0], xp);
+  DPBUSD_X4(sum, c[1], xp + 4);
 }
 
-// a group's sums into a row's 16 outputs: a + (128 hi + lo) x scale x the inputs' scale + min x their sum
-static ALWAYS_INLINE __m512 int4_scaled(__m512 a, __m512i hi, __m512i lo, __m512 d, __m512 mn, float xqs, float xsum) {
-  const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(hi, 7), lo);
+// a group's sums into a row's 16 outputs: a + sum x scale x the inputs' scale + min x their sum
+static ALWAYS_INLINE __m512 int4_scaled(__m512 a, __m512i sum, __m512 d, __m512 mn, float xqs, float xsum) {
   a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(xqs)), a);
   return _mm512_fmadd_ps(mn, _mm512_set1_ps(xsum), a);
 }
@@ -1218,20 +1177,19 @@ template <int G>
 static inline void int4_group(const uint8_t *p, int64_t octets, const struct In *in, int64_t t0, int64_t g,
                               int64_t group, const uint16_t *st, const uint16_t *mt, float *acc, const __m512i *unpacked) {
   (void)unpacked;  // (INT4_TILES: no pass reads unpacked codes)
-  __m512i hi[G], lo[G];  // sum code x hi, sum code x lo: exact in int32 (|sum| <= 15 x 128 x group)
-  for (int r = 0; r < G; r++) hi[r] = lo[r] = _mm512_setzero_si512();
+  __m512i sum[G];  // sum code x input code: exact in int32 (|sum| <= 15 x 127 x group)
+  for (int r = 0; r < G; r++) sum[r] = _mm512_setzero_si512();
   for (int64_t j = 0; j < octets; j++) {
     __m512i c[2];
     int4_bytes(p, j, c);
-    for (int r = 0; r < G; r++)
-      int4_octet(c, (const uint8_t *)(in->xq + (t0 + r) * in->ld) + g * group + 8 * j, in->ld, hi[r], lo[r]);
+    for (int r = 0; r < G; r++) int4_octet(c, (const uint8_t *)(in->xq + (t0 + r) * in->ld) + g * group + 8 * j, sum[r]);
   }
   const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(st + g * 16)));
   const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mt + g * 16)));
   const int64_t ls = sums_ld(in->ld);
   for (int r = 0; r < G; r++) {
     float *ap = acc + (t0 + r) * 16;
-    _mm512_storeu_ps(ap, int4_scaled(_mm512_loadu_ps(ap), hi[r], lo[r], d, mn, in->xqs[(t0 + r) * ls + g],
+    _mm512_storeu_ps(ap, int4_scaled(_mm512_loadu_ps(ap), sum[r], d, mn, in->xqs[(t0 + r) * ls + g],
                                      in->xsum[(t0 + r) * ls + g]));
   }
 }
@@ -1240,7 +1198,7 @@ typedef __m512i Unpacked;  // (the scratch's size: int4_tile reads the codes the
 #define UNPACKED_PER_OCTET 2
 
 // A whole tile for G token rows, their accumulators in registers across the groups (int4_group's
-// operations in its order: the same bits), up to six rows a pass: 18 accumulators, two codes and
+// operations in its order: the same bits), up to six rows a pass: 12 accumulators, two codes and
 // the constants of 32 registers, so a five-row verify step is one pass over the tile's codes
 #define INT4_TILES 1
 #define INT4_TILE_G 6
@@ -1252,19 +1210,19 @@ static inline void int4_tile(const uint8_t *p, int64_t groups, int64_t octets, c
   __m512 a[G];
   for (int r = 0; r < G; r++) a[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; g++, p += 64 * octets) {
-    __m512i hi[G], lo[G];
-    for (int r = 0; r < G; r++) hi[r] = lo[r] = _mm512_setzero_si512();
+    __m512i sum[G];
+    for (int r = 0; r < G; r++) sum[r] = _mm512_setzero_si512();
     for (int64_t j = 0; j < octets; j++) {
       __m512i c[2];
       int4_bytes(p, j, c);
       for (int b = 0; b < 2; b++) in_register(c[b]);
       for (int r = 0; r < G; r++)
-        int4_octet(c, (const uint8_t *)(in->xq + (t0 + r) * in->ld) + g * group + 8 * j, in->ld, hi[r], lo[r]);
+        int4_octet(c, (const uint8_t *)(in->xq + (t0 + r) * in->ld) + g * group + 8 * j, sum[r]);
     }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(st + g * 16)));
     const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mt + g * 16)));
     for (int r = 0; r < G; r++)
-      a[r] = int4_scaled(a[r], hi[r], lo[r], d, mn, in->xqs[(t0 + r) * ls + g], in->xsum[(t0 + r) * ls + g]);
+      a[r] = int4_scaled(a[r], sum[r], d, mn, in->xqs[(t0 + r) * ls + g], in->xsum[(t0 + r) * ls + g]);
   }
   for (int r = 0; r < G; r++) _mm512_storeu_ps(acc + (t0 + r) * 16, a[r]);
 }

@@ -38,12 +38,13 @@ TOLERANCE = {("fp32", "fp"): 1e-4, ("fp32", "int8"): 1e-4, ("fp32", "int4"): 5e-
 # each product stays within INT16_TOLERANCE (below) of the exact one, and the step chains nine of them
 # (q/k/v, output, gate/up, down in each of two layers, the head) with softmaxes between: 9 x 2e-4 < 2e-3
 INT8_INT16_STEP_TOLERANCE = 2e-3
-# INT4 at the levels that take its inputs as int8 codes per group of 32 (AVX2's vpmaddubsw, aarch64's SDOT),
-# against a reference that rounds them the same way: a code flips where the step's activations and the
-# reference's differ in their last bits across a rounding boundary (a step of max|x| / 127), which the
-# sharp random models amplify; the driver's SDOT steps are held to the same 4e-2
+# INT4 at the levels that take its inputs as int8 codes per group of 32 (x86's vpdpbusd and vpmaddubsw,
+# aarch64's SDOT), against a reference that rounds them the same way: a code flips where the step's
+# activations and the reference's differ in their last bits across a rounding boundary (a step of
+# max|x| / 127), which the sharp random models amplify: up to 5.5e-2 seen at AVX-512, 3e-2 at AVX2, over
+# two layers and six steps; the driver's int8-code steps on aarch64 are held to 8e-2 too
 # (test_cpu_decode_builds.py ROUNDED_STEP_TOLERANCE). Each product alone is held to PRODUCT_TOLERANCE.
-INT4_INT8_STEP_TOLERANCE = 4e-2
+INT4_INT8_STEP_TOLERANCE = 8e-2
 # bf16 activations against PyTorch's (each op rounds at other points): logits and K/V, by INT4's inputs
 BF16_BOUND = {cpu_decode.X_INT8: 2e-1}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
