@@ -1141,7 +1141,7 @@ static void gemm_int8_i16(const struct Mat *mt, const struct In *in, float *y, i
 // that order (quantise_int4_octets), four products a lane summed into int32: exact integer sums per
 // group, whatever the order, scaled once. Two logic ops and two dot products per 128 weights a row.
 // (Until session 26 the inputs were 15-bit codes as two bytes, twice the dot products: a five-row
-// verify step took 1.7-2.1x a one-row step, 1.3-1.6x now; perplexity through the step +0.8%, the same
+// verify step took 1.7-2.1x a one-row step, 1.3-1.9x now; perplexity through the step +0.8%, the same
 // scheme as AVX2's and SDOT's: docs/benchmarks.md.)
 static ALWAYS_INLINE void int4_bytes(const uint8_t *p, int64_t j, __m512i *c) {
   const __m512i low4 = _mm512_set1_epi8(0x0F);
