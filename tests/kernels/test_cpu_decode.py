@@ -71,7 +71,7 @@ def model_of(cfg: ModelConfig, dtype: str, weights: str, seed: int = 0) -> Trans
     return model if weights == "fp" else quantize_model(model, weights, 32)
 
 
-def int4_codes_times_rounded(m: Int4Linear, x: torch.Tensor, rounding: int) -> torch.Tensor:
+def int4_codes_times_rounded(m: Int4Linear, x: torch.Tensor) -> torch.Tensor:
     """An INT4 product as a level computes it: the codes' part against x as the level rounds it (int8
     codes per group: max|x| / 127 a step, in fp32, half to even as the vector conversion rounds), the
     mins' part against the exact x (the kernel's per-group sums of its inputs)."""
@@ -90,8 +90,7 @@ def int4_codes_times_rounded(m: Int4Linear, x: torch.Tensor, rounding: int) -> t
 def reference_of(model: Transformer, int4_rounding: int = cpu_decode.X_BF16) -> Transformer:
     """The same weights through PyTorch's one-line references (dequantise, then matmul); INT4 takes
     its inputs as a level does (membound_input_rounding): rounded to bf16, as PyTorch's CPU path and the
-    bf16-dot levels feed it; exactly for the levels whose int16 codes per group come closer to them than
-    bf16 does; as int8 codes per group (int4_codes_times_rounded)."""
+    bf16-dot levels feed it, or as int8 codes per group (int4_codes_times_rounded); X_EXACT: exactly."""
     ref = copy.deepcopy(model)
     for m in ref.modules():
         if isinstance(m, (Int8Linear, Int4Linear)):
@@ -99,14 +98,13 @@ def reference_of(model: Transformer, int4_rounding: int = cpu_decode.X_BF16) -> 
         if isinstance(m, Int4Linear) and int4_rounding == cpu_decode.X_BF16:
             m.forward = lambda x, m=m: m.reference(x.bfloat16().to(x.dtype))
         elif isinstance(m, Int4Linear) and int4_rounding == cpu_decode.X_INT8:
-            m.forward = lambda x, m=m: int4_codes_times_rounded(m, x, cpu_decode.X_INT8).to(x.dtype)
+            m.forward = lambda x, m=m: int4_codes_times_rounded(m, x).to(x.dtype)
     return ref
 
 
 def int4_rounding(isa: str) -> int:
-    """How the level takes INT4's inputs (as int16 codes: the reference takes them exactly)."""
-    rounding = cpu_decode.load(isa).membound_input_rounding(cpu_decode.INT4)
-    return cpu_decode.X_EXACT if rounding == cpu_decode.X_INT16 else rounding
+    """How the level takes INT4's inputs (membound_input_rounding: bf16 or int8 codes)."""
+    return cpu_decode.load(isa).membound_input_rounding(cpu_decode.INT4)
 
 
 @torch.inference_mode()
@@ -193,7 +191,7 @@ def product_layer(fmt: str, n: int, k: int, seed: int = 0):
 def product_reference(layer, fmt: str, x: torch.Tensor, rounding: int) -> torch.Tensor:
     """x (m, k) @ the layer's weights dequantised, in fp64, the inputs rounded as the level takes them."""
     if fmt == "int4" and rounding == cpu_decode.X_INT8:
-        return int4_codes_times_rounded(layer, x, rounding)
+        return int4_codes_times_rounded(layer, x)
     xr = x.bfloat16().double() if rounding == cpu_decode.X_BF16 else x.double()
     if fmt in ("fp32", "bf16"):
         deq = layer.weight.double()
@@ -244,11 +242,11 @@ def test_int4_products_at_larger_groups_match_and_give_each_row_its_bits(isa, gr
         x = torch.randn(m, 512, generator=torch.Generator().manual_seed(m)) * 3 + 1
         got = cpu_decode.gemm(lib, mat, x, 2)
         if rounding == cpu_decode.X_INT8:
-            want = int4_codes_times_rounded(layer, x, rounding)
+            want = int4_codes_times_rounded(layer, x)
         else:
             xr = x.bfloat16().double() if rounding == cpu_decode.X_BF16 else x.double()
             want = layer.reference(xr)
-        tol = INT16_TOLERANCE if rounding == cpu_decode.X_INT16 else PRODUCT_TOLERANCE["int4"]
+        tol = PRODUCT_TOLERANCE["int4"]
         assert relative_error(got, want) < tol, f"{lib.isa}, {m} rows: {relative_error(got, want):.1e}"
         for i in range(m):
             assert torch.equal(cpu_decode.gemm(lib, mat, x[i:i + 1], 1)[0], got[i]), (lib.isa, m, i)
