@@ -57,7 +57,8 @@ def add_record(data: LiveData, record: ScrapeRecord, label: str, peak: GpuPeak |
     ai = flops_per_s / bytes_per_s if math.isfinite(flops_per_s) and bytes_per_s > 0 else math.nan
     data.steps.append(
         x=data.steps.total, t_s=record.t_s, start_s=record.t_s - interval_s, prefill=0.0, mixed=0.0,
-        label=data.label_code(label), tokens_per_s=record.generation_tokens_per_s,
+        label=data.label_code(label), peak_kind=data.kind_code(label.split(" ")[0]),
+        tokens_per_s=record.generation_tokens_per_s,
         ceiling_tps=record.ceiling_tokens_per_s, roof_tps=math.nan, gbs=record.gbs, flops=flops_per_s,
         mfu_pct=100 * record.mfu, ai=ai, step_ms=1e3 * interval_s,
         peak_flops=peak.flops if peak is not None and peak.flops else math.nan,

@@ -69,20 +69,23 @@ def _render_svg(widget, path: Path) -> None:
 
 
 def write_steps_csv(data, path: str | Path) -> Path:
-    """Every step in the ring buffer: its phase and settings label, then the plotted figures."""
+    """Every step in the ring buffer: its phase and settings label, then the plotted figures and what
+    its compute roof is of."""
     path = Path(path)
     steps = data.steps
     columns = {name: steps.column(source) for name, source in CSV_COLUMNS}
     prefill, mixed, labels = steps.column("prefill"), steps.column("mixed"), steps.column("label")
+    kinds = steps.column("peak_kind")
     with open(path, "w", newline="") as file:
         writer = csv.writer(file)
-        writer.writerow(["step", "phase", "settings"] + [name for name, _ in CSV_COLUMNS[1:]])
+        writer.writerow(["step", "phase", "settings"] + [name for name, _ in CSV_COLUMNS[1:]] + ["peak_flops_of"])
         for i in range(len(steps)):
             phase = "mixed" if mixed[i] > 0.5 else "prefill" if prefill[i] > 0.5 else "decode"
             label = data.labels[int(labels[i])] if math.isfinite(labels[i]) else ""
             row = [int(columns["step"][i]), phase, label]
             row += ["" if not math.isfinite(columns[name][i]) else repr(float(columns[name][i]))
                     for name, _ in CSV_COLUMNS[1:]]
+            row.append(data.peak_kinds[int(kinds[i])] if math.isfinite(kinds[i]) else "")  # "fp32", "int8 dots"
             writer.writerow(row)
     return path
 

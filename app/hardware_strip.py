@@ -54,6 +54,10 @@ def device_lines(spec) -> tuple[str, str, str]:
             compute.append(f"{dtype} {_flops(measured)} ({measured_word})")
         elif spec_value:
             compute.append(f"{dtype} {_flops(spec_value)} ({spec_word})")
+    if spec.kind == "cpu":  # the integer dot products the quantised formats' C++ products run (kernels/cpu_roof.cpp)
+        compute += [translate("HardwareStrip", "{kind} dots {rate} ({origin})").format(
+            kind=kind, rate=_flops(spec.measured_flops[kind]), origin=measured_word)
+            for kind in ("int8", "int16") if spec.measured_flops.get(kind)]
     unknown = translate("HardwareStrip", "unknown")
     return (device, translate("HardwareStrip", "peak bandwidth: {}").format(" · ".join(bandwidth) or unknown),
             translate("HardwareStrip", "peak compute: {}").format(" · ".join(compute) or unknown))

@@ -17,6 +17,7 @@ MAX_ANNOTATIONS = 64
 
 STEP_COLUMNS = ("x", "t_s", "start_s", "prefill", "mixed", "label", "tokens_per_s", "ceiling_tps", "roof_tps", "gbs",
                 "flops", "mfu_pct", "ai", "step_ms", "peak_flops", "peak_bps",
+                "peak_kind",  # what peak_flops is of ("fp32", "int8 dots"): an index into `peak_kinds`
                 # speculative decoding: a draft step (the draft model's forwards), a verify step (the target's),
                 # its guesses and those kept; tokens produced; time beyond the step's bytes at peak bandwidth
                 "draft", "verify", "draft_tokens", "accepted", "tokens_out", "overhead_ms", "cache_roof")
@@ -44,6 +45,7 @@ class LiveData:
         self.serving_policy = ""
         self.serving_version = 0
         self.labels: list[str] = []  # settings labels; the "label" column holds indices into it
+        self.peak_kinds: list[str] = []  # what a step's compute roof is of ("fp32", "int8 dots"): "peak_kind"'s
         self.annotations: list[Annotation] = []
         self.reply_t0: float | None = None  # time.monotonic() when the current reply was sent
         self.reply_t1: float | None = None  # its last step's end (None while it streams)
@@ -59,6 +61,11 @@ class LiveData:
         if label not in self.labels:
             self.labels.append(label)
         return self.labels.index(label)
+
+    def kind_code(self, kind: str) -> int:
+        if kind not in self.peak_kinds:
+            self.peak_kinds.append(kind)
+        return self.peak_kinds.index(kind)
 
     @property
     def next_x(self) -> int:
@@ -85,6 +92,7 @@ class LiveData:
             gbs=m.achieved_gbs, flops=m.flops / m.step_s,
             mfu_pct=100 * m.mfu if m.peak_flops == m.peak_flops and m.peak_flops > 0 else None,
             ai=m.arithmetic_intensity, step_ms=1e3 * m.step_s, peak_flops=m.peak_flops, peak_bps=m.peak_bandwidth_bps,
+            peak_kind=self.kind_code(m.peak_kind or m.settings_label.split(" ")[0]),
             draft=1.0 if m.phase == "draft" else 0.0, verify=1.0 if m.phase == "verify" else 0.0,
             draft_tokens=m.draft_tokens, accepted=m.accepted_tokens if m.phase == "verify" else None,
             tokens_out=m.tokens_out, overhead_ms=1e3 * m.overhead_s,
@@ -142,6 +150,7 @@ class LiveData:
         self.serving.clear()
         self.serving_version += 1
         self.labels = []
+        self.peak_kinds = []
         self.annotations = []
         self.reply_t0 = None
         self.reply_t1 = None

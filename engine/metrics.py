@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from types import MappingProxyType
 
 from engine.hardware.roof import Roof, above_roof
+from engine.hardware.spec import dtype_name
 from engine.model.config import ModelConfig
 
 # Phases whose rate counts the tokens they produce (tokens_out): plain decode, a speculative step's
@@ -92,8 +93,9 @@ class StepCost:
     kv_write_bytes: int = 0  # new K and V written into the cache
     other_bytes: int = 0  # embedding rows gathered, logits written
     flops: int = 0  # matmul FLOPs + attention FLOPs (2 per multiply-add)
-    matmul_flops: int = 0
+    matmul_flops: int = 0  # the head's among them
     attention_flops: int = 0
+    head_flops: int = 0  # the output head's matmul (its format may differ from the layers')
     attention_bytes: int = 0  # naive attention: its passes over the score matrix (and its mask)
     copy_bytes: int = 0  # K/V copied out of a paged pool, written and read back (KVCopy)
 
@@ -190,6 +192,7 @@ def step_cost(cfg: ModelConfig, *, batch_size: int, new_tokens: int, context_len
         flops=layer_matmul + head_matmul + flops_attention,
         matmul_flops=layer_matmul + head_matmul,
         attention_flops=flops_attention,
+        head_flops=head_matmul,
         attention_bytes=score_bytes,
         copy_bytes=kv_copy.bytes(cfg, kv_elem_bytes) if kv_copy is not None else 0,
     )
@@ -252,7 +255,8 @@ class StepMetrics(StepCost):
     context_len: int  # tokens already cached before the step
     step_s: float  # measured wall time (CUDA events on a GPU)
     peak_bandwidth_bps: float  # bytes/s of the roof the step sits under (engine/hardware/roof.py Roof)
-    peak_flops: float  # FLOP/s for the step's dtype
+    peak_flops: float  # FLOP/s of its compute roof: its dtype's, or its products' (Roof.step_flops_peak)
+    peak_kind: str = ""  # what that roof is of, for its label: "fp32", "bf16", "int8 dots" ("": its dtype)
     t_s: float = 0.0  # monotonic time at the end of the step
     settings_label: str = ""  # e.g. "fp32 · kv on"
     tokens_in: int = 0  # tokens fed this step, all sequences; 0: batch_size x new_tokens (a ragged
@@ -429,11 +433,17 @@ def speculation_summary(steps: list[StepMetrics]) -> list[str]:
     return [f"speculation: {pct:.0f}% of guesses kept ({per_step:.2f} a step), {tokens:.2f} tokens per weight read"]
 
 
-def measured(cost: StepCost, roof: Roof, dtype: str, **figures) -> StepMetrics:
+def measured(cost: StepCost, roof: Roof, dtype: str, products: tuple[str, str] | None = None,
+             **figures) -> StepMetrics:
     """A step's cost against the roof it sits under (the one policy: engine/hardware/roof.py Roof),
-    with its measured figures (step_s, phase, tokens, ...)."""
+    with its measured figures (step_s, phase, tokens, ...). `products`: how the step's layers and head
+    multiply where that is not at the activations' float rate (the C++ step's integer dot products:
+    engine/model/cpu_step.py products); the compute roof is then theirs (Roof.step_flops_peak)."""
+    layers = products[0] if products else ""
+    kind = f"{layers} dots" if layers in ("int8", "int16") and layers in roof.flops else dtype_name(dtype)
     return StepMetrics.from_cost(cost, peak_bandwidth_bps=roof.bandwidth_for(cost.total_bytes),
-                                 peak_flops=roof.flops_for(dtype), roof=roof.level_for(cost.total_bytes), **figures)
+                                 peak_flops=roof.step_flops_peak(cost, dtype, products), peak_kind=kind,
+                                 roof=roof.level_for(cost.total_bytes), **figures)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,8 @@ F32, BF16, INT8, INT4 = 0, 1, 2, 3  # struct Mat's formats
 FORMAT_NAMES = MappingProxyType({F32: "fp32", BF16: "bf16", INT8: "int8", INT4: "int4"})
 # how a product takes its input rows (membound_input_rounding)
 X_EXACT, X_BF16, X_INT16, X_INT8 = 0, 1, 2, 3
+# what a product so rounded multiplies with: the roof's kinds (engine/hardware/roof.py products_peak)
+PRODUCT_KINDS = MappingProxyType({X_EXACT: "fp32", X_BF16: "bf16", X_INT16: "int16", X_INT8: "int8"})
 # the phases of a step `membound_step` times when asked (its enum, in order)
 PHASES = ("embedding", "norm + q/k/v", "k/v into the cache", "attention", "output projection",
           "norm + gate/up + SiLU", "down projection", "norm + head", "waiting at barriers")
@@ -215,6 +217,13 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.isa = lib.membound_isa().decode()
     lib.max_rows = int(lib.membound_max_rows())
     return lib
+
+
+def product_kind(lib, fmt: int) -> str:
+    """What the library's products of a format-`fmt` matrix multiply with at its level: "fp32" FMAs
+    (exact inputs), "bf16" (dot products where the level has them, else widened to fp32), "int16"
+    or "int8" dot products (inputs quantised to such codes): membound_input_rounding."""
+    return PRODUCT_KINDS[lib.membound_input_rounding(fmt)]
 
 
 def gemm(lib, mat: Mat, x, threads: int):

@@ -9,6 +9,7 @@ import mmap
 import re
 import threading
 from pathlib import Path
+from types import MappingProxyType
 
 from kernels.cpu_decode import FLAGS, BuildError, _build  # noqa: F401  (BuildError: the callers' to catch)
 
@@ -36,6 +37,11 @@ def load() -> ctypes.CDLL:
                 getattr(lib, name).argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                                ctypes.POINTER(ctypes.c_float)]
             lib.membound_bf16_flops_per_iter.restype = ctypes.c_int64
+            lib.membound_int_dot_best_s.restype = ctypes.c_double
+            lib.membound_int_dot_best_s.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                                    ctypes.POINTER(ctypes.c_float)]
+            lib.membound_int_dot_flops_per_iter.restype = ctypes.c_int64
+            lib.membound_int_dot_flops_per_iter.argtypes = [ctypes.c_int64]
             lib.membound_roof_lanes.restype = ctypes.c_int64
             _lib = lib
         return _lib
@@ -69,6 +75,22 @@ def bf16_flops(threads: int, iters: int = 2_000_000, repeats: int = 5) -> float 
         return None
     sink = ctypes.c_float()
     best_s = lib.membound_bf16_best_s(iters, repeats, threads, ctypes.byref(sink))
+    return per_iter * iters * threads / best_s if best_s > 0 else None
+
+
+INT_DOT_BITS = MappingProxyType({"int8": 8, "int16": 16})  # the integer products the decode step's formats run (cpu_roof.cpp)
+
+
+def int_dot_flops(kind: str, threads: int, iters: int = 2_000_000, repeats: int = 5) -> float | None:
+    """FLOP/s (2 a multiply-add) of the integer dot-product instructions `kind` names ("int8": bytes
+    multiplied into int32 or int16 lanes, as INT4 runs everywhere and INT8 on Arm; "int16": int16
+    pairs, as INT8 runs on x86), None where the machine has none."""
+    lib = load()
+    per_iter = lib.membound_int_dot_flops_per_iter(INT_DOT_BITS[kind])
+    if per_iter <= 0:
+        return None
+    sink = ctypes.c_float()
+    best_s = lib.membound_int_dot_best_s(INT_DOT_BITS[kind], iters, repeats, threads, ctypes.byref(sink))
     return per_iter * iters * threads / best_s if best_s > 0 else None
 
 

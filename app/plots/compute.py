@@ -42,7 +42,10 @@ class ComputePlot(StepPlot):
     def _draw_peak(self, spec) -> None:
         steps = self.data.steps
         peak_flops = steps.last("peak_flops")
-        dtype = self.data.labels[int(steps.last("label"))].split(" ")[0] if steps.total else ""
+        kind = steps.last("peak_kind") if steps.total else math.nan
+        dtype = self.data.peak_kinds[int(kind)] if math.isfinite(kind) else ""  # "fp32", "int8 dots"
+        if dtype.endswith(" dots"):  # the C++ step's integer dot products (engine/metrics.py measured)
+            dtype = translate("Plots", "{kind} dots").format(kind=dtype.split(" ")[0])
         if not math.isfinite(peak_flops):
             peak_flops = spec.peak_flops_for("fp32") or float("nan")
             dtype = "fp32"

@@ -389,6 +389,10 @@
         <translation>{gbs} GB/s (caché de último nivel, {mib} MiB)</translation>
     </message>
     <message>
+        <source>{kind} dots {rate} ({origin})</source>
+        <translation>productos {kind} {rate} ({origin})</translation>
+    </message>
+    <message>
         <source>unknown</source>
         <translation>desconocido</translation>
     </message>
@@ -644,6 +648,10 @@
     <message>
         <source>tensor cores busy (NVML GPM)</source>
         <translation>tensor cores ocupados (NVML GPM)</translation>
+    </message>
+    <message>
+        <source>{kind} dots</source>
+        <translation>productos {kind}</translation>
     </message>
     <message>
         <source>measured</source>

@@ -55,6 +55,8 @@ class BatchPoint:
     mbu: float
     mfu: float
     bound: str  # "memory" | "compute" (cost model against the device's ridge point)
+    ridge_flop_per_byte: float = float("nan")  # that ridge: its steps' compute roof (their products') / bandwidth roof
+    peak_kind: str = ""  # what the compute roof is of ("fp32", "int8 dots": engine/metrics.py StepMetrics)
     roofline_tokens_per_s: float = float("nan")  # the lower roof (bytes at peak GB/s, FLOPs at peak FLOP/s)
     of_roofline: float = float("nan")  # aggregate / roofline
     read_beside_gbs: tuple[float, float] | None = None  # CPU: a read of a step's bytes before and after the run
@@ -113,7 +115,8 @@ def run_batch_point(model, hardware, dtype: str, batch_size: int, prompt_ids: li
                       per_request_tokens_per_s=aggregate / batch_size, decode_step_ms=1e3 * step_s / len(steps),
                       arithmetic_intensity=flops / moved, achieved_gbs=moved / step_s / 1e9,
                       mbu=moved / step_s / steps[0].peak_bandwidth_bps, mfu=flops / step_s / steps[0].peak_flops,
-                      bound="compute" if flops / moved >= ridge else "memory",
+                      bound="compute" if flops / moved >= ridge else "memory", ridge_flop_per_byte=ridge,
+                      peak_kind=steps[0].peak_kind,
                       roofline_tokens_per_s=tokens / roof_s, of_roofline=roof_s / step_s,
                       read_beside_gbs=reads, of_roofline_beside=beside_share)
 
@@ -290,7 +293,8 @@ def format_batch_table(points: list[BatchPoint], ridge: float, single_stream: di
         ]
     lines = side_by_side("batch", [str(p.batch_size) for p in points], rows_of(points, rows), 26, 11)
     turn = next((p.batch_size for p in points if p.bound == "compute"), None)
-    lines.append(f"ridge point {ridge:,.1f} FLOP/byte: " + (f"compute-bound from batch {turn} (cost model)"
+    kind = f" ({points[-1].peak_kind})" if points[-1].peak_kind else ""
+    lines.append(f"ridge point {ridge:,.1f} FLOP/byte{kind}: " + (f"compute-bound from batch {turn} (cost model)"
                  if turn else f"memory-bound up to batch {points[-1].batch_size} (cost model)"))
     return "\n".join(lines)
 
@@ -445,7 +449,7 @@ def run_batch_bench(args, progress) -> int:
         peer = run_llamacpp_batch(engine, gguf, sizes, args.prompt_tokens, args.decode_tokens)
         seconds["llamacpp"] = time.perf_counter() - t0
     progress(1.0, "done")
-    ridge = (hw.peak_flops_for(dtype) or float("nan")) / (hw.peak_bandwidth_gbs * 1e9)
+    ridge = points[-1].ridge_flop_per_byte  # the steps' own compute roof (an integer step's: its dot products')
     print(f"\nworkload: B requests together, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens} "
           f"tokens each, greedy, {dtype}{weights}, paged KV, {args.attention} attention"
           + (f"; the best of {repeats} runs each, the batch sizes in turn" if repeats > 1 else ""))

@@ -163,7 +163,8 @@ MAX_READ_BYTES = 4 << 30  # (a 260 MiB L3 reads 4 GiB buffers: past it 15x)
 READ_PASSES = 7  # best of N passes a size, a round
 READ_ROUNDS = 5  # rounds over the sizes, READ_ROUND_GAP_S apart: the best round is the roof
 READ_ROUND_GAP_S = 0.25
-PROBE_METHOD = "read v5"  # in the fingerprint: a roof cached by an older probe is measured again
+PROBE_METHOD = "read v6"  # in the fingerprint: a roof cached by an older probe is measured again
+INT_DOT_KINDS = ("int8", "int16")  # integer dot products probed (kernels/cpu_roof.py int_dot_flops; v6 on)
 MIN_READ_BYTES = 256 * 2**20
 FALLBACK_LLC_BYTES = 32 * 2**20  # where the cache size cannot be read
 
@@ -450,10 +451,13 @@ def measure_cpu_roof(threads: int, progress: Callable[[str], None]) -> MeasuredR
             read_resident(n)
         cache_gbs, cache_fit = cache_roof(cache_by_size, max(by_size.values()))
         cache_reads = [[n, round(gbs, 2)] for n, gbs in sorted(cache_by_size.items())]
-        progress("measuring CPU FMA rate…")
+        progress("measuring CPU FMA and dot-product rates…")
         flops["fp32"], flops_method["fp32"] = probe.fma_flops(threads), "FMA loop"
         bf16 = probe.bf16_flops(threads)
         flops["bf16"], flops_method["bf16"] = (bf16, "bf16 dot loop") if bf16 else (flops["fp32"], "FMA loop")
+        for kind in INT_DOT_KINDS:  # the quantised formats' products (Roof.products_peak); none: the float rate
+            if rate := probe.int_dot_flops(kind, threads):
+                flops[kind], flops_method[kind] = rate, f"{kind} dot loop"
         pages = "2 MiB pages" if None not in huge and min(huge) >= 0.99 else \
             "4 KiB pages" if None not in huge and max(huge) == 0 else \
             f"2 MiB pages ({'?' if None in huge else f'{100 * min(huge):.0f}%'} granted)"

@@ -54,6 +54,30 @@ class Roof:
         below = [bps for n, bps in self.cache_knee if n <= step_bytes]
         return max(below[-1] if below else self.cache_bandwidth_bps, self.bandwidth_bps)
 
+    def products_peak(self, kind: str, dtype) -> float:
+        """Peak FLOP/s of the products a matrix runs as `kind` (the C++ step's: "fp32", "bf16",
+        "int8" or "int16" dot products, kernels/cpu_decode.py product_kind) in a step of activations
+        `dtype`: the float kinds as flops_for; an integer kind at its probed rate where the probe
+        measured one, else the activations' (the machine has no such instruction)."""
+        if kind in ("int8", "int16") and kind in self.flops:
+            return self.flops[kind]
+        return self.flops_for(kind if kind in ("fp32", "bf16") else dtype)
+
+    def step_flops_peak(self, cost, dtype, products: tuple[str, str] | None = None) -> float:
+        """The FLOP/s a step's FLOPs could run at, at most: flops_for(dtype), or where its matrices'
+        products run another way (`products`: the layers' and the head's kinds), the rate of the
+        whole when each part runs at its own peak (the layers' products, the head's, and the rest at
+        the activations'): its FLOPs over the least time they take that way. `cost`: a StepCost."""
+        rest = self.flops_for(dtype)
+        if products is None or cost.flops <= 0:
+            return rest
+        layers, head = (self.products_peak(kind, dtype) for kind in products)
+        if layers == head == rest:  # (an fp32 or bf16 step's: the one rate, as it is)
+            return rest
+        layer_flops = cost.matmul_flops - cost.head_flops
+        seconds = layer_flops / layers + cost.head_flops / head + (cost.flops - cost.matmul_flops) / rest
+        return cost.flops / seconds if seconds > 0 else rest
+
     def flops_for(self, dtype) -> float:
         """Peak FLOP/s for a dtype (fp16 <-> bf16, then fp32 stand in); nan when nothing is known."""
         name = dtype_name(dtype)
@@ -133,7 +157,7 @@ class MeasuredRoof:
     read_gbs_by_size: dict[str, float]  # "256 MiB" -> best pass
     cache_read_gbs: float | None  # the best of buffers within the last-level cache, read again and again
     flops: dict[str, float]  # dtype -> FLOP/s
-    flops_method: dict[str, str]  # dtype -> "FMA loop" | "bf16 dot loop" | "GEMM"
+    flops_method: dict[str, str]  # dtype -> "FMA loop" | "bf16 dot loop" | "GEMM" | "int8 dot loop" | "int16 dot loop"
     load_average: float | None = None  # the 1-minute load when measured (a busy machine reads low)
     read_gbs_rounds: list[float] | None = None  # each round's best over the sizes: the run's own spread
     other_cores: float | None = None  # cores other processes kept busy during the read probe (/proc/stat)

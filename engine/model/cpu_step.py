@@ -169,7 +169,7 @@ def decode_step(model, tokens: torch.Tensor, start_pos: int, cache, attention: s
     if plan is None or not choice(model).use_cpp:
         return None
     logits = plan.run([(tokens.tolist()[0][0], start_pos, 0, None)], [0])  # (tolist: no indexing ops)
-    _ran(model, True)
+    _ran(model, plan.products)
     cache.length = start_pos + 1
     record("decode step", STEP_LABEL)
     record("attention decode", "C++ CPU step", model.cfg.n_layers)
@@ -182,10 +182,18 @@ ROWS_LABEL = "C++ CPU step, token rows"  # a step of several rows (a batch, a ve
 def ran_in_cpp(model) -> bool:
     """Whether this thread's last step of a model of `model`'s engine ran in C++ (the cost model
     charges it as such: engine/metrics.py CPP_STEP)."""
-    return getattr(_context(model).cpu_step.thread, "ran", False)
+    return bool(getattr(_context(model).cpu_step.thread, "ran", False))
 
 
-def _ran(model, done: bool) -> None:
+def products(model) -> tuple[str, str] | None:
+    """How this thread's last step of `model`'s engine multiplied its layers' and its head's matrices
+    where it ran in C++ (kernels/cpu_decode.py product_kind: "fp32", "bf16", "int16", "int8"), for
+    its compute roof (engine/metrics.py measured); None after a PyTorch step."""
+    return getattr(_context(model).cpu_step.thread, "ran", None) or None
+
+
+def _ran(model, done: tuple[str, str] | bool) -> None:
+    """done: the plan's products (it ran in C++), or False."""
     _context(model).cpu_step.thread.ran = done
 
 
@@ -232,7 +240,7 @@ def sequence_step(model, tokens: torch.Tensor, start_pos: int, cache, attention:
     ids = tokens[0].tolist()
     rows = [(ids[i], start_pos + i, 0, None if table is None else table.data_ptr()) for i in range(T)]
     logits = plan.run(rows, list(range(T - n, T)))
-    _ran(model, True)
+    _ran(model, plan.products)
     if not paged:
         cache.length = start_pos + T
     record("decode step" if T == 1 else "multi-row step", STEP_LABEL if T == 1 else ROWS_LABEL)
@@ -265,7 +273,7 @@ def plan_step(model, cache, seqs, attention: str = "flash") -> tuple[list[int], 
         raise ValueError(f"context of {max(p for _, p, _, _ in rows) + 1} tokens exceeds the model's "
                          f"{model.cfg.max_seq_len}")
     logits = plan.run(rows, wanted)
-    _ran(model, True)
+    _ran(model, plan.products)
     record("batched step", ROWS_LABEL)
     if any(len(s.token_ids) == 1 for s in seqs):  # its decode rows, and their attention, ran here too
         record("decode step", ROWS_LABEL)
@@ -450,7 +458,7 @@ class _Plan:
 
     @classmethod
     def build(cls, model, cache) -> _Plan | None:
-        from kernels.cpu_decode import Layer, Mat, Model
+        from kernels.cpu_decode import Layer, Mat, Model, product_kind
 
         plan = cls()
         plan.keep = []
@@ -488,12 +496,13 @@ class _Plan:
         head = mat(model.head)
         if head is None:
             return None
+        plan.lib = library(_context(model))
+        plan.products = (product_kind(plan.lib, layers[0].wqkv.fmt), product_kind(plan.lib, head.fmt))
         plan.layers = layers
         # max_len: the longest context a row may attend over (the per-thread score buffer)
         plan.model = Model(cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim,
                            cfg.vocab_size, min(max_len, model.rope_cos.shape[0]), ACT_FORMATS[model.dtype],
                            cfg.norm_eps, vec(model.embed), vec(model.norm), head, layers, head_stride, block_size)
-        plan.lib = library(_context(model))
         plan.cos, plan.sin = model.rope_cos, model.rope_sin  # (max_seq_len, head_dim) fp32
         plan.vocab = cfg.vocab_size
         plan.buffers = BuffersRef(cache)  # (a plan must neither write a cache's old K/V nor keep them alive)

@@ -44,7 +44,7 @@ def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledS
     routed = cpu_step.plan_step(model, cache, seqs, attention)  # on a CPU: the whole plan in one C++ step
     if routed is not None:
         if moved is not None:  # it reads the pool in place and each weight once (engine/metrics.py weight_rows)
-            moved["cpp_step"] = True
+            moved["cpp_step"] = cpu_step.products(model)  # (its products: the compute roof's kinds)
         return routed
     bs = cache.block_size
     # one-token rows first (decodes: attended together), then prefill chunks, each on its own
@@ -289,14 +289,15 @@ class BatchRunner:
         self.scheduler.update_from_output(plan, sampled)
         if self.prefixes is not None:
             self._keep_prompts(plan)
-        cpp = moved.pop("cpp_step", False)  # the C++ step: no dequantised copy (engine/metrics.py weight_rows)
+        products = moved.pop("cpp_step", None)  # the C++ step: no dequantised copy (engine/metrics.py weight_rows)
+        cpp = products is not None
         weight_bytes = self.model.linear_weight_bytes(rows=weight_rows(plan.total_num_scheduled_tokens, cpp),
                                                       head_rows=weight_rows(sum(s.samples for s in plan.seqs), cpp))
         cost = plan_cost(self.model.cfg, plan.seqs, weight_bytes=weight_bytes, elem_bytes=self._elem_bytes,
                          attention=self.attention, block_size=self.cache.block_size, **moved)
         n = len(plan.seqs)
         metrics = measured(
-            cost, self.roof, dtype_name(self.model.dtype), step=self.step_count, phase=plan_phase(plan.seqs),
+            cost, self.roof, dtype_name(self.model.dtype), products, step=self.step_count, phase=plan_phase(plan.seqs),
             batch_size=n, new_tokens=max(1, round(plan.total_num_scheduled_tokens / n)), tokens_out=len(ids),
             context_len=round(sum(s.start_pos for s in plan.seqs) / n), step_s=step_s, t_s=time.monotonic(),
             settings_label=self.settings_label, tokens_in=plan.total_num_scheduled_tokens)

@@ -18,6 +18,7 @@ from engine.kv.cache import ContiguousKVCache
 from engine.hardware.roof import Roof
 from engine.hardware.spec import dtype_name
 from engine.metrics import StepCost, StepMetrics, measured, step_cost, sum_costs
+from engine.model import cpu_step
 from engine.model.sampling import greedy, mask_tokens, probabilities
 from engine.model.transformer import Transformer
 from engine.serving.scheduler import common_prefix
@@ -189,8 +190,9 @@ class DraftModel:
         sync()
         step_s = time.perf_counter() - t0
         self.cached_ids = list(ids) + tokens[:-1]  # the last guess was never fed
+        products = cpu_step.products(model)  # its forwards' products, where they ran in C++ (the compute roof)
         metrics = measured(
-            sum_costs(costs), self.roof, dtype_name(model.dtype), step=0, phase="draft", batch_size=1,
+            sum_costs(costs), self.roof, dtype_name(model.dtype), products, step=0, phase="draft", batch_size=1,
             new_tokens=len(ids) - context + k - 1, tokens_out=0, context_len=context, step_s=step_s,
             t_s=time.monotonic(), draft_tokens=k)
         return Draft(tokens, torch.cat(probs) if probs else None, metrics)

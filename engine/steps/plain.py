@@ -127,7 +127,8 @@ class PlainSteps:
         if use_cache:
             self.cached_ids = list(ids) + guesses[:accepted]
             self.cache.truncate(len(self.cached_ids))  # the rejected guesses' K/V go (paged: their blocks)
-        cpp = not captured and cpu_step.ran_in_cpp(model)  # the C++ step: each weight once, whatever its rows
+        products = None if captured else cpu_step.products(model)  # the C++ step's (its compute roof's kinds)
+        cpp = products is not None  # the C++ step: each weight once, whatever its rows
         # a captured step without the flash kernel reads the whole cache buffer, masked (engine/graphs.py)
         kv_read_tokens = self.graphs.kv_read_tokens(model, start, self.cache.max_len, attention) if captured else None
         cost = step_cost(self.cfg, batch_size=1, new_tokens=len(feed), context_len=start,
@@ -138,7 +139,7 @@ class PlainSteps:
                          kv_layout=layout, block_size=getattr(self.cache, "block_size", DEFAULT_BLOCK_SIZE),
                          captured=captured)
         metrics = measured(
-            cost, setup.roof, settings.dtype, step=self.counter.value, phase=phase, batch_size=1,
+            cost, setup.roof, settings.dtype, products, step=self.counter.value, phase=phase, batch_size=1,
             new_tokens=len(feed), tokens_out=len(out), context_len=start, step_s=step_s, t_s=time.monotonic(),
             settings_label=settings.label, draft_tokens=len(guesses), accepted_tokens=accepted,
             captured=captured)

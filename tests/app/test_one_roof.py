@@ -27,8 +27,9 @@ def one_cached_roof(tmp_path, monkeypatch):
         records[machine] = MeasuredRoof(machine=machine, measured_at="2025-01-31 14:05", method="a planted roof",
                                         threads=threads, llc_bytes=32 << 20, read_gbs=READ_GBS,
                                         read_gbs_by_size={"128 MiB": READ_GBS}, cache_read_gbs=None,
-                                        flops={"fp32": FP32, "bf16": 2 * FP32},
-                                        flops_method={"fp32": "FMA loop", "bf16": "FMA loop"}).to_dict()
+                                        flops={"fp32": FP32, "bf16": 2 * FP32, "int8": 4 * FP32},
+                                        flops_method={"fp32": "FMA loop", "bf16": "FMA loop",
+                                                      "int8": "int8 dot loop"}).to_dict()
     path = tmp_path / "roof.json"
     path.write_text(json.dumps(records))
     monkeypatch.setenv("MEMBOUND_ROOF_CACHE", str(path))
@@ -55,6 +56,7 @@ def test_the_app_the_bench_and_the_chat_report_the_same_peaks(one_cached_roof, c
         assert window.hardware.peak_bandwidth_gbs == READ_GBS and window.hardware.peak_flops["fp32"] == FP32
         assert f"{READ_GBS:.1f} GB/s (measured)" in window.hardware_strip.bandwidth_label.text()
         assert "fp32 45.6 GFLOP/s (measured)" in window.hardware_strip.compute_label.text()
+        assert "int8 dots 182.4 GFLOP/s (measured)" in window.hardware_strip.compute_label.text()
         with qtbot.waitSignal(window.reply_finished, timeout=60_000):
             window.send("hi")
         assert set(window.data.steps.column("peak_bps")) == {READ_GBS * 1e9}

@@ -88,6 +88,19 @@ def test_memory_and_compute_plots_draw_against_the_device_peaks(data, qtbot):
     assert "% of peak" in memory.readout() and "MFU" in compute.readout()
 
 
+def test_the_compute_peak_names_what_the_step_multiplies_with(qtbot):
+    """An INT4 step of the C++ step is measured against its int8 dot products' roof (engine/metrics.py
+    measured): the line says so, not "fp32" at 4x the fp32 rate."""
+    from dataclasses import replace
+    live = LiveData()
+    live.start_reply(100.0)
+    for i in range(4):
+        live.add_step(replace(step(i, label="fp32 · int4 g32 · kv on"), peak_flops=3.5e11, peak_kind="int8 dots"))
+    compute = make(ComputePlot, live, qtbot, fake_cpu())
+    assert compute._peak_lines["peak_flops"].label.format == "peak 350.0 GFLOP/s int8 dots (measured)"
+    assert compute.series[0].getData()[1][-1] == pytest.approx(100 * 2e6 / 0.01 / 3.5e11)  # MFU of that roof
+
+
 def test_a_step_under_the_cache_roof_is_read_against_it_and_the_plot_draws_that_roof(qtbot):
     # an Intel guest's int4 step: ~100 MB fits its 120 MiB cache roof (56 GB/s); the readout once said
     # "34% of peak" under a line marked "measured peak 31 GB/s" (34% was of the cache's 56)

@@ -206,6 +206,7 @@ def test_replay_runs_where_torch_cannot_be_imported(make_window, qtbot, tmp_path
         rows = list(csv.DictReader(file))
     assert len(rows) == live.data.steps.total == 20
     assert [float(r["tokens_per_s"]) for r in rows] == list(live.data.steps.column("tokens_per_s"))
+    assert {r["peak_flops_of"] for r in rows} == {"fp32"}
     report = (out_dir / "report.md").read_text()
     assert "From a replay" in report and "![Tokens/s](plot-tokens.png)" in report and "| fp32 · kv on |" in report
 

@@ -82,6 +82,7 @@ def test_prefill_is_compute_bound_and_causal_attention_counts_half_the_square():
                      kv_elem_bytes=2, act_elem_bytes=2)
     assert cost.attention_flops == 32 * 4 * 4096 * (T * (T + 1) // 2)
     assert cost.matmul_flops == 2 * 32 * 202_375_168 * T + 2 * 32000 * 4096  # head on the last row only
+    assert cost.head_flops == 2 * 32000 * 4096  # (its own: an INT4 model's head is INT8, another roof)
     m = StepMetrics.from_cost(cost, step=0, phase="prefill", batch_size=1, new_tokens=T, tokens_out=1,
                               context_len=0, step_s=0.2, peak_bandwidth_bps=2e12, peak_flops=312e12)
     assert m.bound == "compute"

@@ -189,6 +189,36 @@ def test_switch_to_int8_then_int4_between_steps_of_one_reply():
     assert steps[6].settings_label == "fp32 · int4 g32 · kv on"
 
 
+@pytest.mark.parametrize("weights", ["int4", "int8"])
+def test_a_quantised_cpp_step_is_measured_against_the_roof_of_its_dot_products(weights, monkeypatch):
+    """The C++ step multiplies INT4 (and Arm's INT8) as int8 dot products and x86's INT8 as int16
+    pairs, at several times the FMA rate: against fp32's roof an int4 batch of 16 read 103% of its
+    roofline. Each part at its own peak: the layers', the INT8 head's, attention at fp32."""
+    from dataclasses import replace
+    from engine.hardware.roof import Roof
+    from engine.metrics import cost_of
+    from kernels.cpu_decode import INT4, INT8, product_kind
+    monkeypatch.setattr(cpu_step, "time_steps", lambda model: (1e-6, 1.0))  # the C++ step, whatever the timing
+    hw = replace(fake_cpu(), peak_flops={"fp32": 1e11, "bf16": 1e11, "int8": 4e11, "int16": 2e11})
+    eng = Engine(tiny_loaded(), device="cpu", hardware=hw,
+                 settings=Settings(dtype="fp32", max_new_tokens=4, sampling=GREEDY, weights=weights))
+    if cpu_step.unavailable_reason(eng.context):
+        pytest.fail(f"the C++ step must build here: {cpu_step.unavailable_reason(eng.context)}")
+    steps = [e for e in eng.generate(list(range(1, 20)), max_new_tokens=4, ignore_eos=True)
+             if isinstance(e, StepMetrics)]
+    lib = cpu_step.library(eng.context)
+    kinds = (product_kind(lib, INT4 if weights == "int4" else INT8), product_kind(lib, INT8))
+    assert kinds == (("int8", "int16") if weights == "int4" else ("int16", "int16"))  # x86: AVX-512 or AVX2
+    decode = steps[-1]
+    assert decode.phase == "decode" and decode.peak_kind == f"{kinds[0]} dots"
+    assert decode.peak_flops == pytest.approx(Roof.of(hw).step_flops_peak(cost_of(decode), "fp32", kinds))
+    assert 1e11 < decode.peak_flops < (4e11 if weights == "int4" else 2e11)  # above fp32's, below the dots'
+    with cpu_step.pytorch_only():  # PyTorch's step dequantises and multiplies in fp32: fp32's roof
+        plain = [e for e in eng.generate(list(range(1, 20)), max_new_tokens=2, ignore_eos=True)
+                 if isinstance(e, StepMetrics)][-1]
+    assert plain.peak_flops == 1e11 and plain.peak_kind == "fp32"
+
+
 def test_the_reply_keeps_streaming_while_weights_are_made_and_switches_when_ready():
     eng = tiny_engine()
     release = threading.Event()

@@ -78,6 +78,76 @@ def test_the_fma_probe_counts_its_flops():
     assert 1e8 < rate < 1e13  # a 2-core VM to a big server, per the 2 * lanes * chains * iters count
 
 
+def built_probe(march: str, tmp_path):
+    """kernels/cpu_roof.cpp built for another x86 level than this machine's own (ctypes, typed)."""
+    import ctypes
+    import subprocess
+    from kernels.cpu_decode import FLAGS
+    flags = [f if not f.startswith("-march") else f"-march={march}" for f in FLAGS]
+    out = tmp_path / f"roof-{march}.so"
+    subprocess.run(["g++", *flags, str(probe.SOURCE), "-o", str(out)], check=True, capture_output=True, timeout=120)
+    lib = ctypes.CDLL(str(out))
+    lib.membound_int_dot_best_s.restype = lib.membound_fma_best_s.restype = ctypes.c_double
+    lib.membound_int_dot_best_s.argtypes = [ctypes.c_int64] * 4 + [ctypes.POINTER(ctypes.c_float)]
+    lib.membound_fma_best_s.argtypes = [ctypes.c_int64] * 3 + [ctypes.POINTER(ctypes.c_float)]
+    lib.membound_int_dot_flops_per_iter.restype = lib.membound_roof_lanes.restype = ctypes.c_int64
+    lib.membound_int_dot_flops_per_iter.argtypes = [ctypes.c_int64]
+    return lib
+
+
+@pytest.mark.parametrize("march", ["native", "x86-64-v3", "x86-64-v4"])  # VNNI here; AVX2; AVX-512 without VNNI
+def test_the_integer_dot_probes_time_their_products_at_every_x86_level(march, tmp_path):
+    """An integer dot product multiplies at most 4x the multiply-adds of an FMA of its width (four
+    bytes a lane) and an int16 pair dot 2x: a rate beyond that is a loop that did not multiply (GCC
+    hoisted vpmaddubsw out of a loop of `acc + maddubs(w, x)`: AVX2 "int8" read 10.7x its FMA rate)."""
+    import ctypes
+    if "avx2" not in open("/proc/cpuinfo").read():
+        pytest.fail("the x86 levels are built and run here (this project's CI machines have AVX2 and AVX-512)")
+    lib = built_probe(march, tmp_path)
+    sink, iters = ctypes.c_float(), 200_000
+    fma = 2 * lib.membound_roof_lanes() * probe.CHAINS * iters / lib.membound_fma_best_s(iters, 5, 1, ctypes.byref(sink))
+    for bits, most in ((8, 4), (16, 2)):
+        per_iter = lib.membound_int_dot_flops_per_iter(bits)
+        assert per_iter == 2 * most * lib.membound_roof_lanes() * probe.CHAINS  # the instruction's multiply-adds
+        rate = per_iter * iters / lib.membound_int_dot_best_s(bits, iters, 5, 1, ctypes.byref(sink))
+        assert 0.3 * fma < rate < 1.25 * most * fma, f"{march} int{bits}: {rate / fma:.2f}x the FMA rate"
+
+
+def test_the_integer_dot_probe_says_where_a_machine_has_none(tmp_path):
+    lib = built_probe("x86-64", tmp_path)  # SSE2: no integer dot product the decode step uses
+    sink = __import__("ctypes").c_float()
+    assert lib.membound_int_dot_flops_per_iter(8) == lib.membound_int_dot_flops_per_iter(16) == 0
+    assert lib.membound_int_dot_best_s(8, 10, 1, 1, sink) < 0
+
+
+@pytest.mark.parametrize("march", ["armv8-a", "armv8.2-a+dotprod"])
+def test_the_roof_probe_builds_clean_for_aarch64(march, tmp_path):
+    import os
+    import shutil
+    import subprocess
+    if not shutil.which("aarch64-linux-gnu-g++"):
+        if os.environ.get("CI"):
+            pytest.fail("CI must build the aarch64 probe: no aarch64-linux-gnu-g++")
+        pytest.skip("no aarch64-linux-gnu-g++ here (apt-get install g++-aarch64-linux-gnu)")
+    done = subprocess.run(["aarch64-linux-gnu-g++", "-O3", f"-march={march}", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
+                           "-Wall", "-Wextra", "-Werror", str(probe.SOURCE), "-o", str(tmp_path / "roof.so")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_steps_compute_roof_is_its_parts_each_at_its_own_peak():
+    from engine.metrics import StepCost
+    roof = Roof(bandwidth_bps=50e9, flops={"fp32": 1e11, "bf16": 2e11, "int8": 4e11, "int16": 2e11})
+    # an INT4 step: layers' products as int8 dots, the INT8 head's as int16 pairs, attention at fp32
+    cost = StepCost(flops=10 * 10**9, matmul_flops=9 * 10**9, head_flops=10**9, attention_flops=10**9)
+    seconds = 8e9 / 4e11 + 1e9 / 2e11 + 1e9 / 1e11
+    assert roof.step_flops_peak(cost, "fp32", ("int8", "int16")) == pytest.approx(10e9 / seconds)
+    assert roof.step_flops_peak(cost, "fp32") == 1e11  # no products named: the activations' rate
+    assert roof.step_flops_peak(cost, "bf16", ("bf16", "bf16")) == pytest.approx(10e9 / (9e9 / 2e11 + 1e9 / 2e11))
+    plain = Roof(bandwidth_bps=50e9, flops={"fp32": 1e11})  # a probe with no integer dots: the float rate
+    assert plain.step_flops_peak(cost, "fp32", ("int8", "int16")) == pytest.approx(1e11)
+
+
 def test_the_roof_chooses_the_cache_roof_only_for_a_step_that_fits_it():
     spec = DeviceSpec(name="cpu", kind="cpu", peak_bandwidth_gbs=20.0, peak_flops={"fp32": 1e11},
                       cache_bandwidth_gbs=200.0, cache_bytes=32 << 20)
@@ -130,6 +200,7 @@ def test_the_measured_roof_is_the_best_round_and_says_its_spread(monkeypatch):
     monkeypatch.setattr(probe, "read_buffer", lambda n: (torch.empty(n // 4), 1.0))
     monkeypatch.setattr(probe, "fma_flops", lambda threads: 1e11)
     monkeypatch.setattr(probe, "bf16_flops", lambda threads: None)
+    monkeypatch.setattr(probe, "int_dot_flops", lambda kind, threads: {"int8": 4e11}.get(kind))
     monkeypatch.setattr(roofs, "measure_matmul_flops", lambda *a, **k: 1.0)
     monkeypatch.setattr(roofs, "READ_ROUND_GAP_S", 0.0)
     monkeypatch.setattr(roofs, "llc_bytes", lambda: 32 << 20)  # two sizes (512 MiB, 1 GiB), whatever this machine's
@@ -138,6 +209,8 @@ def test_the_measured_roof_is_the_best_round_and_says_its_spread(monkeypatch):
     assert list(record.read_gbs_by_size) == ["512 MiB", "1024 MiB"]
     assert record.read_gbs == pytest.approx(2.0) and record.read_gbs_rounds == [1.0, 2.0, 1.25, 1.0, 1.0]
     assert "2 MiB pages" in record.method and "rounds 1.0–2.0" in record.describe()
+    assert record.flops["int8"] == 4e11 and "int16" not in record.flops  # a kind the machine lacks: none
+    assert "int8 0.400 TFLOP/s (int8 dot loop)" in record.describe()
 
 
 def test_a_roof_measured_while_the_machine_was_busy_is_measured_again_once_it_is_quiet(roof_cache, monkeypatch):
