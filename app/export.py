@@ -85,7 +85,7 @@ def write_steps_csv(data, path: str | Path) -> Path:
             row = [int(columns["step"][i]), phase, label]
             row += ["" if not math.isfinite(columns[name][i]) else repr(float(columns[name][i]))
                     for name, _ in CSV_COLUMNS[1:]]
-            row.append(data.peak_kinds[int(kinds[i])] if math.isfinite(kinds[i]) else "")  # "fp32", "int8 dots"
+            row.append(data.peak_kinds[int(kinds[i])] if math.isfinite(kinds[i]) else "")  # "fp32", "int8/int16 dots + fp32"
             writer.writerow(row)
     return path
 

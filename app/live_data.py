@@ -17,7 +17,7 @@ MAX_ANNOTATIONS = 64
 
 STEP_COLUMNS = ("x", "t_s", "start_s", "prefill", "mixed", "label", "tokens_per_s", "ceiling_tps", "roof_tps", "gbs",
                 "flops", "mfu_pct", "ai", "step_ms", "peak_flops", "peak_bps",
-                "peak_kind",  # what peak_flops is of ("fp32", "int8 dots"): an index into `peak_kinds`
+                "peak_kind",  # what peak_flops is of ("fp32", "int8/int16 dots + fp32"): an index into `peak_kinds`
                 # speculative decoding: a draft step (the draft model's forwards), a verify step (the target's),
                 # its guesses and those kept; tokens produced; time beyond the step's bytes at peak bandwidth
                 "draft", "verify", "draft_tokens", "accepted", "tokens_out", "overhead_ms", "cache_roof")
@@ -45,7 +45,7 @@ class LiveData:
         self.serving_policy = ""
         self.serving_version = 0
         self.labels: list[str] = []  # settings labels; the "label" column holds indices into it
-        self.peak_kinds: list[str] = []  # what a step's compute roof is of ("fp32", "int8 dots"): "peak_kind"'s
+        self.peak_kinds: list[str] = []  # what a step's compute roof is of ("fp32", "int8/int16 dots + fp32")
         self.annotations: list[Annotation] = []
         self.reply_t0: float | None = None  # time.monotonic() when the current reply was sent
         self.reply_t1: float | None = None  # its last step's end (None while it streams)

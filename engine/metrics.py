@@ -256,7 +256,7 @@ class StepMetrics(StepCost):
     step_s: float  # measured wall time (CUDA events on a GPU)
     peak_bandwidth_bps: float  # bytes/s of the roof the step sits under (engine/hardware/roof.py Roof)
     peak_flops: float  # FLOP/s of its compute roof: its dtype's, or its products' (Roof.step_flops_peak)
-    peak_kind: str = ""  # what that roof is of, for its label: "fp32", "bf16", "int8 dots" ("": its dtype)
+    peak_kind: str = ""  # what that roof is of, for its label: "fp32", "bf16", "int8/int16 dots + fp32" ("": its dtype)
     t_s: float = 0.0  # monotonic time at the end of the step
     settings_label: str = ""  # e.g. "fp32 · kv on"
     tokens_in: int = 0  # tokens fed this step, all sequences; 0: batch_size x new_tokens (a ragged
@@ -439,8 +439,10 @@ def measured(cost: StepCost, roof: Roof, dtype: str, products: tuple[str, str] |
     with its measured figures (step_s, phase, tokens, ...). `products`: how the step's layers and head
     multiply where that is not at the activations' float rate (the C++ step's integer dot products:
     engine/model/cpu_step.py products); the compute roof is then theirs (Roof.step_flops_peak)."""
-    layers = products[0] if products else ""
-    kind = f"{layers} dots" if layers in ("int8", "int16") and layers in roof.flops else dtype_name(dtype)
+    kind = dtype_name(dtype)
+    dots = [k for k in dict.fromkeys(products or ()) if k in ("int8", "int16") and k in roof.flops]
+    if dots:  # "int8/int16 dots + fp32": the layers' and the head's dot products, the rest at the float rate
+        kind = f"{'/'.join(dots)} dots + {kind}"
     return StepMetrics.from_cost(cost, peak_bandwidth_bps=roof.bandwidth_for(cost.total_bytes),
                                  peak_flops=roof.step_flops_peak(cost, dtype, products), peak_kind=kind,
                                  roof=roof.level_for(cost.total_bytes), **figures)

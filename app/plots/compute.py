@@ -43,9 +43,10 @@ class ComputePlot(StepPlot):
         steps = self.data.steps
         peak_flops = steps.last("peak_flops")
         kind = steps.last("peak_kind") if steps.total else math.nan
-        dtype = self.data.peak_kinds[int(kind)] if math.isfinite(kind) else ""  # "fp32", "int8 dots"
-        if dtype.endswith(" dots"):  # the C++ step's integer dot products (engine/metrics.py measured)
-            dtype = translate("Plots", "{kind} dots").format(kind=dtype.split(" ")[0])
+        dtype = self.data.peak_kinds[int(kind)] if math.isfinite(kind) else ""  # "fp32", "int8/int16 dots + fp32"
+        if " dots + " in dtype:  # the C++ step's integer dot products, the rest at a float rate (engine/metrics.py measured)
+            dots, rest = dtype.split(" dots + ")
+            dtype = translate("Plots", "{dots} dots + {rest}").format(dots=dots, rest=rest)
         if not math.isfinite(peak_flops):
             peak_flops = spec.peak_flops_for("fp32") or float("nan")
             dtype = "fp32"

@@ -650,8 +650,8 @@
         <translation>tensor cores ocupados (NVML GPM)</translation>
     </message>
     <message>
-        <source>{kind} dots</source>
-        <translation>productos {kind}</translation>
+        <source>{dots} dots + {rest}</source>
+        <translation>productos {dots} + {rest}</translation>
     </message>
     <message>
         <source>measured</source>

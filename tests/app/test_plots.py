@@ -89,15 +89,16 @@ def test_memory_and_compute_plots_draw_against_the_device_peaks(data, qtbot):
 
 
 def test_the_compute_peak_names_what_the_step_multiplies_with(qtbot):
-    """An INT4 step of the C++ step is measured against its int8 dot products' roof (engine/metrics.py
-    measured): the line says so, not "fp32" at 4x the fp32 rate."""
+    """An INT4 step of the C++ step is measured against its parts' roofs (engine/metrics.py measured):
+    its layers' int8 dot products, its INT8 head's int16 ones, attention at fp32; the line says so."""
     from dataclasses import replace
     live = LiveData()
     live.start_reply(100.0)
     for i in range(4):
-        live.add_step(replace(step(i, label="fp32 · int4 g32 · kv on"), peak_flops=3.5e11, peak_kind="int8 dots"))
+        live.add_step(replace(step(i, label="fp32 · int4 g32 · kv on"), peak_flops=3.5e11,
+                              peak_kind="int8/int16 dots + fp32"))
     compute = make(ComputePlot, live, qtbot, fake_cpu())
-    assert compute._peak_lines["peak_flops"].label.format == "peak 350.0 GFLOP/s int8 dots (measured)"
+    assert compute._peak_lines["peak_flops"].label.format == "peak 350.0 GFLOP/s int8/int16 dots + fp32 (measured)"
     assert compute.series[0].getData()[1][-1] == pytest.approx(100 * 2e6 / 0.01 / 3.5e11)  # MFU of that roof
 
 
