@@ -31,6 +31,25 @@ typedef float vec __attribute__((vector_size(4 * LANES)));
 
 static inline double now_s() { return omp_get_wtime(); }
 
+// Inside a parallel region: `pass()` on every thread, `repeats` + 1 times between barriers; `*best`
+// (shared) gets the least seconds of a pass after the first (page faults, clocks) as the master saw it.
+template <typename Pass>
+static inline void timed_passes(int64_t repeats, double *best, Pass pass) {
+  for (int64_t p = 0; p <= repeats; p++) {
+    double t0 = 0;
+#pragma omp barrier
+#pragma omp master
+    t0 = now_s();
+    pass();
+#pragma omp barrier
+#pragma omp master
+    {
+      double dt = now_s() - t0;
+      if (p > 0 && dt < *best) *best = dt;
+    }
+  }
+}
+
 extern "C" {
 
 int64_t membound_roof_lanes(void) { return LANES; }
@@ -46,25 +65,15 @@ double membound_read_best_s(const float *data, int64_t n, int64_t repeats, int64
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     const int64_t b0 = blocks * t / nt, b1 = blocks * (t + 1) / nt;
-    for (int64_t pass = 0; pass <= repeats; pass++) {
-      double t0 = 0;
-#pragma omp barrier
-#pragma omp master
-      t0 = now_s();
+    timed_passes(repeats, &best, [&] {
       vec acc[CHAINS] = {};
       for (int64_t b = b0; b < b1; b++) {
         const vec *p = (const vec *)(data + b * step);
         for (int c = 0; c < CHAINS; c++) acc[c] += p[c];
       }
-#pragma omp barrier
-#pragma omp master
-      {
-        double dt = now_s() - t0;
-        if (pass > 0 && dt < best) best = dt;
-      }
       for (int c = 1; c < CHAINS; c++) acc[0] += acc[c];
       for (int l = 0; l < LANES; l++) total += acc[0][l];
-    }
+    });
   }
   *sink = total;
   return best;
@@ -80,21 +89,11 @@ double membound_fma_best_s(int64_t iters, int64_t repeats, int64_t threads, floa
     vec acc[CHAINS];
     for (int c = 0; c < CHAINS; c++) acc[c] = (vec){} + (float)(c + omp_get_thread_num()) * 1e-3f;
     const vec a = (vec){} + 0.999999f, b = (vec){} + 1e-7f;
-    for (int64_t pass = 0; pass <= repeats; pass++) {
-      double t0 = 0;
-#pragma omp barrier
-#pragma omp master
-      t0 = now_s();
+    timed_passes(repeats, &best, [&] {
       for (int64_t i = 0; i < iters; i++) {
         for (int c = 0; c < CHAINS; c++) acc[c] = acc[c] * a + b;  // one FMA each (contracted at -O3)
       }
-#pragma omp barrier
-#pragma omp master
-      {
-        double dt = now_s() - t0;
-        if (pass > 0 && dt < best) best = dt;
-      }
-    }
+    });
     for (int c = 1; c < CHAINS; c++) acc[0] += acc[c];
     for (int l = 0; l < LANES; l++) total += acc[0][l];
   }
@@ -123,21 +122,11 @@ double membound_bf16_best_s(int64_t iters, int64_t repeats, int64_t threads, flo
     __m512 acc[CHAINS];
     for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_set1_ps((float)c * 1e-3f);
     const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3380);
-    for (int64_t pass = 0; pass <= repeats; pass++) {
-      double t0 = 0;
-#pragma omp barrier
-#pragma omp master
-      t0 = now_s();
+    timed_passes(repeats, &best, [&] {
       for (int64_t i = 0; i < iters; i++) {
         for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
       }
-#pragma omp barrier
-#pragma omp master
-      {
-        double dt = now_s() - t0;
-        if (pass > 0 && dt < best) best = dt;
-      }
-    }
+    });
     for (int c = 1; c < CHAINS; c++) acc[0] = _mm512_add_ps(acc[0], acc[c]);
     total += _mm512_reduce_add_ps(acc[0]);
   }
@@ -214,23 +203,13 @@ static double int_dot_best_s(Dot dot, int64_t iters, int64_t repeats, int64_t th
     memcpy(&w3, seed + 3, sizeof w3), memcpy(&x0, seed + 5, sizeof x0), memcpy(&x1, seed + 8, sizeof x1);
     for (int c = 0; c < CHAINS; c++) memset(&acc[c], c + omp_get_thread_num(), sizeof acc[c]);
     ivec a0 = acc[0], a1 = acc[1], a2 = acc[2], a3 = acc[3], a4 = acc[4], a5 = acc[5], a6 = acc[6], a7 = acc[7];
-    for (int64_t pass = 0; pass <= repeats; pass++) {
-      double t0 = 0;
-#pragma omp barrier
-#pragma omp master
-      t0 = now_s();
+    timed_passes(repeats, &best, [&] {
       for (int64_t i = 0; i < iters; i++) {
         OPAQUE(w0); OPAQUE(w1); OPAQUE(w2); OPAQUE(w3); OPAQUE(x0); OPAQUE(x1);
         a0 = dot(a0, w0, x0), a1 = dot(a1, w1, x0), a2 = dot(a2, w2, x0), a3 = dot(a3, w3, x0);
         a4 = dot(a4, w0, x1), a5 = dot(a5, w1, x1), a6 = dot(a6, w2, x1), a7 = dot(a7, w3, x1);
       }
-#pragma omp barrier
-#pragma omp master
-      {
-        double dt = now_s() - t0;
-        if (pass > 0 && dt < best) best = dt;
-      }
-    }
+    });
     acc[0] = a0, acc[1] = a1, acc[2] = a2, acc[3] = a3, acc[4] = a4, acc[5] = a5, acc[6] = a6, acc[7] = a7;
     int32_t lanes[sizeof(ivec) / 4];
     for (int c = 0; c < CHAINS; c++) {
