@@ -32,3 +32,18 @@ def activate(window, qtbot) -> None:
 def confirmed(window, qtbot, timeout_ms: int = 30_000) -> None:
     """Wait until the engine has answered every settings request the window made."""
     qtbot.waitUntil(lambda: not window.settings_pending, timeout=timeout_ms)
+
+
+def queried_settings(window, qtbot, timeout_ms: int = 30_000):
+    """The settings the engine runs, as it answers `worker.query()`: through a connection kept for the
+    window's life, not a waitSignal (a blocker disconnected while the worker's signals are still
+    queued crashed pytest-qt's event processing once: tests/app/test_app_default_model.py)."""
+    answers = getattr(window, "_queried_settings", None)
+    if answers is None:
+        answers = window._queried_settings = []
+        window.worker.state.connect(answers.append)
+    before = len(answers)
+    window.worker.query()
+    qtbot.waitUntil(lambda: len(answers) > before, timeout=timeout_ms)
+    return answers[-1]
+

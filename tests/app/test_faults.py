@@ -13,7 +13,7 @@ import signal
 import time
 
 import pytest
-from app_test_helpers import GREEDY, confirmed, fake_cpu, send_and_wait
+from app_test_helpers import GREEDY, confirmed, fake_cpu, queried_settings, send_and_wait
 
 from engine.io.default_model import find_default_model
 from engine.settings import Settings
@@ -152,9 +152,7 @@ def test_an_exception_in_the_listener_answers_the_lost_message(process_window, q
     window.apply_settings(dataclasses.replace(window.settings, policy="static"))  # the listener is still there
     confirmed(window, qtbot)
     assert window.settings.policy == "static"
-    with qtbot.waitSignal(window.worker.state, timeout=10_000) as state:
-        window.worker.query()
-    assert state.args[0] == window.settings
+    assert queried_settings(window, qtbot, timeout_ms=10_000) == window.settings
     assert_usable(window, qtbot)
 
 

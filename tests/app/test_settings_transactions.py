@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from app_test_helpers import GREEDY, confirmed, fake_cpu
+from app_test_helpers import GREEDY, confirmed, fake_cpu, queried_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -90,9 +90,7 @@ def test_after_every_answer_the_controls_equal_the_engine_settings(process_windo
         for field, value in changes:  # one after another, without waiting for the answers
             window.apply_settings(with_field(window.controls.requested, field, value))
         confirmed(window, qtbot, timeout_ms=120_000)
-        with qtbot.waitSignal(window.worker.state, timeout=30_000) as state:
-            window.worker.query()
-        engine_settings = state.args[0]
+        engine_settings = queried_settings(window, qtbot)
         assert window.settings == engine_settings == window.controls.settings
         assert window.controls.pending == {}
         assert shown(window) == expected(engine_settings)
