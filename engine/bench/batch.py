@@ -485,7 +485,7 @@ def run_llamacpp_batch(engine, gguf, sizes: list[int], prompt_tokens: int, decod
     and llama-bench for one sequence (generation after `prompt_tokens` of context)."""
     import torch
 
-    from engine.bench.llamacpp import (PEER_FLOPS_DTYPE, batched_bench_traffic, find_tool, gguf_matmul_bytes,
+    from engine.bench.llamacpp import (batched_bench_traffic, find_tool, gguf_matmul_bytes,
                                        run_batched_bench, run_llama_bench)
     from engine.hardware.roof import Roof
 
@@ -493,7 +493,7 @@ def run_llamacpp_batch(engine, gguf, sizes: list[int], prompt_tokens: int, decod
     batched, batched_command = run_batched_bench(find_tool("llama-batched-bench"), gguf, threads, prompt_tokens,
                                                  decode_tokens, sizes)
     batched_bench_traffic(batched, engine.cfg, prompt_tokens, decode_tokens, gguf_matmul_bytes(gguf),
-                          Roof.of(engine.hardware), engine.hardware.peak_flops_for(PEER_FLOPS_DTYPE) or float("nan"))
+                          Roof.of(engine.hardware))
     single = run_llama_bench(find_tool("llama-bench"), gguf, threads, prompt_tokens, decode_tokens)
     return {"model": str(gguf), "threads": threads, "batched": batched, "batched_command": batched_command,
             "llama_bench": single}

@@ -26,11 +26,12 @@ from engine.options import EngineOptions
 
 TOOLS = ("llama-server", "llama-batched-bench", "llama-bench")
 KV_ELEM_BYTES = 2  # llama.cpp's default KV cache type is f16
-# the FLOP/s llama.cpp's matmuls are held to: a quantised GGUF (the default model's Q4_1) multiplies int8
-# blocks, the activations quantised to Q8, so its roof is int8's; where a machine has no int8 figure, the one
-# that stands in for it (engine/hardware/spec.py peak_flops_for: bf16, then fp32). An F16/F32 GGUF is held
-# to the same roof: a simplification (its compute roof then too high, its MFU too low)
-PEER_FLOPS_DTYPE = "int8"
+# what llama.cpp's matmuls are held to: a quantised GGUF (the default model's Q4_1, its Q8 head) multiplies
+# int8 blocks, the activations quantised to Q8, so its layers' and head's products are int8 dot products
+# (Roof.step_flops_peak, as our C++ step's are: the rest of a step at fp32's rate; where a machine has no
+# int8 figure, fp32's). An F16/F32 GGUF is held to the same roof: a simplification (its compute roof then too
+# high, its MFU too low)
+PEER_PRODUCTS = ("int8", "int8")
 START_TIMEOUT_S = 120.0
 BENCH_TIMEOUT_S = 1800.0  # one llama-bench or llama-batched-bench run, at most
 
@@ -167,11 +168,11 @@ def run_batched_bench(binary: Path, model: Path, threads: int, prompt_tokens: in
 
 
 def batched_bench_traffic(points: dict[int, BatchedBenchPoint], cfg, prompt_tokens: int, decode_tokens: int,
-                          weight_bytes: int, roof, peak_flops: float) -> None:
+                          weight_bytes: int, roof) -> None:
     """Each point's achieved GB/s, MBU and roofline from the cost model, as ours are counted: its
     weights once a step for all the sequences, each sequence's f16 KV cache read from `prompt_tokens`
     on; each step against the roof it sits under (engine/hardware/roof.py Roof), its roofline time the
-    longer of its bytes at that bandwidth and its FLOPs at `peak_flops`."""
+    longer of its bytes at that bandwidth and its FLOPs at their peak (PEER_PRODUCTS)."""
     from engine.metrics import step_cost
 
     for p in points.values():
@@ -183,7 +184,7 @@ def batched_bench_traffic(points: dict[int, BatchedBenchPoint], cfg, prompt_toke
         p.achieved_gbs = moved / decode_s / 1e9
         p.mbu = sum(c.total_bytes / roof.bandwidth_for(c.total_bytes) for c in costs) / decode_s
         roof_s = sum(max(c.total_bytes / roof.bandwidth_for(c.total_bytes),
-                         c.flops / peak_flops if peak_flops > 0 else 0.0) for c in costs)
+                         c.flops / peer_peak(roof, c)) for c in costs)
         p.roofline_tokens_per_s = p.batch_size * decode_tokens / roof_s
         p.of_roofline = roof_s / decode_s
 
@@ -283,26 +284,28 @@ def gguf_matmul_bytes(path: Path) -> int:
     return total
 
 
-def result_of(name: str, timings: dict, cfg, prompt_tokens: int, weight_bytes: int, roof: Roof,
-              peak_flops: float) -> BenchResult:
+def peer_peak(roof: Roof, cost) -> float:
+    """The FLOP/s llama.cpp's step of `cost` could run at, at most (PEER_PRODUCTS)."""
+    return roof.step_flops_peak(cost, "fp32", PEER_PRODUCTS)
+
+
+def result_of(name: str, timings: dict, cfg, prompt_tokens: int, weight_bytes: int, roof: Roof) -> BenchResult:
     """llama-server's figures (its `timings`) as a BenchResult: the first token comes from the
     prompt's logits, the rest are decode steps."""
     return peer_result(name, cfg, prompt_tokens=timings["prompt_n"], prefill_s=timings["prompt_ms"] / 1e3,
                        decode_steps=timings["predicted_n"] - 1, decode_s=timings["predicted_ms"] / 1e3,
-                       weight_bytes=weight_bytes, roof=roof, peak_flops=peak_flops,
-                       context_start=prompt_tokens)
+                       weight_bytes=weight_bytes, roof=roof, context_start=prompt_tokens)
 
 
-def llama_bench_result(name: str, bench: LlamaBench, cfg, weight_bytes: int, roof: Roof,
-                       peak_flops: float) -> BenchResult:
+def llama_bench_result(name: str, bench: LlamaBench, cfg, weight_bytes: int, roof: Roof) -> BenchResult:
     return peer_result(name, cfg, prompt_tokens=bench.prompt_tokens,
                        prefill_s=bench.prompt_tokens / bench.prefill_tokens_per_s, decode_steps=bench.decode_tokens,
                        decode_s=bench.decode_tokens / bench.decode_tokens_per_s, weight_bytes=weight_bytes,
-                       roof=roof, peak_flops=peak_flops, context_start=bench.depth)
+                       roof=roof, context_start=bench.depth)
 
 
 def peer_result(name: str, cfg, *, prompt_tokens: int, prefill_s: float, decode_steps: int, decode_s: float,
-                weight_bytes: int, roof: Roof, peak_flops: float, context_start: int | None = None) -> BenchResult:
+                weight_bytes: int, roof: Roof, context_start: int | None = None) -> BenchResult:
     """llama.cpp's times as a BenchResult; bytes and FLOPs from our cost model for what it reads
     (weight_bytes from the file, an fp16 KV cache), step by step from `context_start` (default: after
     the prompt) as ours are counted."""
@@ -312,14 +315,14 @@ def peer_result(name: str, cfg, *, prompt_tokens: int, prefill_s: float, decode_
     costs = [step_cost(cfg, batch_size=1, new_tokens=1, context_len=start + i, weight_bytes=weight_bytes,
                        kv_elem_bytes=KV_ELEM_BYTES, act_elem_bytes=4) for i in range(decode_steps)]
     d_bytes = sum(c.total_bytes for c in costs)
-    d_flops = sum(c.flops for c in costs)
+    compute_s = sum(c.flops / peer_peak(roof, c) for c in costs)  # its FLOPs at their peak (PEER_PRODUCTS)
     # each step under the roof its bytes sit under, as ours are (engine/bench/single.py roof_of)
     roof_s = sum(c.total_bytes / roof.bandwidth_for(c.total_bytes) for c in costs)
     return BenchResult(
         name=name, prompt_tokens=prompt_tokens, decode_tokens=decode_steps,
         prefill_tokens_per_s=prompt_tokens / prefill_s, decode_tokens_per_s=decode_steps / decode_s,
         ttft_s=prefill_s, decode_achieved_gbs=d_bytes / decode_s / 1e9, peak_gbs=d_bytes / roof_s / 1e9,
-        mbu=roof_s / decode_s, mfu=d_flops / decode_s / peak_flops,
+        mbu=roof_s / decode_s, mfu=compute_s / decode_s,
         predicted_ceiling_tokens_per_s=decode_steps / roof_s,
         roof=roof_levels(roof.level_for(c.total_bytes) for c in costs),
         decode_bytes_per_token=d_bytes / decode_steps)

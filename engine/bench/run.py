@@ -362,7 +362,7 @@ PEER_SOURCES = ("llama-bench: its own timing of prompt processing and of generat
 def _llamacpp_peer(stack: contextlib.ExitStack, engine, gguf, prompt_ids: list[int], args):
     """A callable running llama.cpp on the workload: llama-bench, then its server (started now,
     stopped with `stack`); a BenchResult of each, named by the tool."""
-    from engine.bench.llamacpp import (PEER_FLOPS_DTYPE, LlamaServer, find_server, find_tool, gguf_matmul_bytes,
+    from engine.bench.llamacpp import (LlamaServer, find_server, find_tool, gguf_matmul_bytes,
                                        llama_bench_result, result_of, run_llama_bench)
     from engine.hardware.roof import Roof
 
@@ -370,14 +370,13 @@ def _llamacpp_peer(stack: contextlib.ExitStack, engine, gguf, prompt_ids: list[i
     n_predict = args.decode_tokens + 1  # as ours: the first token, then decode_tokens decode steps
     server = stack.enter_context(LlamaServer(find_server(), gguf, threads, len(prompt_ids) + n_predict + 16))
     weight_bytes = gguf_matmul_bytes(gguf)
-    peak_flops = engine.hardware.peak_flops_for(PEER_FLOPS_DTYPE) or float("nan")
     roof = Roof.of(engine.hardware)  # its steps under the same roofs as ours
 
     def run() -> list[BenchResult]:
         bench = run_llama_bench(find_tool("llama-bench"), gguf, threads, len(prompt_ids), args.decode_tokens)
         timings = server.complete(prompt_ids, n_predict)
-        return [llama_bench_result("llama-bench", bench, engine.cfg, weight_bytes, roof, peak_flops),
-                result_of("llama-server", timings, engine.cfg, len(prompt_ids), weight_bytes, roof, peak_flops)]
+        return [llama_bench_result("llama-bench", bench, engine.cfg, weight_bytes, roof),
+                result_of("llama-server", timings, engine.cfg, len(prompt_ids), weight_bytes, roof)]
     return run
 
 

@@ -265,22 +265,25 @@ def test_llama_batched_bench_is_counted_by_the_cost_model_as_llama_bench_is():
     weight_bytes, prompt, decode = 5_000_000, 16, 6
     memory = Roof(bandwidth_bps=10e9, flops={"fp32": 1e11})
     points = {1: BatchedBenchPoint(1, 500.0, 100.0, 10.0), 8: BatchedBenchPoint(8, 900.0, 800.0, 10.0)}
-    batched_bench_traffic(points, CFG, prompt, decode, weight_bytes, memory, 1e11)
+    batched_bench_traffic(points, CFG, prompt, decode, weight_bytes, memory)
     one = peer_result("llama-bench", CFG, prompt_tokens=prompt, prefill_s=prompt / 500.0, decode_steps=decode,
-                      decode_s=decode * 0.010, weight_bytes=weight_bytes, roof=memory, peak_flops=1e11,
-                      context_start=prompt)
+                      decode_s=decode * 0.010, weight_bytes=weight_bytes, roof=memory, context_start=prompt)
     assert points[1].achieved_gbs == pytest.approx(one.decode_achieved_gbs)
     assert points[1].mbu == pytest.approx(one.mbu) and 0 < points[1].mbu < 1
     assert points[1].roofline_tokens_per_s == pytest.approx(one.predicted_ceiling_tokens_per_s)
     assert points[1].of_roofline == pytest.approx(one.predicted_ceiling_tokens_per_s ** -1 * 100.0)
     assert 1 < points[8].achieved_gbs / points[1].achieved_gbs < 1.5  # the weights once for all 8
     cache = Roof(bandwidth_bps=10e9, flops={"fp32": 1e11}, cache_bandwidth_bps=40e9, cache_bytes=10**9)
-    batched_bench_traffic(points, CFG, prompt, decode, weight_bytes, cache, 1e11)
+    batched_bench_traffic(points, CFG, prompt, decode, weight_bytes, cache)
     assert points[1].mbu == pytest.approx(one.mbu / 4)  # the same bytes under the 4x faster cache roof
     under = peer_result("llama-bench", CFG, prompt_tokens=prompt, prefill_s=prompt / 500.0, decode_steps=decode,
-                        decode_s=decode * 0.010, weight_bytes=weight_bytes, roof=cache, peak_flops=1e11,
-                        context_start=prompt)
+                        decode_s=decode * 0.010, weight_bytes=weight_bytes, roof=cache, context_start=prompt)
     assert under.mbu == pytest.approx(points[1].mbu) and under.peak_gbs == pytest.approx(40.0) and under.roof == "cache"
+    # llama.cpp multiplies a quantised GGUF's matrices as int8 dot products (Q8 activations): their roof
+    dots = Roof(bandwidth_bps=10e9, flops={"fp32": 1e11, "int8": 4e11})
+    held = peer_result("llama-bench", CFG, prompt_tokens=prompt, prefill_s=prompt / 500.0, decode_steps=decode,
+                       decode_s=decode * 0.010, weight_bytes=weight_bytes, roof=dots, context_start=prompt)
+    assert one.mfu / 4 < held.mfu < one.mfu
 
 
 def test_the_batch_sweep_says_which_batches_beat_the_measured_roof():
