@@ -10,6 +10,7 @@ from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QProgressBar, QSizePo
 
 from app.i18n import translate
 from app.theme import Theme
+from engine.hardware.spec import INT_DOT_KINDS
 
 
 def _gb(n: float | None) -> str:
@@ -57,7 +58,7 @@ def device_lines(spec) -> tuple[str, str, str]:
     if spec.kind == "cpu":  # the integer dot products the quantised formats' C++ products run (kernels/cpu_roof.cpp)
         compute += [translate("HardwareStrip", "{kind} dots {rate} ({origin})").format(
             kind=kind, rate=_flops(spec.measured_flops[kind]), origin=measured_word)
-            for kind in ("int8", "int16") if spec.measured_flops.get(kind)]
+            for kind in INT_DOT_KINDS if spec.measured_flops.get(kind)]
     unknown = translate("HardwareStrip", "unknown")
     return (device, translate("HardwareStrip", "peak bandwidth: {}").format(" · ".join(bandwidth) or unknown),
             translate("HardwareStrip", "peak compute: {}").format(" · ".join(compute) or unknown))

@@ -26,6 +26,13 @@ SERVING_COLUMNS = ("x", "t_s", "users", "running", "waiting", "aggregate_tps", "
                    "ttft_p95_s", "itl_p50_s", "itl_p95_s", "preempted", "prefix_hit_pct")
 
 
+def _code(table: list[str], text: str) -> int:
+    """text's index in table, appended first where it is new (a column holds the index)."""
+    if text not in table:
+        table.append(text)
+    return table.index(text)
+
+
 @dataclass(frozen=True)
 class Annotation:
     x: float  # step index at which the change took effect
@@ -58,14 +65,10 @@ class LiveData:
         self.notes: dict[str, str] = {}  # plot name -> why it shows nothing (e.g. the flag to start a server with)
 
     def label_code(self, label: str) -> int:
-        if label not in self.labels:
-            self.labels.append(label)
-        return self.labels.index(label)
+        return _code(self.labels, label)
 
     def kind_code(self, kind: str) -> int:
-        if kind not in self.peak_kinds:
-            self.peak_kinds.append(kind)
-        return self.peak_kinds.index(kind)
+        return _code(self.peak_kinds, kind)
 
     @property
     def next_x(self) -> int:

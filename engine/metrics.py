@@ -11,7 +11,6 @@ from dataclasses import asdict, dataclass, fields, replace
 from types import MappingProxyType
 
 from engine.hardware.roof import Roof, above_roof
-from engine.hardware.spec import dtype_name
 from engine.model.config import ModelConfig
 
 # Phases whose rate counts the tokens they produce (tokens_out): plain decode, a speculative step's
@@ -439,12 +438,9 @@ def measured(cost: StepCost, roof: Roof, dtype: str, products: tuple[str, str] |
     with its measured figures (step_s, phase, tokens, ...). `products`: how the step's layers and head
     multiply where that is not at the activations' float rate (the C++ step's integer dot products:
     engine/model/cpu_step.py products); the compute roof is then theirs (Roof.step_flops_peak)."""
-    kind = dtype_name(dtype)
-    dots = [k for k in dict.fromkeys(products or ()) if k in ("int8", "int16") and k in roof.flops]
-    if dots:  # "int8/int16 dots + fp32": the layers' and the head's dot products, the rest at the float rate
-        kind = f"{'/'.join(dots)} dots + {kind}"
     return StepMetrics.from_cost(cost, peak_bandwidth_bps=roof.bandwidth_for(cost.total_bytes),
-                                 peak_flops=roof.step_flops_peak(cost, dtype, products), peak_kind=kind,
+                                 peak_flops=roof.step_flops_peak(cost, dtype, products),
+                                 peak_kind=roof.peak_kind(dtype, products),
                                  roof=roof.level_for(cost.total_bytes), **figures)
 
 

@@ -56,7 +56,7 @@ class BatchPoint:
     mfu: float
     bound: str  # "memory" | "compute" (cost model against the device's ridge point)
     ridge_flop_per_byte: float = float("nan")  # that ridge: its steps' compute roof (their products') / bandwidth roof
-    peak_kind: str = ""  # what the compute roof is of ("fp32", "int8 dots": engine/metrics.py StepMetrics)
+    peak_kind: str = ""  # what the compute roof is of ("fp32", "int8/int16 dots + fp32": engine/metrics.py StepMetrics)
     roofline_tokens_per_s: float = float("nan")  # the lower roof (bytes at peak GB/s, FLOPs at peak FLOP/s)
     of_roofline: float = float("nan")  # aggregate / roofline
     read_beside_gbs: tuple[float, float] | None = None  # CPU: a read of a step's bytes before and after the run

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 
 from engine.hardware.roof import ABOVE_ROOF_TOLERANCE, CACHE_FASTER, MeasuredRoof
-from engine.hardware.spec import GB, dtype_name
+from engine.hardware.spec import GB, INT_DOT_KINDS, dtype_name
 from engine.options import EngineOptions
 
 # ---------------------------------------------------------------------------------------------
@@ -164,7 +164,6 @@ READ_PASSES = 7  # best of N passes a size, a round
 READ_ROUNDS = 5  # rounds over the sizes, READ_ROUND_GAP_S apart: the best round is the roof
 READ_ROUND_GAP_S = 0.25
 PROBE_METHOD = "read v6"  # in the fingerprint: a roof cached by an older probe is measured again
-INT_DOT_KINDS = ("int8", "int16")  # integer dot products probed (kernels/cpu_roof.py int_dot_flops; v6 on)
 MIN_READ_BYTES = 256 * 2**20
 FALLBACK_LLC_BYTES = 32 * 2**20  # where the cache size cannot be read
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-from engine.hardware.spec import GB, DeviceSpec, dtype_name
+from engine.hardware.spec import GB, INT_DOT_KINDS, DeviceSpec, dtype_name
 
 # ---------------------------------------------------------------------------------------------
 # The policy
@@ -59,7 +59,7 @@ class Roof:
         "int8" or "int16" dot products, kernels/cpu_decode.py product_kind) in a step of activations
         `dtype`: the float kinds as flops_for; an integer kind at its probed rate where the probe
         measured one, else the activations' (the machine has no such instruction)."""
-        if kind in ("int8", "int16") and kind in self.flops:
+        if kind in INT_DOT_KINDS and kind in self.flops:
             return self.flops[kind]
         return self.flops_for(kind if kind in ("fp32", "bf16") else dtype)
 
@@ -77,6 +77,12 @@ class Roof:
         layer_flops = cost.matmul_flops - cost.head_flops
         seconds = layer_flops / layers + cost.head_flops / head + (cost.flops - cost.matmul_flops) / rest
         return cost.flops / seconds if seconds > 0 else rest
+
+    def peak_kind(self, dtype, products: tuple[str, str] | None = None) -> str:
+        """What step_flops_peak's rate is of, in words: the activations' dtype, or where the layers' or
+        the head's products run as integer dot products this roof knows, "int8/int16 dots + fp32"."""
+        dots = [k for k in dict.fromkeys(products or ()) if k in INT_DOT_KINDS and k in self.flops]
+        return f"{'/'.join(dots)} dots + {dtype_name(dtype)}" if dots else dtype_name(dtype)
 
     def flops_for(self, dtype) -> float:
         """Peak FLOP/s for a dtype (fp16 <-> bf16, then fp32 stand in); nan when nothing is known."""

@@ -8,6 +8,9 @@ from typing import Any
 GB = 1e9  # bandwidths are decimal GB/s, as on datasheets
 TERA = 1e12
 DTYPE_NAMES = ("fp32", "bf16", "fp16", "int8")
+# the integer dot products a CPU's roof may hold beside its float rates (kernels/cpu_roof.py int_dot_flops):
+# int8 bytes, as INT4 runs everywhere and INT8 on Arm; int16 pairs, as INT8 runs on x86
+INT_DOT_KINDS = ("int8", "int16")
 
 
 class HardwareError(ValueError):

@@ -44,7 +44,7 @@ def forward_plan(model: Transformer, cache: PagedKVCache, seqs: tuple[ScheduledS
     routed = cpu_step.plan_step(model, cache, seqs, attention)  # on a CPU: the whole plan in one C++ step
     if routed is not None:
         if moved is not None:  # it reads the pool in place and each weight once (engine/metrics.py weight_rows)
-            moved["cpp_step"] = cpu_step.products(model)  # (its products: the compute roof's kinds)
+            moved["cpp_products"] = cpu_step.products(model)  # (the compute roof's kinds)
         return routed
     bs = cache.block_size
     # one-token rows first (decodes: attended together), then prefill chunks, each on its own
@@ -289,7 +289,7 @@ class BatchRunner:
         self.scheduler.update_from_output(plan, sampled)
         if self.prefixes is not None:
             self._keep_prompts(plan)
-        products = moved.pop("cpp_step", None)  # the C++ step: no dequantised copy (engine/metrics.py weight_rows)
+        products = moved.pop("cpp_products", None)  # the C++ step ran it: no dequantised copy (engine/metrics.py weight_rows)
         cpp = products is not None
         weight_bytes = self.model.linear_weight_bytes(rows=weight_rows(plan.total_num_scheduled_tokens, cpp),
                                                       head_rows=weight_rows(sum(s.samples for s in plan.seqs), cpp))
