@@ -1172,18 +1172,27 @@ static ALWAYS_INLINE __m512 int4_scaled(__m512 a, __m512i sum, __m512 d, __m512 
   return _mm512_fmadd_ps(mn, _mm512_set1_ps(xsum), a);
 }
 
+// a group's sums code x input code for G token rows (exact in int32: |sum| <= 15 x 127 x group); the
+// codes held in registers across the rows (GCC otherwise loaded them again for each row's dot products)
+template <int G>
+static ALWAYS_INLINE void int4_sums(const uint8_t *p, int64_t octets, const struct In *in, int64_t t0, int64_t g,
+                                    int64_t group, __m512i *sum) {
+  for (int r = 0; r < G; r++) sum[r] = _mm512_setzero_si512();
+  for (int64_t j = 0; j < octets; j++) {
+    __m512i c[2];
+    int4_bytes(p, j, c);
+    for (int b = 0; b < 2; b++) in_register(c[b]);
+    for (int r = 0; r < G; r++) int4_octet(c, (const uint8_t *)(in->xq + (t0 + r) * in->ld) + g * group + 8 * j, sum[r]);
+  }
+}
+
 // one group for G token rows, their outputs in memory (the one-row step; int4_tile takes more rows)
 template <int G>
 static inline void int4_group(const uint8_t *p, int64_t octets, const struct In *in, int64_t t0, int64_t g,
                               int64_t group, const uint16_t *st, const uint16_t *mt, float *acc, const __m512i *unpacked) {
   (void)unpacked;  // (INT4_TILES: no pass reads unpacked codes)
-  __m512i sum[G];  // sum code x input code: exact in int32 (|sum| <= 15 x 127 x group)
-  for (int r = 0; r < G; r++) sum[r] = _mm512_setzero_si512();
-  for (int64_t j = 0; j < octets; j++) {
-    __m512i c[2];
-    int4_bytes(p, j, c);
-    for (int r = 0; r < G; r++) int4_octet(c, (const uint8_t *)(in->xq + (t0 + r) * in->ld) + g * group + 8 * j, sum[r]);
-  }
+  __m512i sum[G];
+  int4_sums<G>(p, octets, in, t0, g, group, sum);
   const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(st + g * 16)));
   const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mt + g * 16)));
   const int64_t ls = sums_ld(in->ld);
@@ -1211,14 +1220,7 @@ static inline void int4_tile(const uint8_t *p, int64_t groups, int64_t octets, c
   for (int r = 0; r < G; r++) a[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; g++, p += 64 * octets) {
     __m512i sum[G];
-    for (int r = 0; r < G; r++) sum[r] = _mm512_setzero_si512();
-    for (int64_t j = 0; j < octets; j++) {
-      __m512i c[2];
-      int4_bytes(p, j, c);
-      for (int b = 0; b < 2; b++) in_register(c[b]);
-      for (int r = 0; r < G; r++)
-        int4_octet(c, (const uint8_t *)(in->xq + (t0 + r) * in->ld) + g * group + 8 * j, sum[r]);
-    }
+    int4_sums<G>(p, octets, in, t0, g, group, sum);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(st + g * 16)));
     const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mt + g * 16)));
     for (int r = 0; r < G; r++)
@@ -1330,33 +1332,44 @@ static inline void int4_tile(const uint8_t *p, int64_t groups, int64_t octets, c
 // widened by vpmaddwd with ones, converted and scaled. Half the instructions an octet of the int16
 // codes by vpmaddwd it replaced. Eight rows a 256-bit vector, two per tile.
 #define INT4_OCTETS_16 4
+
+// the int16 sums of octets [j0, j1) of group g for G token rows from t0, each row's two halves of the
+// tile (eight outputs each); the codes from `unpacked` where given, else unpacked from p
+template <int G>
+static ALWAYS_INLINE void int4_chunk(const uint8_t *p, int64_t j0, int64_t j1, const struct In *in, int64_t t0, int64_t g,
+                                     int64_t group, const __m256i *unpacked, __m256i (*s)[2]) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  for (int r = 0; r < G; r++) s[r][0] = s[r][1] = _mm256_setzero_si256();
+  for (int64_t j = j0; j < j1; j++) {
+    __m256i xl[G], xh[G];  // the row's eight input codes: four for the low nibbles, four for the high
+    for (int r = 0; r < G; r++) {
+      const int32_t *xp = (const int32_t *)((const int8_t *)(in->xq + (t0 + r) * in->ld) + g * group) + 2 * j;
+      xl[r] = _mm256_set1_epi32(xp[0]), xh[r] = _mm256_set1_epi32(xp[1]);
+    }
+    for (int h = 0; h < 2; h++) {
+      __m256i cl, ch;
+      if (unpacked) {
+        cl = unpacked[4 * j + 2 * h], ch = unpacked[4 * j + 2 * h + 1];
+      } else {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 64 * j + 32 * h));
+        if (h == 0) prefetch_l1(p + 64 * j + INT4_AHEAD);
+        cl = _mm256_and_si256(v, low4);
+        ch = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+      }
+      for (int r = 0; r < G; r++)
+        s[r][h] = _mm256_add_epi16(s[r][h], _mm256_add_epi16(_mm256_maddubs_epi16(cl, xl[r]), _mm256_maddubs_epi16(ch, xh[r])));
+    }
+  }
+}
+
 template <int G>
 static inline void int4_group(const uint8_t *p, int64_t octets, const struct In *in, int64_t t0, int64_t g,
                               int64_t group, const uint16_t *st, const uint16_t *mt, float *acc, const __m256i *unpacked) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
   const int64_t ls = sums_ld(in->ld);
   for (int64_t j0 = 0; j0 < octets; j0 += INT4_OCTETS_16) {
     const int64_t j1 = j0 + INT4_OCTETS_16 < octets ? j0 + INT4_OCTETS_16 : octets;
     __m256i s[G][2];
-    for (int r = 0; r < G; r++) s[r][0] = s[r][1] = _mm256_setzero_si256();
-    for (int64_t j = j0; j < j1; j++) {
-      for (int h = 0; h < 2; h++) {
-        __m256i cl, ch;
-        if (unpacked) {
-          cl = unpacked[4 * j + 2 * h], ch = unpacked[4 * j + 2 * h + 1];
-        } else {
-          const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 64 * j + 32 * h));
-          if (h == 0) prefetch_l1(p + 64 * j + INT4_AHEAD);
-          cl = _mm256_and_si256(v, low4);
-          ch = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-        }
-        for (int r = 0; r < G; r++) {
-          const int32_t *xp = (const int32_t *)((const int8_t *)(in->xq + (t0 + r) * in->ld) + g * group) + 2 * j;
-          const __m256i a = _mm256_maddubs_epi16(cl, _mm256_set1_epi32(xp[0]));
-          s[r][h] = _mm256_add_epi16(s[r][h], _mm256_add_epi16(a, _mm256_maddubs_epi16(ch, _mm256_set1_epi32(xp[1]))));
-        }
-      }
-    }
+    int4_chunk<G>(p, j0, j1, in, t0, g, group, unpacked, s);
     const __m256i ones = _mm256_set1_epi16(1);
     for (int h = 0; h < 2; h++) {
       const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(st + g * 16 + 8 * h)));
@@ -1382,27 +1395,17 @@ static inline void int4_group(const uint8_t *p, int64_t octets, const struct In 
 // chain of every group)
 static inline void int4_row_tile(const uint8_t *p, int64_t groups, int64_t octets, const struct In *in, int64_t group,
                                  const uint16_t *st, const uint16_t *mt, float *acc) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256i ones = _mm256_set1_epi16(1);
   __m256 a[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int64_t g = 0; g < groups; g++, p += 64 * octets) {
-    const int32_t *xg = (const int32_t *)((const int8_t *)in->xq + g * group);
     for (int64_t j0 = 0; j0 < octets; j0 += INT4_OCTETS_16) {
       const int64_t j1 = j0 + INT4_OCTETS_16 < octets ? j0 + INT4_OCTETS_16 : octets;
-      __m256i s[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-      for (int64_t j = j0; j < j1; j++) {
-        prefetch_l1(p + 64 * j + INT4_AHEAD);
-        const __m256i xl = _mm256_set1_epi32(xg[2 * j]), xh = _mm256_set1_epi32(xg[2 * j + 1]);
-        for (int h = 0; h < 2; h++) {
-          const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 64 * j + 32 * h));
-          const __m256i lo = _mm256_maddubs_epi16(_mm256_and_si256(v, low4), xl);
-          const __m256i hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), xh);
-          s[h] = _mm256_add_epi16(s[h], _mm256_add_epi16(lo, hi));
-        }
-      }
+      __m256i s[1][2];
+      int4_chunk<1>(p, j0, j1, in, 0, g, group, NULL, s);
       for (int h = 0; h < 2; h++) {
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(st + g * 16 + 8 * h)));
         const __m256 dx = _mm256_mul_ps(d, _mm256_set1_ps(in->xqs[g]));
-        a[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s[h], ones)), dx, a[h]);
+        a[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s[0][h], ones)), dx, a[h]);
       }
     }
     for (int h = 0; h < 2; h++) {
