@@ -19,7 +19,7 @@ from engine.hardware.roof import Roof
 from engine.hardware.spec import dtype_name
 from engine.metrics import StepCost, StepMetrics, measured, step_cost, sum_costs
 from engine.model import cpu_step
-from engine.model.sampling import greedy, mask_tokens, probabilities
+from engine.model.sampling import draw, greedy, kept_tokens, mask_tokens, probabilities
 from engine.model.transformer import Transformer
 from engine.serving.scheduler import common_prefix
 from engine.settings import DRAFT_GROUP_SIZE, EngineError, SamplingParams
@@ -48,22 +48,58 @@ def verify(logits: torch.Tensor, draft: Draft, sampling: SamplingParams,
         while n < k and draft.tokens[n] == target[n]:
             n += 1
         return n, draft.tokens[:n] + [target[n]]
-    p = probabilities(logits, sampling)  # (k + 1, vocab)
-    rows = torch.arange(k, device=p.device)
-    guesses = torch.tensor(draft.tokens, device=p.device)
-    p_guess = p[rows, guesses]
-    q_guess = torch.ones_like(p_guess) if draft.probs is None else draft.probs[rows, guesses].to(p.dtype)
+    rows = target_rows(logits, sampling)
+    guesses = draft.tokens
+    p_guess = torch.tensor([mass_at(*rows(i), guesses[i]) for i in range(k)], dtype=torch.float64)
+    q_guess = torch.ones_like(p_guess) if draft.probs is None else \
+        draft.probs[torch.arange(k), torch.tensor(guesses, dtype=torch.long)].to(torch.float64)
     # accept guess i with probability min(1, p/q): u < p/q, written u q < p (q > 0: the guess was drawn)
-    u = torch.rand(k, generator=generator, device=p.device)
+    u = torch.rand(k, generator=generator, device=logits.device).to(torch.float64)
     rejected = (u * q_guess >= p_guess).nonzero()
     n = int(rejected[0, 0]) if len(rejected) else k
     if n == k:  # all accepted: the bonus token comes from the target's last row
-        bonus = torch.multinomial(p[k], 1, generator=generator)
-        return k, draft.tokens + [int(bonus)]
-    q_row = draft.probs[n].to(p.dtype) if draft.probs is not None else \
-        torch.zeros_like(p[n]).index_fill_(0, guesses[n:n + 1], 1.0)
-    correction = torch.multinomial(residual_distribution(p[n], q_row), 1, generator=generator)
-    return n, draft.tokens[:n] + [int(correction)]
+        ids, p = rows(k)
+        return k, guesses + [token_of(ids, draw(p, generator))]
+    ids, p = rows(n)
+    if draft.probs is not None:
+        q_row = draft.probs[n].to(p.dtype)
+        q_row = q_row if ids is None else q_row[ids]
+    else:  # the guess was certain: all of q's mass on it
+        q_row = torch.zeros_like(p)
+        at = guesses[n] if ids is None else (ids == guesses[n]).nonzero()[:, 0]
+        q_row[at] = 1.0
+    return n, guesses[:n] + [token_of(ids, draw(residual_distribution(p, q_row), generator))]
+
+
+def target_rows(logits: torch.Tensor, sampling: SamplingParams):
+    """row(i) → (ids, p): the target's sampling distribution at row i of logits, over the whole
+    vocabulary (ids None: `probabilities`) or, on a CPU with top-p, over the tokens top-p keeps
+    (their ids, their renormalised probabilities in fp64: sampling.kept_tokens, the same tokens)."""
+    if logits.device.type != "cpu" or sampling.top_p >= 1.0:
+        p = probabilities(logits, sampling)
+        return lambda i: (None, p[i])
+    soft = probabilities(logits, replace(sampling, top_p=1.0)).float().numpy()  # temperature and top-k
+    kept: dict[int, tuple] = {}
+
+    def row(i: int):
+        if i not in kept:
+            ids, values = kept_tokens(soft[i], sampling.top_p)
+            p = torch.from_numpy(values.astype("float64"))
+            kept[i] = (torch.from_numpy(ids), p / p.sum())
+        return kept[i]
+    return row
+
+
+def mass_at(ids: torch.Tensor | None, p: torch.Tensor, token: int) -> float:
+    """The probability of `token` in a distribution of target_rows."""
+    if ids is None:
+        return float(p[token])
+    at = (ids == token).nonzero()
+    return float(p[at[0, 0]]) if len(at) else 0.0
+
+
+def token_of(ids: torch.Tensor | None, drawn: torch.Tensor) -> int:
+    return int(drawn) if ids is None else int(ids[int(drawn)])
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -179,7 +215,7 @@ class DraftModel:
                 token = int(logits.argmax())
             else:
                 q = probabilities(logits, sampling)
-                token = int(torch.multinomial(q, 1, generator=generator))
+                token = int(draw(q, generator)[0])
                 probs.append(q)
             costs.append(step_cost(model.cfg, batch_size=1, new_tokens=len(feed), context_len=start,
                                    weight_bytes=model.linear_weight_bytes(), kv_elem_bytes=elem, act_elem_bytes=elem,

@@ -1,6 +1,7 @@
 """Top-p from a top-k prefix: the same tokens and the same renormalised probabilities as a stable
 full-vocabulary sort, on peaked, flat and tied rows, top_p near 0 and near 1, prefixes too small
 (widened); temperature and top-k unchanged."""
+import numpy
 import pytest
 import torch
 from hypothesis import given
@@ -96,3 +97,63 @@ def test_greedy_takes_torchs_argmax_on_ties_nan_and_masked_rows():
         assert got.dtype == torch.int64 and got.shape == rows.argmax(dim=-1).shape
         assert torch.equal(got, rows.argmax(dim=-1))
     assert greedy(x).tolist()[:3] == [3, 5, 0]
+
+
+@hyp_settings(max_examples=150, deadline=None)
+@given(vocab=st.integers(1, 700), scale=st.sampled_from([0.01, 0.3, 1.0, 3.0, 30.0]),
+       levels=st.sampled_from([0, 0, 2, 5]), floor=st.sampled_from([0.5, 2.0 ** -12, 1e-30]),
+       top_p=st.one_of(st.floats(1e-6, 0.999999), st.sampled_from([1e-9, 0.5, 0.95, 1 - 1e-7])),
+       masked=st.integers(0, 3), seed=st.integers(0, 2**31))
+def test_kept_tokens_are_the_filters_own(vocab, scale, levels, floor, top_p, masked, seed):
+    """The CPU sampler's top-p set (candidates near the most likely token, widened as needed) holds the
+    tokens top_p_filter gives mass to, most likely first (ties lowest id first), with their own
+    probabilities; masked tokens (zero probability) never among the positive ones."""
+    probs = random_probs(1, vocab, scale, levels, seed)[0]
+    probs[:masked] = 0.0
+    if probs.sum() == 0:
+        return
+    ids, values = sampling.kept_tokens(probs.numpy(), top_p, floor)
+    ref = top_p_filter(probs, top_p)
+    assert sorted(ids[values > 0].tolist()) == ref.nonzero()[:, 0].tolist()
+    assert torch.equal(torch.from_numpy(values), probs[torch.from_numpy(ids)])
+    order = sorted(range(len(ids)), key=lambda i: (-float(values[i]), int(ids[i])))
+    assert order == list(range(len(ids)))
+
+
+def test_a_draw_takes_each_token_at_its_probability_and_a_zero_never():
+    """draw (torch rows) and draw_one (numpy weights): 40,000 draws of a row with zeros land within
+    0.01 of each probability, never on a zero; u rounded up to the total takes the last token with mass."""
+    probs = torch.tensor([[0.1, 0.0, 0.45, 0.3, 0.0, 0.15, 0.0]])
+    g = torch.Generator().manual_seed(3)
+    got = torch.bincount(torch.cat([sampling.draw(probs.expand(1000, -1), g) for _ in range(40)]), minlength=7)
+    assert (abs(got / got.sum() - probs[0]) < 0.01).all() and got[probs[0] == 0].sum() == 0
+    weights = (probs[0] * 7).numpy()  # need not sum to 1
+    u = torch.rand(40000, generator=g, dtype=torch.float64).tolist()
+    got = torch.bincount(torch.tensor([sampling.draw_one(weights, x) for x in u]), minlength=7)
+    assert (abs(got / got.sum() - probs[0]) < 0.01).all() and got[probs[0] == 0].sum() == 0
+    assert sampling.draw_one(weights, 1.0) == 5 and sampling.draw_one(weights, 0.0) == 0
+    with pytest.raises(ValueError):
+        sampling.draw(torch.zeros(1, 4), g)
+    with pytest.raises(ValueError):
+        sampling.draw_one(numpy.zeros(4), 0.5)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=1.3, top_k=5, top_p=0.8),
+                                    SamplingParams(temperature=0.5, top_p=1.0)])
+def test_sample_draws_probabilities_distribution_with_one_uniform_number_a_row(params):
+    """sample's tokens follow `probabilities` (the distribution speculation verifies against), a masked or
+    filtered token never; each row takes one uniform number from the generator (torch.multinomial took
+    one exponential number a vocabulary token: ~1.3 ms a 49k-token row, a third of an INT4 step here)."""
+    logits = torch.randn(2, 40, generator=torch.Generator().manual_seed(5)) * 2
+    mask_tokens(logits, [int(logits[0].argmax())])
+    want = probabilities(logits, params)
+    g = torch.Generator().manual_seed(7)
+    counts = torch.zeros_like(want)
+    for _ in range(6000):
+        counts.scatter_add_(1, sample(logits, params, g)[:, None], torch.ones(2, 1))
+    assert counts[want == 0].sum() == 0
+    assert (abs(counts / 6000 - want) < 0.025).all()
+    g1, g2 = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
+    sample(torch.randn(3, 49152), params, g1)
+    torch.rand(3, generator=g2, dtype=torch.float64)
+    assert torch.equal(g1.get_state(), g2.get_state())

@@ -280,11 +280,17 @@ CHI2_LIMIT_TOP_P = 24.3  # 8 cells reachable in two steps from token 0: 7 degree
 
 
 @pytest.mark.parametrize("draft_kind", ["model", "one-hot"])
-def test_sampled_speculation_with_top_p_has_the_renormalised_distribution(draft_kind, one_thread):
-    # the guess is accepted with the kept token's renormalised probability, not its raw softmax one
+def test_sampled_speculation_with_top_p_has_the_renormalised_distribution(draft_kind, one_thread, monkeypatch):
+    # the guess is accepted with the kept token's renormalised probability, not its raw softmax one (on a
+    # CPU verify works over the kept tokens alone: target_rows)
     top_p = SamplingParams(temperature=1.0, top_p=0.75)
     assert torch.allclose(speculative.probabilities(TARGET.log(), top_p), TOP_P_TARGET)
+    for i in range(len(TARGET)):
+        ids, p = speculative.target_rows(TARGET.log(), top_p)(i)
+        assert torch.allclose(torch.zeros(V, dtype=torch.float64).index_put_((ids,), p), TOP_P_TARGET[i].double())
     assert chi2(sample_pairs(draft_kind, 2000, sampling=top_p), TOP_P_TARGET) < CHI2_LIMIT_TOP_P
+    monkeypatch.setattr(speculative, "residual_distribution", lambda p, q: p)  # the classic mistake fails here too
+    assert chi2(sample_pairs(draft_kind, 2000, sampling=top_p), TOP_P_TARGET) > 3 * CHI2_LIMIT_TOP_P
 
 
 def test_greedy_verification_accepts_while_equal_then_takes_the_targets_token():
