@@ -1126,6 +1126,13 @@ static void gemm_int8_i16(const struct Mat *mt, const struct In *in, float *y, i
 // takes twice AVX-512's instructions an octet; 4096 ahead made its one-token INT4 step 4-6% faster than 2048
 // on a Zen 5 (the step in one process, two libraries alternating: docs/benchmarks.md, session 23), where
 // AVX-512's moved within the noise
+// ... and INT4_L2_AHEAD bytes ahead into L2 as well (prefetcht1; session 26 measured it 22-33% faster from memory
+// in a one-thread harness and not in the step, in the host's slow memory mode; session 28, the step at one row
+// with and without, builds alternating: AVX-512 VNNI 0.89x in the fast mode (8 rounds), 0.96x in the slow (24),
+// five and sixteen rows 0.97x / 0.96x; AVX2 0.97x in the fast mode (30): docs/benchmarks.md)
+#if !defined(INT4_L2_AHEAD)
+#define INT4_L2_AHEAD 8192
+#endif
 #if !defined(INT4_AHEAD) && defined(LEVEL_AVX2)
 #define INT4_AHEAD 4096
 #elif !defined(INT4_AHEAD)
@@ -1147,6 +1154,7 @@ static ALWAYS_INLINE void int4_bytes(const uint8_t *p, int64_t j, __m512i *c) {
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const __m512i v = _mm512_loadu_si512(p + 64 * j);
   prefetch_l1(p + 64 * j + INT4_AHEAD);
+  prefetch(p + 64 * j + INT4_L2_AHEAD);
   c[0] = _mm512_and_si512(v, low4);
   c[1] = _mm512_and_si512(_mm512_srli_epi32(v, 4), low4);
 }
@@ -1352,7 +1360,10 @@ static ALWAYS_INLINE void int4_chunk(const uint8_t *p, int64_t j0, int64_t j1, c
         cl = unpacked[4 * j + 2 * h], ch = unpacked[4 * j + 2 * h + 1];
       } else {
         const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 64 * j + 32 * h));
-        if (h == 0) prefetch_l1(p + 64 * j + INT4_AHEAD);
+        if (h == 0) {
+          prefetch_l1(p + 64 * j + INT4_AHEAD);
+          prefetch(p + 64 * j + INT4_L2_AHEAD);
+        }
         cl = _mm256_and_si256(v, low4);
         ch = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
       }
