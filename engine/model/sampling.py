@@ -142,7 +142,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         return draw(probabilities(logits, params), generator)
     top_p = params.top_p
     params = dataclasses.replace(params, top_p=1.0)  # temperature and top-k, as probabilities applies them
-    rows = probabilities(logits, params).reshape(-1, logits.shape[-1]).float().numpy()
+    rows = probabilities(logits.float(), params).reshape(-1, logits.shape[-1]).numpy()
     out = numpy.empty(rows.shape[0], dtype=numpy.int64)
     for i, row in enumerate(rows):
         ids, values = kept_tokens(row, top_p)
