@@ -126,7 +126,7 @@ def step_cost(cfg: ModelConfig, *, batch_size: int, new_tokens: int, context_len
               logits_rows: int | None = None, kv_read_tokens: int | None = None,
               attention: str = "flash", kv_layout: str = "contiguous", block_size: int = 16,
               attention_keys: int | None = None, ragged: bool = False, captured: bool = False,
-              kv_copy: KVCopy | None = None) -> StepCost:
+              kv_copy: KVCopy | None = None, cpp_step: bool = False) -> StepCost:
     """Cost of one step.
 
     weight_bytes: bytes of all matmul weights as the step reads them (Transformer.linear_weight_bytes:
@@ -143,6 +143,9 @@ def step_cost(cfg: ModelConfig, *, batch_size: int, new_tokens: int, context_len
     S = every key of the step (the masked half included: it is computed and stored too), and its
     FLOPs are the full T x S product; its passes over it: `naive_score_passes` (eager or `captured`),
     and an eager step's mask. "flash" keeps it on chip and skips the masked half of a prompt.
+    cpp_step: the step ran in C++ (engine/model/cpu_step.py), whose naive attention writes each row's
+    causal scores in fp32 (no masked half, no mask), softmaxes them in place and reads them for the
+    values: `naive_score_passes(False)` passes (kernels/cpu_decode.cpp attend_naive).
     kv_layout="paged": attention also reads each sequence's block table (int32, once per KV head and
     layer); the positions it reads are the live ones, as contiguous. kv_copy: K/V copied out of the
     pool (`KVCopy`). Sliding-window layers (Gemma, Phi-3-mini) read and attend to their window's keys
@@ -168,7 +171,9 @@ def step_cost(cfg: ModelConfig, *, batch_size: int, new_tokens: int, context_len
     if padded_keys is not None:  # ... unless attention runs over a bucket or a padded width: all of it
         keys_seen = cfg.n_layers * T * padded_keys
     score_bytes = 0
-    if attention == "naive" or cfg.attn_softcap:
+    if attention == "naive" and cpp_step and padded_keys is None:
+        score_bytes = naive_score_passes(False) * B * cfg.n_heads * keys_seen * 4
+    elif attention == "naive" or cfg.attn_softcap:
         S = padded_keys if padded_keys is not None else C + T  # keys in the matrix
         keys_seen = cfg.n_layers * T * S
         if attention == "naive":
@@ -198,7 +203,8 @@ def step_cost(cfg: ModelConfig, *, batch_size: int, new_tokens: int, context_len
 
 
 def plan_cost(cfg: ModelConfig, seqs, *, weight_bytes: int, elem_bytes: int, attention: str = "flash",
-              block_size: int = 16, decode_width: int | None = None, kv_copy: KVCopy | None = None) -> StepCost:
+              block_size: int = 16, decode_width: int | None = None, kv_copy: KVCopy | None = None,
+              cpp_step: bool = False) -> StepCost:
     """The cost model for a ragged plan (engine/serving/batch_forward.py): the weights once for the
     whole step; KV traffic, attention and matmul FLOPs per sequence (each its own context and chunk
     length). decode_width: the decode rows' attention runs over one padded width (their keys gathered
@@ -209,7 +215,7 @@ def plan_cost(cfg: ModelConfig, seqs, *, weight_bytes: int, elem_bytes: int, att
                        kv_elem_bytes=elem_bytes, act_elem_bytes=elem_bytes, logits_rows=int(s.samples),
                        attention=attention, kv_layout="paged", block_size=block_size,
                        attention_keys=decode_width if len(s.token_ids) == 1 else None,
-                       ragged=ragged and len(s.token_ids) == 1) for s in seqs]
+                       ragged=ragged and len(s.token_ids) == 1, cpp_step=cpp_step) for s in seqs]
     total = sum_costs(parts)
     norm_bytes = parts[0].weight_bytes if parts else 0  # the norms: read once per step too
     copy_bytes = kv_copy.bytes(cfg, elem_bytes) if kv_copy is not None else 0

@@ -1868,13 +1868,15 @@ static ALWAYS_INLINE void weigh_values(const T *vc, const struct Run *runs, int6
   for (int b = 0; b < NB; b++) vstore(out + i + b * W, vmul(vadd(a0[b], a1[b]), inv));
 }
 
+// q . k / sqrt(hd) of one query head over cache positions 0..n-1 into scores[0..n) (runs: the cache's, filled
+// in); returns the largest
 template <class T>
-static void attend_head(const struct Model *md, const struct Row *row, int64_t kv_head, const void *kc_, const void *vc_,
-                        const float *q, int64_t n, float *scores, float *out, struct Run *runs) {
-  const T *kc = (const T *)kc_, *vc = (const T *)vc_;
+static float head_scores(const struct Model *md, const struct Row *row, int64_t kv_head, const T *kc, const float *q,
+                         int64_t n, float *scores, struct Run *runs, int64_t *n_runs_out) {
   const int64_t hd = md->head_dim, full = hd / W * W;
   const float scale = 1.0f / sqrtf((float)hd);
   const int64_t n_runs = runs_of(md, row, kv_head, n, runs, MAX_RUNS);
+  *n_runs_out = n_runs;
   float mx = -INFINITY;
   for (int64_t u = 0; u < n_runs; u++) {
     int64_t t = 0;
@@ -1908,8 +1910,15 @@ static void attend_head(const struct Model *md, const struct Row *row, int64_t k
       mx = s > mx ? s : mx;
     }
   }
-  const float total = exp_shifted(scores, n, mx);
-  const V inv = vset1(1.0f / total);
+  return mx;
+}
+
+// out (hd) = inv * sum_t scores[t] v[t] over the runs' positions
+template <class T>
+static void weigh_head(const struct Model *md, const T *vc, const struct Run *runs, int64_t n_runs, const float *scores,
+                       float inv_total, float *out) {
+  const int64_t hd = md->head_dim, full = hd / W * W;
+  const V inv = vset1(inv_total);
   int64_t i0 = 0;  // the full column blocks, up to four side by side
   for (; i0 + 4 * W <= full; i0 += 4 * W) weigh_values<T, 4>(vc, runs, n_runs, scores, hd, i0, inv, out);
   switch ((full - i0) / W) {
@@ -1930,6 +1939,52 @@ static void attend_head(const struct Model *md, const struct Row *row, int64_t k
   }
 }
 
+// one query head over cache positions 0..n-1: softmax(q k / sqrt(hd)) v into out (hd), its scores in `scores`
+// (one head's: they stay in L1/L2), normalised once at the end
+template <class T>
+static void attend_head(const struct Model *md, const struct Row *row, int64_t kv_head, const void *kc_, const void *vc_,
+                        const float *q, int64_t n, float *scores, float *out, struct Run *runs) {
+  int64_t n_runs;
+  const float mx = head_scores<T>(md, row, kv_head, (const T *)kc_, q, n, scores, runs, &n_runs);
+  const float total = exp_shifted(scores, n, mx);
+  weigh_head<T>(md, (const T *)vc_, runs, n_runs, scores, 1.0f / total, out);
+}
+
+// Naive attention (the setting), as PyTorch's naive_attention runs it: the scores of every (row, query head)
+// pair this thread takes written into a matrix in memory (`mat`, rows ld apart), then each row softmaxed in place
+// (read, written as probabilities), then the values weighed by them (read): three passes over the matrix, where
+// attend_head keeps one head's scores in L1. Each row's arithmetic is the same alone or among others.
+template <class T>
+static void attend_naive(const struct Model *md, const struct Row *rows, const struct Layer *ly, const float *qkv,
+                         int64_t qkv_dim, const float *cos_t, const float *sin_t, int64_t r0, int64_t r1, float *mat,
+                         int64_t ld, float *qh, float *att, int64_t q_dim, struct Run *runs) {
+  const int64_t n_heads = md->n_heads, group = n_heads / md->n_kv, hd = md->head_dim;
+  int64_t n_runs;
+  for (int64_t item = r0; item < r1; item++) {  // q k^T into the matrix
+    const int64_t t = item / n_heads, hh = item % n_heads, pos = rows[t].pos;
+    qk_head(md, ly, qkv + t * qkv_dim, hh, cos_t + pos * hd, sin_t + pos * hd, qh);
+    head_scores<T>(md, &rows[t], hh / group, (const T *)ly->k_cache, qh, pos + 1, mat + (item - r0) * ld, runs,
+                   &n_runs);
+  }
+  for (int64_t item = r0; item < r1; item++) {  // softmax, row by row, in place
+    float *p = mat + (item - r0) * ld;
+    const int64_t n = rows[item / n_heads].pos + 1;
+    V m = vset1(-INFINITY);
+    int64_t i = 0;
+    for (; i + W <= n; i += W) m = vmax(m, vload(p + i));
+    float mx = vhmax(m);
+    for (; i < n; i++) mx = p[i] > mx ? p[i] : mx;
+    const V inv = vset1(1.0f / exp_shifted(p, n, mx));
+    for (i = 0; i + W <= n; i += W) vstore(p + i, vmul(vload(p + i), inv));
+    if (i < n) vstoren(p + i, vmul(vloadn(p + i, n - i), inv), n - i);
+  }
+  for (int64_t item = r0; item < r1; item++) {  // probabilities x V
+    const int64_t t = item / n_heads, hh = item % n_heads;
+    n_runs = runs_of(md, &rows[t], hh / group, rows[t].pos + 1, runs, MAX_RUNS);
+    weigh_head<T>(md, (const T *)ly->v_cache, runs, n_runs, mat + (item - r0) * ld, 1.0f, att + t * q_dim + hh * hd);
+  }
+}
+
 // ---- the step --------------------------------------------------------------------------------------
 static int64_t widest(const struct Model *md) {
   int64_t q_dim = md->n_heads * md->head_dim, kv_dim = md->n_kv * md->head_dim;
@@ -1947,14 +2002,18 @@ static int64_t shared_floats(const struct Model *md, int64_t m) {
   return m * (md->dim + (q_dim + 2 * kv_dim) + q_dim + md->ffn_dim + out) + 64;
 }
 
-static int64_t thread_floats(const struct Model *md, int64_t m) {
+// naive attention: a thread's (row, query head) pairs' scores, max_len apart (attend_naive)
+static int64_t naive_floats(const struct Model *md, int64_t m, int64_t threads, int64_t naive) {
+  return naive ? (m * md->n_heads + threads - 1) / threads * ((md->max_len + 15) / 16 * 16) : 0;
+}
+static int64_t thread_floats(const struct Model *md, int64_t m, int64_t threads, int64_t naive) {
   int64_t wide = widest(md);
   return m * (wide + wide / 2 + wide / 2 + 2 * sums_ld(wide)) + product_floats(wide) + RUN_FLOATS * MAX_RUNS +
-         md->max_len + 2 * md->head_dim + 128;
+         md->max_len + 2 * md->head_dim + 128 + naive_floats(md, m, threads, naive);
 }
 
-extern "C" int64_t membound_scratch_floats(const struct Model *md, int64_t m, int64_t threads) {
-  return shared_floats(md, m) + threads * thread_floats(md, m);
+extern "C" int64_t membound_scratch_floats(const struct Model *md, int64_t m, int64_t threads, int64_t naive) {
+  return shared_floats(md, m) + threads * thread_floats(md, m, threads, naive);
 }
 
 extern "C" int64_t membound_max_rows(void) { return MAX_ROWS; }
@@ -1973,15 +2032,16 @@ extern "C" int64_t membound_profile_phases(void) { return PHASES; }
   _Pragma("omp barrier") MARK(P_WAIT)
 
 // m token rows (rows[0..m)); cos_t / sin_t: (max positions, head_dim) fp32 tables; logits:
-// (n_logits, vocab) fp32 for rows logit_rows[0..n_logits); scratch: membound_scratch_floats(md, m,
-// threads) floats; profile: null, or PHASES doubles that thread 0's seconds are added to
+// (n_logits, vocab) fp32 for rows logit_rows[0..n_logits); naive: attention as the naive setting runs it
+// (attend_naive: the score matrix in memory); scratch: membound_scratch_floats(md, m, threads, naive) floats;
+// profile: null, or PHASES doubles that thread 0's seconds are added to
 extern "C" int membound_step(const struct Model *md, const struct Row *rows, int64_t m, const float *cos_t,
                              const float *sin_t, const int64_t *logit_rows, int64_t n_logits, float *logits,
-                             float *scratch, int64_t threads, double *profile) {
+                             float *scratch, int64_t threads, int64_t naive, double *profile) {
   if (m < 1 || m > MAX_ROWS || n_logits < 0 || n_logits > m) return 1;
   const int64_t dim = md->dim, hd = md->head_dim, n_heads = md->n_heads, n_kv = md->n_kv, ffn = md->ffn_dim;
   const int64_t q_dim = n_heads * hd, kv_dim = n_kv * hd, qkv_dim = q_dim + 2 * kv_dim, act = md->act;
-  const int64_t group = n_heads / n_kv, wide = widest(md), per_thread = thread_floats(md, m);
+  const int64_t group = n_heads / n_kv, wide = widest(md), per_thread = thread_floats(md, m, threads, naive);
   const int64_t out_ld = 2 * ffn > dim ? 2 * ffn : dim;
   float *x = scratch, *qkv = x + m * dim, *att = qkv + m * qkv_dim, *ffn_act = att + m * q_dim;
   float *tmp = ffn_act + m * ffn;
@@ -2003,6 +2063,8 @@ extern "C" int membound_step(const struct Model *md, const struct Row *rows, int
     float *work = aligned64(xqs + m * sums_ld(wide));  // (product_floats has room for the shift)
     struct Run *runs = (struct Run *)(work + product_floats(wide) - 16);
     float *scores = (float *)(runs + MAX_RUNS), *qh = scores + md->max_len;
+    float *naive_mat = aligned64(qh + 2 * md->head_dim);  // (thread_floats' 128 spare floats cover the shift)
+    const int64_t naive_ld = (md->max_len + 15) / 16 * 16;
     struct In in = {h, m, dim, xb, xq, xsum, xqs};
     int64_t r0, r1;
 
@@ -2038,16 +2100,23 @@ extern "C" int membound_step(const struct Model *md, const struct Row *rows, int
       // attention, (token row, query head) pairs split over the threads; each row over its own cache
       // up to its own position (rows of one sequence see the rows before them: their K/V are written)
       my_rows(m * n_heads, 1, &r0, &r1);
-      for (int64_t item = r0; item < r1; item++) {
-        const int64_t t = item / n_heads, hh = item % n_heads, pos = rows[t].pos;
-        qk_head(md, ly, qkv + t * qkv_dim, hh, cos_t + pos * hd, sin_t + pos * hd, qh);
-        if (act == BF16)
-          attend_head<uint16_t>(md, &rows[t], hh / group, ly->k_cache, ly->v_cache, qh, pos + 1, scores,
-                                att + t * q_dim + hh * hd, runs);
-        else
-          attend_head<float>(md, &rows[t], hh / group, ly->k_cache, ly->v_cache, qh, pos + 1, scores,
-                             att + t * q_dim + hh * hd, runs);
-      }
+      if (naive && act == BF16)  // (the naive setting: the score matrix in memory)
+        attend_naive<uint16_t>(md, rows, ly, qkv, qkv_dim, cos_t, sin_t, r0, r1, naive_mat, naive_ld, qh, att, q_dim,
+                               runs);
+      else if (naive)
+        attend_naive<float>(md, rows, ly, qkv, qkv_dim, cos_t, sin_t, r0, r1, naive_mat, naive_ld, qh, att, q_dim,
+                            runs);
+      else
+        for (int64_t item = r0; item < r1; item++) {
+          const int64_t t = item / n_heads, hh = item % n_heads, pos = rows[t].pos;
+          qk_head(md, ly, qkv + t * qkv_dim, hh, cos_t + pos * hd, sin_t + pos * hd, qh);
+          if (act == BF16)
+            attend_head<uint16_t>(md, &rows[t], hh / group, ly->k_cache, ly->v_cache, qh, pos + 1, scores,
+                                  att + t * q_dim + hh * hd, runs);
+          else
+            attend_head<float>(md, &rows[t], hh / group, ly->k_cache, ly->v_cache, qh, pos + 1, scores,
+                               att + t * q_dim + hh * hd, runs);
+        }
       BARRIER(P_ATTENTION);
       // output projection and the residual
       in.x = att, in.ld = q_dim;

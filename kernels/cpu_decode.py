@@ -196,11 +196,11 @@ def load(isa: str | None = None, options: EngineOptions | None = None) -> ctypes
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     """The library's entry points typed, and what it says of itself (`.isa`, `.max_rows`): a build of
     kernels/cpu_decode.cpp, `load`'s or a test's own for another target."""
-    lib.membound_scratch_floats.argtypes = [ctypes.POINTER(Model), ctypes.c_int64, ctypes.c_int64]
+    lib.membound_scratch_floats.argtypes = [ctypes.POINTER(Model), ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
     lib.membound_scratch_floats.restype = ctypes.c_int64
     lib.membound_step.argtypes = [ctypes.POINTER(Model), ctypes.POINTER(Row), ctypes.c_int64,
                                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+                                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     lib.membound_step.restype = ctypes.c_int
     lib.membound_profile_phases.restype = ctypes.c_int64
     lib.membound_max_rows.restype = ctypes.c_int64

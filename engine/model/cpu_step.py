@@ -2,10 +2,11 @@
 step instead of ~700 PyTorch operators. `decode_step(model, tokens, start_pos, cache)` returns the
 logits, or None where it does not apply (the caller runs the PyTorch step, its reference).
 
-It applies to one sequence, one new token, the contiguous cache, fused attention, fp32 or bf16
-activations, and models whose every matmul module can describe itself (`cpu_matrix()`); the
-reason it does not is kept (`unavailable_reason`). It reads what the PyTorch step reads: each
-weight once at its stored precision, the cache's live positions; no dequantised copy is made.
+It applies to one sequence, one new token, the contiguous cache, fp32 or bf16 activations (attention
+fused, or naive: its score matrix written to memory and read back, as the setting asks), and models
+whose every matmul module can describe itself (`cpu_matrix()`); the reason it does not is kept
+(`unavailable_reason`). It reads what the PyTorch step reads: each weight once at its stored precision,
+the cache's live positions; no dequantised copy is made.
 
 Per format (activation dtype and weight format, on this model's shapes) the C++ step is timed once
 against PyTorch's step, on a stand-in of the model's first layers (`choice`), and runs only where it
@@ -141,8 +142,8 @@ def refusal(model, tokens: torch.Tensor, cache, attention: str) -> str:
 
 def step_refusal(model, cache, attention: str) -> str:
     """Why this model's steps over this cache cannot run in C++, whatever their rows ("" when they can)."""
-    if attention != "flash":
-        return "naive attention runs in PyTorch (its score matrix in memory is the point)"
+    if attention not in ("flash", "naive"):
+        return f"{attention} attention is not the C++ step's"
     if model.dtype not in ACT_FORMATS or cache.k.dtype != model.dtype:
         return f"activations in {model.dtype} (the C++ step takes fp32 or bf16)"
     cfg = model.cfg
@@ -168,15 +169,17 @@ def decode_step(model, tokens: torch.Tensor, start_pos: int, cache, attention: s
     plan = plan_for(model, cache)
     if plan is None or not choice(model).use_cpp:
         return None
-    logits = plan.run([(tokens.tolist()[0][0], start_pos, 0, None)], [0])  # (tolist: no indexing ops)
+    naive = attention == "naive"
+    logits = plan.run([(tokens.tolist()[0][0], start_pos, 0, None)], [0], naive=naive)  # (tolist: no indexing ops)
     _ran(model, plan.products)
     cache.length = start_pos + 1
     record("decode step", STEP_LABEL)
-    record("attention decode", "C++ CPU step", model.cfg.n_layers)
+    record("attention decode", NAIVE_LABEL if naive else "C++ CPU step", model.cfg.n_layers)
     return logits.view(1, 1, -1)
 
 
 ROWS_LABEL = "C++ CPU step, token rows"  # a step of several rows (a batch, a verify step, a prompt chunk)
+NAIVE_LABEL = "C++ CPU step, naive (scores in memory)"  # attention under the naive setting
 
 
 def ran_in_cpp(model) -> bool:
@@ -239,7 +242,7 @@ def sequence_step(model, tokens: torch.Tensor, start_pos: int, cache, attention:
             return None
     ids = tokens[0].tolist()
     rows = [(ids[i], start_pos + i, 0, None if table is None else table.data_ptr()) for i in range(T)]
-    logits = plan.run(rows, list(range(T - n, T)))
+    logits = plan.run(rows, list(range(T - n, T)), naive=attention == "naive")
     _ran(model, plan.products)
     if not paged:
         cache.length = start_pos + T
@@ -272,12 +275,12 @@ def plan_step(model, cache, seqs, attention: str = "flash") -> tuple[list[int], 
     if max(p for _, p, _, _ in rows) >= model.cfg.max_seq_len:
         raise ValueError(f"context of {max(p for _, p, _, _ in rows) + 1} tokens exceeds the model's "
                          f"{model.cfg.max_seq_len}")
-    logits = plan.run(rows, wanted)
+    logits = plan.run(rows, wanted, naive=attention == "naive")
     _ran(model, plan.products)
     record("batched step", ROWS_LABEL)
     if any(len(s.token_ids) == 1 for s in seqs):  # its decode rows, and their attention, ran here too
         record("decode step", ROWS_LABEL)
-        record("attention decode", "C++ CPU step", model.cfg.n_layers)
+        record("attention decode", NAIVE_LABEL if attention == "naive" else "C++ CPU step", model.cfg.n_layers)
     return ids, logits
 
 
@@ -510,10 +513,11 @@ class _Plan:
         return plan
 
     def run(self, rows: list[tuple[int, int, int, int | None]], logit_rows: list[int],
-            profile: torch.Tensor | None = None) -> torch.Tensor:
+            profile: torch.Tensor | None = None, naive: bool = False) -> torch.Tensor:
         """Logits (len(logit_rows), vocab) fp32 of the token rows (token, position, kv_base, block table
         pointer or None); `profile` (float64, one per kernels.cpu_decode.PHASES): thread 0's seconds
-        per phase are added to it."""
+        per phase are added to it; `naive`: attention as the naive setting runs it (its score matrix
+        written to memory, softmaxed there and read back: kernels/cpu_decode.cpp attend_naive)."""
         from kernels.cpu_decode import Row
         m = len(rows)
         limit = self.model.max_len
@@ -521,7 +525,7 @@ class _Plan:
             if not 0 <= pos < limit:
                 raise ValueError(f"position {pos} is past the cache's {limit}")
         threads = torch.get_num_threads()
-        floats = self.lib.membound_scratch_floats(ctypes.byref(self.model), m, threads)
+        floats = self.lib.membound_scratch_floats(ctypes.byref(self.model), m, threads, int(naive))
         if self.scratch.numel() < floats:
             self.scratch = torch.empty(floats, dtype=torch.float32)
         scratch = self.scratch
@@ -530,7 +534,7 @@ class _Plan:
         logits = torch.empty(len(logit_rows), self.vocab, dtype=torch.float32)
         failed = self.lib.membound_step(ctypes.byref(self.model), c_rows, m, self.cos.data_ptr(), self.sin.data_ptr(),
                                         wanted, len(logit_rows), logits.data_ptr(), scratch.data_ptr(), threads,
-                                        None if profile is None else profile.data_ptr())
+                                        int(naive), None if profile is None else profile.data_ptr())
         if failed:
             raise ValueError(f"{m} token rows: the C++ step takes 1 to {self.lib.max_rows}")
         return logits

@@ -294,7 +294,7 @@ class BatchRunner:
         weight_bytes = self.model.linear_weight_bytes(rows=weight_rows(plan.total_num_scheduled_tokens, cpp),
                                                       head_rows=weight_rows(sum(s.samples for s in plan.seqs), cpp))
         cost = plan_cost(self.model.cfg, plan.seqs, weight_bytes=weight_bytes, elem_bytes=self._elem_bytes,
-                         attention=self.attention, block_size=self.cache.block_size, **moved)
+                         attention=self.attention, block_size=self.cache.block_size, cpp_step=cpp, **moved)
         n = len(plan.seqs)
         metrics = measured(
             cost, self.roof, dtype_name(self.model.dtype), products, step=self.step_count, phase=plan_phase(plan.seqs),

@@ -219,7 +219,7 @@ class DraftModel:
                 probs.append(q)
             costs.append(step_cost(model.cfg, batch_size=1, new_tokens=len(feed), context_len=start,
                                    weight_bytes=model.linear_weight_bytes(), kv_elem_bytes=elem, act_elem_bytes=elem,
-                                   attention=self.attention))
+                                   attention=self.attention, cpp_step=cpu_step.ran_in_cpp(model)))
             start += len(feed)
             tokens.append(token)
             feed = [token]

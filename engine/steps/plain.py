@@ -137,7 +137,7 @@ class PlainSteps:
                          act_elem_bytes=elem_bytes(model.dtype), kv_cache=use_cache,
                          logits_rows=len(guesses) + 1, kv_read_tokens=kv_read_tokens, attention=attention,
                          kv_layout=layout, block_size=getattr(self.cache, "block_size", DEFAULT_BLOCK_SIZE),
-                         captured=captured)
+                         captured=captured, cpp_step=cpp)
         metrics = measured(
             cost, setup.roof, settings.dtype, products, step=self.counter.value, phase=phase, batch_size=1,
             new_tokens=len(feed), tokens_out=len(out), context_len=start, step_s=step_s, t_s=time.monotonic(),

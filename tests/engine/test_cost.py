@@ -33,6 +33,21 @@ def test_naive_decode_is_charged_four_passes_over_its_scores_eagerly():
     assert flash.attention_bytes == 0 and naive.total_bytes - flash.total_bytes == naive.attention_bytes
 
 
+def test_the_cpp_steps_naive_attention_is_charged_its_causal_fp32_scores_four_times():
+    # kernels/cpu_decode.cpp attend_naive: each row's scores over its own keys (C + i + 1, no masked half,
+    # no mask), fp32 whatever the activations, written, softmaxed in place (read, written), read by PV
+    T, C = 5, 995  # a verify step's rows of one sequence
+    cpp = step_cost(LLAMA, attention="naive", batch_size=1, new_tokens=T, context_len=C, cpp_step=True, **BF16)
+    torch_step = step_cost(LLAMA, attention="naive", batch_size=1, new_tokens=T, context_len=C, **BF16)
+    flash = step_cost(LLAMA, attention="flash", batch_size=1, new_tokens=T, context_len=C, cpp_step=True, **BF16)
+    keys = 32 * (T * C + T * (T + 1) // 2)
+    assert cpp.attention_bytes == 4 * 32 * keys * 4
+    assert cpp.attention_flops == flash.attention_flops == 4 * 4096 * keys
+    assert torch_step.attention_bytes == 32 * (6 * 32 * T * (C + T) * 2 + 2 * T * (C + T))
+    decode = step_cost(LLAMA, attention="naive", batch_size=2, new_tokens=1, context_len=999, cpp_step=True, **BF16)
+    assert decode.attention_bytes == 32 * 4 * (2 * 32 * 1 * 1000) * 4  # the eager decode's count, in fp32
+
+
 def test_naive_prefill_is_charged_six_passes_and_its_mask():
     # a prompt is masked in place (read and written: 2 more passes) and the bool mask (1, T, S) is
     # built and read once a layer; naive computes the masked half too, flash skips it

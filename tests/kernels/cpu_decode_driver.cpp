@@ -156,14 +156,14 @@ static int steps(void) {
         const double angle = p * pow(10000.0, -(double)(2 * (i % (hd / 2))) / hd);
         cos_t[p * hd + i] = (float)cos(angle), sin_t[p * hd + i] = (float)sin(angle);
       }
-    std::vector<float> scratch(membound_scratch_floats(&md, 3, 2)), logits(3 * vocab);
+    std::vector<float> scratch(membound_scratch_floats(&md, 3, 2, 1)), logits(3 * vocab);
     const int64_t seq_stride = kv * max_len * hd;
     int step = 0;
     // sequence 0: positions 0..4 one row a step, sequence 1 alongside from step 2 (two rows a step)
     for (int64_t p = 0; p < 5; p++, step++) {
       struct Row rows[2] = {{(p * 37 + 5) % vocab, p, 0, NULL}, {(p * 11 + 3) % vocab, p - 2, seq_stride, NULL}};
       const int64_t n = p >= 2 ? 2 : 1, wanted[2] = {0, 1};
-      membound_step(&md, rows, n, cos_t.data(), sin_t.data(), wanted, n, logits.data(), scratch.data(), 2, NULL);
+      membound_step(&md, rows, n, cos_t.data(), sin_t.data(), wanted, n, logits.data(), scratch.data(), 2, 0, NULL);
       for (int64_t r = 0; r < n; r++) {
         printf("logits %s %d.%lld", NAMES[fmt], step, (long long)r);
         for (int64_t i = 0; i < vocab; i++) printf(" %.6e", logits[r * vocab + i]);
@@ -173,9 +173,16 @@ static int steps(void) {
     // a verify step: three consecutive rows of sequence 0 (positions 5, 6, 7), causal among them
     struct Row rows[3] = {{9, 5, 0, NULL}, {17, 6, 0, NULL}, {33, 7, 0, NULL}};
     const int64_t wanted[3] = {0, 1, 2};
-    membound_step(&md, rows, 3, cos_t.data(), sin_t.data(), wanted, 3, logits.data(), scratch.data(), 2, NULL);
+    membound_step(&md, rows, 3, cos_t.data(), sin_t.data(), wanted, 3, logits.data(), scratch.data(), 2, 0, NULL);
     for (int64_t r = 0; r < 3; r++) {
       printf("logits %s %d.%lld", NAMES[fmt], step, (long long)r);
+      for (int64_t i = 0; i < vocab; i++) printf(" %.6e", logits[r * vocab + i]);
+      printf("\n");
+    }
+    // the same rows again under naive attention (its score matrix in memory: attend_naive)
+    membound_step(&md, rows, 3, cos_t.data(), sin_t.data(), wanted, 3, logits.data(), scratch.data(), 2, 1, NULL);
+    for (int64_t r = 0; r < 3; r++) {
+      printf("logits %s naive.%lld", NAMES[fmt], (long long)r);
       for (int64_t i = 0; i < vocab; i++) printf(" %.6e", logits[r * vocab + i]);
       printf("\n");
     }

@@ -278,7 +278,6 @@ def test_steps_say_they_ran_in_cpp_and_pytorch_runs_what_cpp_does_not_take():
         assert dispatch.since(before)["decode step"] == {cpu_step.STEP_LABEL: 1}
         assert cache.length == 1
         refused = {
-            "naive attention": (model, token, cache, "naive"),
             "two sequences": (model, torch.tensor([[5], [6]]), ContiguousKVCache(GQA, 2, 8, torch.float32, "cpu"),
                               "flash"),
             "a paged cache": (model, token, PagedKVCache(GQA, 4, 16, torch.float32, "cpu"), "flash"),
@@ -288,6 +287,47 @@ def test_steps_say_they_ran_in_cpp_and_pytorch_runs_what_cpp_does_not_take():
         for what, args in refused.items():
             assert cpu_step.refusal(*args), what
             assert cpu_step.decode_step(args[0], args[1], 1, args[2], args[3]) is None, what
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_naive_attention_decodes_in_cpp_as_pytorchs_naive_step_does(dtype):
+    """The naive setting's decode steps run in C++ too (its score matrix written to memory, softmaxed there
+    and read back: attend_naive), so the lever shows what naive attention costs and not what PyTorch's
+    whole step does (4.5x slower at INT4 here); their logits are PyTorch's naive step's within the fused
+    step's bound, the path says so, and a verify step's rows give the one-token steps' bits."""
+    from engine import dispatch
+    model = model_of(GQA, dtype, "fp")
+    tokens = torch.randint(0, GQA.vocab_size, (PROMPT + 6,), generator=torch.Generator().manual_seed(4)).tolist()
+    ref = reference_of(model)
+    with torch.inference_mode():
+        caches = {}
+        for name, step_model in (("cpp", model), ("torch", ref)):
+            cache = ContiguousKVCache(GQA, 1, GQA.max_seq_len, model.dtype, "cpu")
+            ref(torch.tensor([tokens[:PROMPT]]), 0, cache, attention="naive")
+            before = dispatch.counts()
+            logits = [step_model(torch.tensor([[t]]), pos, cache, attention="naive")[0, 0].float()
+                      if name == "cpp" else cpu_step_off(step_model, t, pos, cache)
+                      for pos, t in enumerate(tokens[PROMPT:], PROMPT)]
+            caches[name] = (logits, cache, dispatch.since(before))
+        got, _, paths = caches["cpp"]
+        want = caches["torch"][0]
+        assert paths["decode step"] == {cpu_step.STEP_LABEL: 6}
+        assert paths["attention decode"] == {cpu_step.NAIVE_LABEL: 6 * GQA.n_layers}
+        for g, w in zip(got, want):
+            assert relative_error(g, w) < (TOLERANCE[(dtype, "fp")] if dtype == "fp32" else 5e-2)
+        # five rows of one sequence (a verify step's shape) against five one-token steps: the same bits
+        plan = cpu_step.plan_for(model, caches["cpp"][1])
+        start = PROMPT
+        rows = [(t, start + i, 0, None) for i, t in enumerate(tokens[PROMPT:PROMPT + 5])]
+        together = plan.run(rows, list(range(5)), naive=True)
+        alone = torch.cat([plan.run([row], [0], naive=True) for row in rows])
+        assert torch.equal(together, alone)
+
+
+def cpu_step_off(model, token: int, pos: int, cache) -> torch.Tensor:
+    """PyTorch's naive step (the C++ step switched off for this call)."""
+    with cpu_step.pytorch_only():
+        return model(torch.tensor([[token]]), pos, cache, attention="naive")[0, 0].float()
 
 
 def test_int4_tiles_hold_the_codes_in_the_documented_order():
