@@ -98,16 +98,17 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch
 
 
 # Candidates for top-p: the tokens within this factor of the most likely one, widened (x 2^-8 at a time) until
-# their mass reaches top_p + TOP_P_MARGIN. A decode row at temperature 0.7 keeps 1-10 tokens of SmolLM2's 49k.
+# their mass reaches top_p + TOP_P_MARGIN (SmolLM2's sampled decode rows at temperature 0.7 kept 1-8 of 49k tokens).
 CANDIDATE_FLOOR = 2.0 ** -12
 
 
-def kept_tokens(row: numpy.ndarray, top_p: float, near: float = CANDIDATE_FLOOR) -> tuple[numpy.ndarray, numpy.ndarray]:
+def kept_tokens(row: numpy.ndarray, top_p: float,
+                near: float = CANDIDATE_FLOOR) -> tuple[numpy.ndarray, numpy.ndarray]:
     """top_p_filter's rule on one row of probabilities (fp32, vocab): the token ids it keeps, most likely
     first (tied ones lowest id first), and their probabilities (not renormalised). Only the candidates
-    (those within `near` of the most likely, widened: CANDIDATE_FLOOR) are sorted, as a full stable sort orders them, their cumulative sums taken
-    as torch's (fp64, rounded to fp32 each): ~20 us a 49k-token row, where top_p_filter's passes over the
-    whole vocabulary take ~300 us."""
+    (those within `near` of the most likely, widened: CANDIDATE_FLOOR) are sorted, as a full stable sort
+    orders them, their cumulative sums taken as torch's (fp64, rounded to fp32 each); top_p_filter's
+    passes over the whole vocabulary took ~0.3 ms a 49k-token row here (docs/benchmarks.md, session 28)."""
     floor = float(row.max()) * near
     while True:
         ids = numpy.flatnonzero(row >= floor) if floor > 0 else numpy.arange(row.shape[0])
