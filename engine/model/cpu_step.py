@@ -174,12 +174,17 @@ def decode_step(model, tokens: torch.Tensor, start_pos: int, cache, attention: s
     _ran(model, plan.products)
     cache.length = start_pos + 1
     record("decode step", STEP_LABEL)
-    record("attention decode", NAIVE_LABEL if naive else "C++ CPU step", model.cfg.n_layers)
+    record("attention decode", attention_label(attention), model.cfg.n_layers)
     return logits.view(1, 1, -1)
 
 
 ROWS_LABEL = "C++ CPU step, token rows"  # a step of several rows (a batch, a verify step, a prompt chunk)
 NAIVE_LABEL = "C++ CPU step, naive (scores in memory)"  # attention under the naive setting
+
+
+def attention_label(attention: str) -> str:
+    """The path record of the C++ step's attention under a setting."""
+    return NAIVE_LABEL if attention == "naive" else "C++ CPU step"
 
 
 def ran_in_cpp(model) -> bool:
@@ -280,7 +285,7 @@ def plan_step(model, cache, seqs, attention: str = "flash") -> tuple[list[int], 
     record("batched step", ROWS_LABEL)
     if any(len(s.token_ids) == 1 for s in seqs):  # its decode rows, and their attention, ran here too
         record("decode step", ROWS_LABEL)
-        record("attention decode", NAIVE_LABEL if attention == "naive" else "C++ CPU step", model.cfg.n_layers)
+        record("attention decode", attention_label(attention), model.cfg.n_layers)
     return ids, logits
 
 

@@ -3,8 +3,6 @@ engine/settings.py, says which). `probabilities` is the distribution `sample` dr
 speculative decoding's verification compares a draft against)."""
 from __future__ import annotations
 
-import dataclasses
-
 import numpy
 import torch
 
@@ -21,14 +19,27 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     and top-p, summing to 1; greedy: one-hot on the argmax."""
     if params.is_greedy:
         return torch.zeros_like(logits).scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+    probs = tempered(logits, params)
+    if params.top_p < 1.0:
+        probs = top_p_filter(probs, params.top_p)
+    return probs
+
+
+def tempered(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The softmax after temperature and top-k: `probabilities` before top-p (sampled params)."""
     logits = logits / params.temperature
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if params.top_p < 1.0:
-        probs = top_p_filter(probs, params.top_p)
-    return probs
+    return torch.softmax(logits, dim=-1)
+
+
+def top_p_rows(logits: torch.Tensor, params: SamplingParams) -> numpy.ndarray | None:
+    """Where top-p's tokens are found by kept_tokens (sampled params with top-p on a CPU, eager): the
+    rows' tempered probabilities (rows, vocab) fp32 for it; else None (`probabilities` whole)."""
+    if params.is_greedy or params.top_p >= 1.0 or logits.device.type != "cpu" or torch.compiler.is_compiling():
+        return None
+    return tempered(logits.float(), params).reshape(-1, logits.shape[-1]).numpy()
 
 
 def top_p_filter(probs: torch.Tensor, top_p: float, prefix: int = TOP_P_PREFIX) -> torch.Tensor:
@@ -139,13 +150,11 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     On a CPU the top-p set comes from kept_tokens (the same tokens, a fraction of the time)."""
     if params.is_greedy:
         return greedy(logits)
-    if logits.device.type != "cpu" or torch.compiler.is_compiling() or params.top_p >= 1.0:
+    rows = top_p_rows(logits, params)
+    if rows is None:
         return draw(probabilities(logits, params), generator)
-    top_p = params.top_p
-    params = dataclasses.replace(params, top_p=1.0)  # temperature and top-k, as probabilities applies them
-    rows = probabilities(logits.float(), params).reshape(-1, logits.shape[-1]).numpy()
     out = numpy.empty(rows.shape[0], dtype=numpy.int64)
     for i, row in enumerate(rows):
-        ids, values = kept_tokens(row, top_p)
+        ids, values = kept_tokens(row, params.top_p)
         out[i] = ids[draw_one(values, float(torch.rand(1, generator=generator, dtype=torch.float64)))]
     return torch.from_numpy(out).reshape(logits.shape[:-1])

@@ -19,7 +19,7 @@ from engine.hardware.roof import Roof
 from engine.hardware.spec import dtype_name
 from engine.metrics import StepCost, StepMetrics, measured, step_cost, sum_costs
 from engine.model import cpu_step
-from engine.model.sampling import draw, greedy, kept_tokens, mask_tokens, probabilities
+from engine.model.sampling import draw, greedy, kept_tokens, mask_tokens, probabilities, top_p_rows
 from engine.model.transformer import Transformer
 from engine.serving.scheduler import common_prefix
 from engine.settings import DRAFT_GROUP_SIZE, EngineError, SamplingParams
@@ -75,10 +75,10 @@ def target_rows(logits: torch.Tensor, sampling: SamplingParams):
     """row(i) → (ids, p): the target's sampling distribution at row i of logits, over the whole
     vocabulary (ids None: `probabilities`) or, on a CPU with top-p, over the tokens top-p keeps
     (their ids, their renormalised probabilities in fp64: sampling.kept_tokens, the same tokens)."""
-    if logits.device.type != "cpu" or sampling.top_p >= 1.0:
+    soft = top_p_rows(logits, sampling)
+    if soft is None:
         p = probabilities(logits, sampling)
         return lambda i: (None, p[i])
-    soft = probabilities(logits, replace(sampling, top_p=1.0)).float().numpy()  # temperature and top-k
     kept: dict[int, tuple] = {}
 
     def row(i: int):
