@@ -171,11 +171,38 @@ def decode_step(model, tokens: torch.Tensor, start_pos: int, cache, attention: s
         return None
     naive = attention == "naive"
     logits = plan.run([(tokens.tolist()[0][0], start_pos, 0, None)], [0], naive=naive)  # (tolist: no indexing ops)
+    _decoded(model, plan, start_pos, cache, attention)
+    return logits.view(1, 1, -1)
+
+
+def token_plan(model, cache, attention: str = "flash") -> _Plan | None:
+    """The plan that runs `decode_token` for this model over this cache (the contiguous cache of one
+    sequence), or None where the C++ step does not take its one-token steps (decode_step's checks)."""
+    if not isinstance(cache, ContiguousKVCache) or cache.k.shape[1] != 1 or torch.compiler.is_compiling() \
+            or getattr(_local, "pytorch_only", False) or step_refusal(model, cache, attention) \
+            or unavailable_reason(_context(model)):
+        return None
+    plan = plan_for(model, cache)
+    return plan if plan is not None and choice(model).use_cpp else None
+
+
+def decode_token(model, plan: _Plan, token: int, start_pos: int, cache, attention: str = "flash"):
+    """decode_step for a token id on its `token_plan`, with no PyTorch operator on the way: the logits
+    as a (vocab,) fp32 numpy row that the plan's next such step overwrites (`_Plan.run_token`). After a
+    step has streamed the weights through the caches each PyTorch operator costs 20-100 us here (its
+    code and data come back from memory), ~10x its warm time: the plain decode loop calls this
+    (engine/steps/plain.py; docs/benchmarks.md, session 29)."""
+    row = plan.run_token(token, start_pos, naive=attention == "naive")
+    _decoded(model, plan, start_pos, cache, attention)
+    return row
+
+
+def _decoded(model, plan: _Plan, start_pos: int, cache, attention: str) -> None:
+    """What a one-token C++ step leaves behind: how it multiplied, the cache's length, its path."""
     _ran(model, plan.products)
     cache.length = start_pos + 1
     record("decode step", STEP_LABEL)
     record("attention decode", attention_label(attention), model.cfg.n_layers)
-    return logits.view(1, 1, -1)
 
 
 ROWS_LABEL = "C++ CPU step, token rows"  # a step of several rows (a batch, a verify step, a prompt chunk)
@@ -466,7 +493,7 @@ class _Plan:
 
     @classmethod
     def build(cls, model, cache) -> _Plan | None:
-        from kernels.cpu_decode import Layer, Mat, Model, product_kind
+        from kernels.cpu_decode import Layer, Mat, Model, Row, product_kind
 
         plan = cls()
         plan.keep = []
@@ -515,6 +542,14 @@ class _Plan:
         plan.vocab = cfg.vocab_size
         plan.buffers = BuffersRef(cache)  # (a plan must neither write a cache's old K/V nor keep them alive)
         plan.scratch = torch.empty(0, dtype=torch.float32)  # grown to the most rows asked for
+        plan.scratch_floats = 0
+        # run_token's own: one row, its logits' buffer (reused), the scratch sizes by (threads, naive)
+        plan.token_row = (Row * 1)()
+        plan.token_wanted = (ctypes.c_int64 * 1)(0)
+        plan.token_logits = torch.empty(1, plan.vocab, dtype=torch.float32)
+        plan.token_view = plan.token_logits.numpy()[0]
+        plan.token_floats = {}
+        plan.token_pointers = None  # (cos, sin, logits, scratch) addresses, made again when the scratch grows
         return plan
 
     def run(self, rows: list[tuple[int, int, int, int | None]], logit_rows: list[int],
@@ -531,8 +566,8 @@ class _Plan:
                 raise ValueError(f"position {pos} is past the cache's {limit}")
         threads = torch.get_num_threads()
         floats = self.lib.membound_scratch_floats(ctypes.byref(self.model), m, threads, int(naive))
-        if self.scratch.numel() < floats:
-            self.scratch = torch.empty(floats, dtype=torch.float32)
+        if self.scratch_floats < floats:
+            self._grow_scratch(floats)
         scratch = self.scratch
         c_rows = (Row * m)(*[Row(t, p, b, table) for t, p, b, table in rows])
         wanted = (ctypes.c_int64 * max(1, len(logit_rows)))(*logit_rows)
@@ -543,3 +578,30 @@ class _Plan:
         if failed:
             raise ValueError(f"{m} token rows: the C++ step takes 1 to {self.lib.max_rows}")
         return logits
+
+    def _grow_scratch(self, floats: int) -> None:
+        self.scratch = torch.empty(floats, dtype=torch.float32)
+        self.scratch_floats = floats
+        self.token_pointers = None
+
+    def run_token(self, token: int, pos: int, naive: bool = False):
+        """run for one token row on the contiguous cache of one sequence, with no PyTorch operator:
+        its logits as a (vocab,) fp32 numpy row, this plan's buffer (the next run_token overwrites it)."""
+        if not 0 <= pos < self.model.max_len:
+            raise ValueError(f"position {pos} is past the cache's {self.model.max_len}")
+        threads = torch.get_num_threads()
+        floats = self.token_floats.get((threads, naive))
+        if floats is None:
+            floats = self.token_floats[(threads, naive)] = \
+                self.lib.membound_scratch_floats(ctypes.byref(self.model), 1, threads, int(naive))
+        if self.scratch_floats < floats:
+            self._grow_scratch(floats)
+        if self.token_pointers is None:
+            self.token_pointers = (self.cos.data_ptr(), self.sin.data_ptr(), self.token_logits.data_ptr(),
+                                   self.scratch.data_ptr())
+        cos, sin, logits, scratch = self.token_pointers
+        row = self.token_row[0]
+        row.token, row.pos = token, pos  # (kv_base 0, no block table: the contiguous cache of one sequence)
+        self.lib.membound_step(ctypes.byref(self.model), self.token_row, 1, cos, sin, self.token_wanted, 1, logits,
+                               scratch, threads, int(naive), None)
+        return self.token_view

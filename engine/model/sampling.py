@@ -158,3 +158,24 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         ids, values = kept_tokens(row, params.top_p)
         out[i] = ids[draw_one(values, float(torch.rand(1, generator=generator, dtype=torch.float64)))]
     return torch.from_numpy(out).reshape(logits.shape[:-1])
+
+
+def row_sampled(params: SamplingParams) -> bool:
+    """Whether sample_row takes these params' tokens: greedy, or top-p below 1 (kept_tokens' rule)."""
+    return params.is_greedy or params.top_p < 1.0
+
+
+def uniform(generator: torch.Generator | None, params: SamplingParams) -> float:
+    """The uniform number sample would draw for a row under `params` (0.0 for greedy: none drawn)."""
+    return 0.0 if params.is_greedy else float(torch.rand(1, generator=generator, dtype=torch.float64))
+
+
+def sample_row(row: numpy.ndarray, params: SamplingParams, u: float) -> int:
+    """sample's token for one fp32 logits row held in numpy (row_sampled params), its uniform number
+    `u` drawn beforehand (`uniform`): the same token as sample's from the same generator state. A
+    greedy token takes no PyTorch operator; a sampled one, the tempered softmax's."""
+    if params.is_greedy:
+        return int(row.argmax())  # (greedy's argmax: numpy's)
+    probs = tempered(torch.from_numpy(row.reshape(1, -1)), params).numpy()[0]
+    ids, values = kept_tokens(probs, params.top_p)
+    return int(ids[draw_one(values, u)])

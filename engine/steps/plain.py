@@ -12,7 +12,7 @@ from engine.kv.cache import DEFAULT_BLOCK_SIZE, ContiguousKVCache, PagedKVCache
 from engine.metrics import StepMetrics, measured, step_cost, weight_rows
 from engine.model import cpu_step
 from engine.model.config import ModelConfig
-from engine.model.sampling import mask_tokens, sample
+from engine.model.sampling import mask_tokens, row_sampled, sample, sample_row, uniform
 from engine.serving.scheduler import common_prefix
 from engine.serving.speculative import Draft, verify
 from engine.steps.reply import Reply, StepSetup
@@ -78,13 +78,52 @@ class PlainSteps:
             return PagedKVCache(self.cfg, blocks, DEFAULT_BLOCK_SIZE, dtype, self.device)
         return ContiguousKVCache(self.cfg, 1, self.cfg.max_seq_len, dtype, self.device)
 
-    @torch.inference_mode()
     def run(self, ids: list[int], produced: int, gen, setup: StepSetup, draft: Draft | None = None,
             masked: tuple[int, ...] = ()) -> tuple[list[int], StepMetrics]:
         """Run the context's uncached tail (and the draft's guesses, if any) through the model;
         returns the tokens it produced (one; or the accepted guesses and the target's own) and the
         step's figures. Rejected guesses leave the KV cache (contiguous: its length; paged: their
         blocks). `masked` token ids are never sampled."""
+        if draft is None and produced > 0 and self.device == "cpu":
+            done = self._token_in_cpp(ids, gen, setup, masked)
+            if done is not None:
+                return done
+        return self._run(ids, produced, gen, setup, draft, masked)
+
+    def _token_in_cpp(self, ids: list[int], gen, setup: StepSetup,
+                      masked: tuple[int, ...]) -> tuple[list[int], StepMetrics] | None:
+        """A decode step of one new token on the contiguous cache, in C++, its logits sampled as a
+        numpy row (sampling.sample_row): after a step has streamed the weights through the caches each
+        PyTorch operator costs 20-100 us (cpu_step.decode_token), and a greedy token here takes none.
+        None where it does not apply (nothing has run, the generator is untouched): `_run` takes it."""
+        settings = setup.settings
+        cache = self.cache
+        if not settings.kv_cache or settings.kv_layout != "contiguous" or cache is None \
+                or cache.layout != "contiguous" or self.graphs.active(settings.cuda_graphs) \
+                or not row_sampled(settings.sampling):
+            return None
+        start = common_prefix(self.cached_ids, ids)
+        if start != len(ids) - 1:  # more than one token is new (or none): a prefill-shaped step
+            return None
+        plan = cpu_step.token_plan(setup.model, cache, settings.attention)
+        if plan is None:
+            return None
+        cache.truncate(start)
+        timer = StepTimer(self.device)
+        timer.start()
+        u = uniform(gen, settings.sampling)  # (drawn before the step, while the caches are warm)
+        row = cpu_step.decode_token(setup.model, plan, ids[-1], start, cache, settings.attention)
+        if masked:
+            row[list(masked)] = float("-inf")  # (mask_tokens' rule)
+        token = sample_row(row, settings.sampling, u)
+        step_s = timer.stop()
+        self.cached_ids = list(ids)
+        return [token], self._measured(setup, start=start, new_tokens=1, tokens_out=1, step_s=step_s,
+                                       guesses=0, accepted=0, captured=False, products=cpu_step.products(setup.model))
+
+    @torch.inference_mode()
+    def _run(self, ids: list[int], produced: int, gen, setup: StepSetup, draft: Draft | None,
+             masked: tuple[int, ...]) -> tuple[list[int], StepMetrics]:
         settings = setup.settings
         model = setup.model
         use_cache = settings.kv_cache
@@ -128,21 +167,33 @@ class PlainSteps:
             self.cached_ids = list(ids) + guesses[:accepted]
             self.cache.truncate(len(self.cached_ids))  # the rejected guesses' K/V go (paged: their blocks)
         products = None if captured else cpu_step.products(model)  # the C++ step's (its compute roof's kinds)
-        cpp = products is not None  # the C++ step: each weight once, whatever its rows
-        # a captured step without the flash kernel reads the whole cache buffer, masked (engine/graphs.py)
-        kv_read_tokens = self.graphs.kv_read_tokens(model, start, self.cache.max_len, attention) if captured else None
-        cost = step_cost(self.cfg, batch_size=1, new_tokens=len(feed), context_len=start,
-                         weight_bytes=model.linear_weight_bytes(rows=weight_rows(len(feed), cpp)),
-                         kv_elem_bytes=elem_bytes(model.dtype),
-                         act_elem_bytes=elem_bytes(model.dtype), kv_cache=use_cache,
-                         logits_rows=len(guesses) + 1, kv_read_tokens=kv_read_tokens, attention=attention,
-                         kv_layout=layout, block_size=getattr(self.cache, "block_size", DEFAULT_BLOCK_SIZE),
-                         captured=captured, cpp_step=cpp)
-        metrics = measured(
-            cost, setup.roof, settings.dtype, products, step=self.counter.value, phase=phase, batch_size=1,
-            new_tokens=len(feed), tokens_out=len(out), context_len=start, step_s=step_s, t_s=time.monotonic(),
-            settings_label=settings.label, draft_tokens=len(guesses), accepted_tokens=accepted,
-            captured=captured)
+        metrics = self._measured(setup, start=start, new_tokens=len(feed), tokens_out=len(out),
+                                 step_s=step_s, guesses=len(guesses), accepted=accepted, captured=captured,
+                                 products=products, phase=phase)
         if draft is not None and draft.metrics is not None:  # the round's figures count the draft model's step
             metrics = metrics.with_draft(draft.metrics)
         return out, metrics
+
+    def _measured(self, setup: StepSetup, *, start: int, new_tokens: int, tokens_out: int,
+                  step_s: float, guesses: int, accepted: int, captured: bool, products: tuple[str, str] | None,
+                  phase: str = "decode") -> StepMetrics:
+        """The step's figures: its cost (what it moved and computed) against the roof, and its time."""
+        settings = setup.settings
+        model = setup.model
+        cpp = products is not None  # the C++ step: each weight once, whatever its rows
+        # a captured step without the flash kernel reads the whole cache buffer, masked (engine/graphs.py)
+        kv_read_tokens = self.graphs.kv_read_tokens(model, start, self.cache.max_len, settings.attention) \
+            if captured else None
+        cost = step_cost(self.cfg, batch_size=1, new_tokens=new_tokens, context_len=start,
+                         weight_bytes=model.linear_weight_bytes(rows=weight_rows(new_tokens, cpp)),
+                         kv_elem_bytes=elem_bytes(model.dtype),
+                         act_elem_bytes=elem_bytes(model.dtype), kv_cache=settings.kv_cache,
+                         logits_rows=guesses + 1, kv_read_tokens=kv_read_tokens, attention=settings.attention,
+                         kv_layout=settings.kv_layout,
+                         block_size=getattr(self.cache, "block_size", DEFAULT_BLOCK_SIZE),
+                         captured=captured, cpp_step=cpp)
+        return measured(
+            cost, setup.roof, settings.dtype, products, step=self.counter.value, phase=phase, batch_size=1,
+            new_tokens=new_tokens, tokens_out=tokens_out, context_len=start, step_s=step_s, t_s=time.monotonic(),
+            settings_label=settings.label, draft_tokens=guesses, accepted_tokens=accepted,
+            captured=captured)

@@ -361,7 +361,8 @@ def test_the_sweep_says_how_much_of_a_replys_time_its_steps_hold():
     tokens, steps, wall_s = sweep.measure(eng, PROMPT, 16)
     decode = [s for s in steps if s.phase in ("decode", "verify", "draft")]
     point = sweep._point(("none", 0, "greedy"), [(tokens, decode, wall_s)], [(tokens, decode, wall_s)])
-    assert 0.5 < point.in_steps <= 1.0 and point.in_steps == sum(s.step_s for s in decode) / wall_s
+    # (the tiny model's steps are ~0.1 ms: the reply loop's Python around them is a large share)
+    assert 0.1 < point.in_steps <= 1.0 and point.in_steps == sum(s.step_s for s in decode) / wall_s
     assert point.slowest_step_ms == 1e3 * max(s.step_s for s in decode) >= point.target_step_ms
     stalled = sweep._point(("none", 0, "greedy"), [(tokens, decode, 3 * wall_s)], [(tokens, decode, wall_s)])
     assert stalled.in_steps == pytest.approx(point.in_steps / 3) and stalled.speedup == pytest.approx(1 / 3)

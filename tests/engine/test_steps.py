@@ -15,7 +15,10 @@ from engine.hardware.roof import Roof
 from engine.io.byte_tokenizer import ByteTokenizer
 from engine.metrics import StepMetrics
 from engine.serving.lifecycle import BatchLifecycle, batch_label
+from engine.model import cpu_step
+from engine.model.cpu_step import Choice
 from engine.serving.speculative import Draft
+from engine.settings import SamplingParams
 from engine.settings import PromptError
 from engine.steps.batched import BatchedSteps
 from engine.steps.plain import PlainSteps
@@ -69,6 +72,54 @@ def test_the_cache_keeps_a_prefix_across_replies_and_starts_again_in_a_new_layou
     assert plain.cached_ids == [] and plain.cache.length == 0
     plain.astype(torch.bfloat16)
     assert plain.cache.k.dtype == plain.cache.v.dtype == torch.bfloat16
+
+
+def plain_reply(model, monkeypatch, sampling, masked=(), numpy_row=True, budget=10):
+    """A reply's tokens and step figures (time left out) from the plain runner, its decode steps' logits
+    taken as numpy rows (`_token_in_cpp`) or through the module (`_run`), and how many took the row."""
+    rows = []
+    decode_token = cpu_step.decode_token
+    monkeypatch.setattr(cpu_step, "decode_token", lambda *a, **k: rows.append(1) or decode_token(*a, **k))
+    if not numpy_row:
+        monkeypatch.setattr(PlainSteps, "_token_in_cpp", lambda *a, **k: None)
+    plain, reply = plain_steps(), new_reply(budget=budget)
+    reply.masked = masked
+    gen, setup = make_generator(5, "cpu"), setup_for(model, sampling=sampling)
+    events = [e for _ in range(budget) for e in plain.step(reply, gen, setup)]
+    monkeypatch.undo()
+    tokens = [e.token_id for e in events if isinstance(e, TokenEvent)]
+    steps = [replace(e, step_s=0.0, t_s=0.0) for e in events if isinstance(e, StepMetrics)]
+    return tokens, steps, len(rows)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY.sampling, SamplingParams(temperature=1.5, top_p=0.9),
+                                      SamplingParams(temperature=0.8, top_k=20, top_p=0.5)],
+                         ids=["greedy", "top-p", "top-k and top-p"])
+def test_a_cpu_decode_token_from_the_cpp_row_is_the_modules_token(model, monkeypatch, sampling):
+    """The plain decode step on a CPU samples the C++ step's logits as a numpy row, with no PyTorch
+    operator for a greedy token: the same tokens (the same uniform numbers, drawn before the step) and
+    the same figures as through the module, masked tokens never."""
+    def reply(**kw):
+        monkeypatch.setattr(cpu_step, "choice", lambda m: Choice("fp32", 1e-6, 1.0, "test"))  # the C++ step wins
+        return plain_reply(model, monkeypatch, sampling, **kw)
+
+    tokens, steps, rows = reply()
+    assert rows == 9 and reply(numpy_row=False) == (tokens, steps, 0)
+    assert [s.phase for s in steps] == ["prefill"] + ["decode"] * 9 and len(set(tokens)) > 2
+    masked = tuple(sorted(set(tokens[1:4])))  # the tokens it chose: masked, it must choose others
+    got, got_steps, rows = reply(masked=masked)
+    assert rows == 9 and reply(masked=masked, numpy_row=False) == (got, got_steps, 0)
+    assert not set(got[1:]) & set(masked)
+
+
+def test_the_numpy_row_waits_for_a_step_the_cpp_step_takes(model, monkeypatch):
+    """Where PyTorch's step wins the timing, the numpy row is not taken and no uniform number is drawn."""
+    monkeypatch.setattr(cpu_step, "choice", lambda m: Choice("fp32", 1.0, 1e-6, "test"))  # PyTorch's step wins
+    sampled = SamplingParams(temperature=1.5, top_p=0.9)
+    tokens, steps, rows = plain_reply(model, monkeypatch, sampled)
+    assert rows == 0 and all(s.matmul_flops > 0 for s in steps)
+    monkeypatch.setattr(cpu_step, "choice", lambda m: Choice("fp32", 1e-6, 1.0, "test"))
+    assert plain_reply(model, monkeypatch, sampled)[0][:1] == tokens[:1]  # (the prefill's token: its draw first)
 
 
 def test_without_the_cache_every_step_runs_the_whole_context(model):
