@@ -197,6 +197,23 @@ def decode_token(model, plan: _Plan, token: int, start_pos: int, cache, attentio
     return row
 
 
+def decode_rows(model, plan: _Plan, tokens: list[int], start_pos: int, cache, attention: str = "flash",
+                logits_rows: int = 1):
+    """sequence_step for token ids (2 or more, at start_pos..) on their `token_plan`: a speculative verify
+    step, its logits for the last `logits_rows` rows as numpy (logits_rows, vocab) fp32; one PyTorch
+    operator (the logits' buffer). None where the rows do not fit the library or the cache (nothing
+    written)."""
+    T = len(tokens)
+    if T > plan.lib.max_rows or start_pos + T > cache.max_len:
+        return None
+    rows = [(t, start_pos + i, 0, None) for i, t in enumerate(tokens)]
+    logits = plan.run(rows, list(range(T - logits_rows, T)), naive=attention == "naive")
+    _ran(model, plan.products)
+    cache.length = start_pos + T
+    record("multi-row step", ROWS_LABEL)
+    return logits.numpy()
+
+
 def _decoded(model, plan: _Plan, start_pos: int, cache, attention: str) -> None:
     """What a one-token C++ step leaves behind: how it multiplied, the cache's length, its path."""
     _ran(model, plan.products)

@@ -42,12 +42,8 @@ def verify(logits: torch.Tensor, draft: Draft, sampling: SamplingParams,
     (accepted, tokens): the first `accepted` guesses, then one token of the target's own (the
     correction at the first rejection, or the bonus when all k are accepted)."""
     k = len(draft.tokens)
-    if sampling.is_greedy:  # accept while the guess is the target's argmax
-        target = greedy(logits).tolist()
-        n = 0
-        while n < k and draft.tokens[n] == target[n]:
-            n += 1
-        return n, draft.tokens[:n] + [target[n]]
+    if sampling.is_greedy:
+        return greedy_accept(greedy(logits).tolist(), draft.tokens)
     rows = target_rows(logits, sampling)
     guesses = draft.tokens
     p_guess = torch.tensor([mass_at(*rows(i), guesses[i]) for i in range(k)], dtype=torch.float64)
@@ -69,6 +65,15 @@ def verify(logits: torch.Tensor, draft: Draft, sampling: SamplingParams,
         at = guesses[n] if ids is None else (ids == guesses[n]).nonzero()[:, 0]
         q_row[at] = 1.0
     return n, guesses[:n] + [token_of(ids, draw(residual_distribution(p, q_row), generator))]
+
+
+def greedy_accept(target: list[int], guesses: list[int]) -> tuple[int, list[int]]:
+    """Greedy verification on the target's argmax at each row (k + 1 of them): accept while the guess
+    is the target's; (accepted, the accepted guesses and the target's own token after them)."""
+    n = 0
+    while n < len(guesses) and guesses[n] == target[n]:
+        n += 1
+    return n, guesses[:n] + [target[n]]
 
 
 def target_rows(logits: torch.Tensor, sampling: SamplingParams):

@@ -14,7 +14,7 @@ from engine.model import cpu_step
 from engine.model.config import ModelConfig
 from engine.model.sampling import mask_tokens, row_sampled, sample, sample_row, uniform
 from engine.serving.scheduler import common_prefix
-from engine.serving.speculative import Draft, verify
+from engine.serving.speculative import Draft, greedy_accept, verify
 from engine.steps.reply import Reply, StepSetup
 from engine.steps.timing import StepCounter, StepTimer, elem_bytes
 
@@ -84,42 +84,59 @@ class PlainSteps:
         returns the tokens it produced (one; or the accepted guesses and the target's own) and the
         step's figures. Rejected guesses leave the KV cache (contiguous: its length; paged: their
         blocks). `masked` token ids are never sampled."""
-        if draft is None and produced > 0 and self.device == "cpu":
-            done = self._token_in_cpp(ids, gen, setup, masked)
+        if produced > 0 and self.device == "cpu":
+            done = self._rows_in_cpp(ids, gen, setup, draft, masked)
             if done is not None:
                 return done
         return self._run(ids, produced, gen, setup, draft, masked)
 
-    def _token_in_cpp(self, ids: list[int], gen, setup: StepSetup,
-                      masked: tuple[int, ...]) -> tuple[list[int], StepMetrics] | None:
-        """A decode step of one new token on the contiguous cache, in C++, its logits sampled as a
-        numpy row (sampling.sample_row): after a step has streamed the weights through the caches each
-        PyTorch operator costs 20-100 us (cpu_step.decode_token), and a greedy token here takes none.
-        None where it does not apply (nothing has run, the generator is untouched): `_run` takes it."""
+    def _rows_in_cpp(self, ids: list[int], gen, setup: StepSetup, draft: Draft | None,
+                     masked: tuple[int, ...]) -> tuple[list[int], StepMetrics] | None:
+        """A decode step of one new token, or a greedy verify step, on the contiguous cache in C++, its
+        logits taken as numpy rows: after a step has streamed the weights through the caches each
+        PyTorch operator costs 20-100 us (cpu_step.decode_token), and a greedy token here takes none
+        (a verify step one: its logits' buffer). A sampled token: sampling.sample_row, its uniform number
+        drawn before the step (the same stream). None where it does not apply (nothing has run, the
+        generator is untouched): `_run` takes the step."""
         settings = setup.settings
         cache = self.cache
         if not settings.kv_cache or settings.kv_layout != "contiguous" or cache is None \
                 or cache.layout != "contiguous" or self.graphs.active(settings.cuda_graphs) \
-                or not row_sampled(settings.sampling):
+                or not row_sampled(settings.sampling) or draft is not None and not settings.sampling.is_greedy:
             return None
-        start = common_prefix(self.cached_ids, ids)
-        if start != len(ids) - 1:  # more than one token is new (or none): a prefill-shaped step
+        guesses = draft.tokens if draft is not None else []
+        start = min(common_prefix(self.cached_ids, ids), len(ids) - 1)
+        if draft is None and start != len(ids) - 1:  # more than one token is new: a prefill-shaped step
             return None
         plan = cpu_step.token_plan(setup.model, cache, settings.attention)
         if plan is None:
             return None
+        feed = ids[start:] + guesses
         cache.truncate(start)
         timer = StepTimer(self.device)
         timer.start()
-        u = uniform(gen, settings.sampling)  # (drawn before the step, while the caches are warm)
-        row = cpu_step.decode_token(setup.model, plan, ids[-1], start, cache, settings.attention)
+        if len(feed) == 1:
+            u = uniform(gen, settings.sampling)  # (drawn before the step, while the caches are warm)
+            rows = cpu_step.decode_token(setup.model, plan, feed[0], start, cache, settings.attention)[None]
+        else:
+            rows = cpu_step.decode_rows(setup.model, plan, feed, start, cache, settings.attention, len(guesses) + 1)
+            if rows is None:
+                return None
         if masked:
-            row[list(masked)] = float("-inf")  # (mask_tokens' rule)
-        token = sample_row(row, settings.sampling, u)
-        step_s = timer.stop()
-        self.cached_ids = list(ids)
-        return [token], self._measured(setup, start=start, new_tokens=1, tokens_out=1, step_s=step_s,
-                                       guesses=0, accepted=0, captured=False, products=cpu_step.products(setup.model))
+            rows[:, list(masked)] = float("-inf")  # (mask_tokens' rule)
+        if draft is None:
+            accepted, out = 0, [sample_row(rows[0], settings.sampling, u)]
+        else:  # (greedy: the argmax of each row, greedy's rule)
+            accepted, out = greedy_accept(rows.argmax(axis=-1).tolist(), guesses)
+        step_s = timer.stop() + (draft.search_s if draft is not None else 0.0)
+        self.cached_ids = list(ids) + guesses[:accepted]
+        cache.truncate(len(self.cached_ids))  # the rejected guesses' K/V go
+        metrics = self._measured(setup, start=start, new_tokens=len(feed), tokens_out=len(out), step_s=step_s,
+                                 guesses=len(guesses), accepted=accepted, captured=False,
+                                 products=cpu_step.products(setup.model), phase="verify" if draft is not None else "decode")
+        if draft is not None and draft.metrics is not None:  # the round's figures count the draft model's step
+            metrics = metrics.with_draft(draft.metrics)
+        return out, metrics
 
     @torch.inference_mode()
     def _run(self, ids: list[int], produced: int, gen, setup: StepSetup, draft: Draft | None,

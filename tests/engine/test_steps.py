@@ -74,14 +74,21 @@ def test_the_cache_keeps_a_prefix_across_replies_and_starts_again_in_a_new_layou
     assert plain.cache.k.dtype == plain.cache.v.dtype == torch.bfloat16
 
 
+def numpy_rows(monkeypatch, numpy_row: bool) -> list:
+    """Counts the steps whose logits came as numpy rows (one entry a step); none when `numpy_row` is off."""
+    rows = []
+    for name in ("decode_token", "decode_rows"):
+        run = getattr(cpu_step, name)
+        monkeypatch.setattr(cpu_step, name, lambda *a, _run=run, **k: rows.append(1) or _run(*a, **k))
+    if not numpy_row:
+        monkeypatch.setattr(PlainSteps, "_rows_in_cpp", lambda *a, **k: None)
+    return rows
+
+
 def plain_reply(model, monkeypatch, sampling, masked=(), numpy_row=True, budget=10):
     """A reply's tokens and step figures (time left out) from the plain runner, its decode steps' logits
-    taken as numpy rows (`_token_in_cpp`) or through the module (`_run`), and how many took the row."""
-    rows = []
-    decode_token = cpu_step.decode_token
-    monkeypatch.setattr(cpu_step, "decode_token", lambda *a, **k: rows.append(1) or decode_token(*a, **k))
-    if not numpy_row:
-        monkeypatch.setattr(PlainSteps, "_token_in_cpp", lambda *a, **k: None)
+    taken as numpy rows (`_rows_in_cpp`) or through the module (`_run`), and how many took the row."""
+    rows = numpy_rows(monkeypatch, numpy_row)
     plain, reply = plain_steps(), new_reply(budget=budget)
     reply.masked = masked
     gen, setup = make_generator(5, "cpu"), setup_for(model, sampling=sampling)
@@ -120,6 +127,47 @@ def test_the_numpy_row_waits_for_a_step_the_cpp_step_takes(model, monkeypatch):
     assert rows == 0 and all(s.matmul_flops > 0 for s in steps)
     monkeypatch.setattr(cpu_step, "choice", lambda m: Choice("fp32", 1e-6, 1.0, "test"))
     assert plain_reply(model, monkeypatch, sampled)[0][:1] == tokens[:1]  # (the prefill's token: its draw first)
+
+
+class FromTruth:
+    """Guesses from a reply known beforehand, every other round's third guess wrong."""
+
+    def __init__(self, truth, prompt_len):
+        self.truth, self.prompt_len = truth, prompt_len
+
+    def propose(self, ids, k, sampling, generator=None):
+        n = len(ids) - self.prompt_len
+        guesses = list(self.truth[n:n + k])
+        if n % 2 and len(guesses) > 2:
+            guesses[2] = (guesses[2] + 1) % CFG.vocab_size
+        return Draft(guesses)
+
+
+def test_a_greedy_verify_step_from_the_cpp_rows_is_the_modules(model, monkeypatch):
+    """A greedy verify step on a CPU takes the C++ step's k + 1 logits rows as numpy: the same tokens,
+    accepted guesses and figures as through the module."""
+    monkeypatch.setattr(cpu_step, "choice", lambda m: Choice("fp32", 1e-6, 1.0, "test"))
+    truth = plain_reply(model, monkeypatch, GREEDY.sampling, budget=30)[0]
+
+    def spec_reply(numpy_row: bool):
+        monkeypatch.setattr(cpu_step, "choice", lambda m: Choice("fp32", 1e-6, 1.0, "test"))
+        rows = numpy_rows(monkeypatch, numpy_row)
+        counter = StepCounter()
+        spec = SpeculativeSteps(plain_steps(counter), counter, CFG.max_seq_len)
+        spec.lookup = FromTruth(truth, len(PROMPT))
+        reply, setup = new_reply(budget=24), setup_for(model, speculate="ngram", draft_tokens=4)
+        events = list(spec.plain.step(reply, None, setup))
+        while reply.n_new < 24:
+            events += spec.step(reply, None, setup)
+        monkeypatch.undo()
+        return ([e.token_id for e in events if isinstance(e, TokenEvent)],
+                [replace(e, step_s=0.0, t_s=0.0) for e in events if isinstance(e, StepMetrics)], len(rows))
+
+    tokens, steps, rows = spec_reply(True)
+    assert tokens == truth[:24] and spec_reply(False) == (tokens, steps, 0)
+    verify_steps = [s for s in steps if s.phase == "verify"]
+    assert rows == len(steps) - 1 and len(verify_steps) >= 5
+    assert {s.accepted_tokens for s in verify_steps} >= {2, 4}  # a wrong third guess, and all right
 
 
 def test_without_the_cache_every_step_runs_the_whole_context(model):
