@@ -131,12 +131,9 @@ class PlainSteps:
         step_s = timer.stop() + (draft.search_s if draft is not None else 0.0)
         self.cached_ids = list(ids) + guesses[:accepted]
         cache.truncate(len(self.cached_ids))  # the rejected guesses' K/V go
-        metrics = self._measured(setup, start=start, new_tokens=len(feed), tokens_out=len(out), step_s=step_s,
-                                 guesses=len(guesses), accepted=accepted, captured=False,
-                                 products=cpu_step.products(setup.model), phase="verify" if draft is not None else "decode")
-        if draft is not None and draft.metrics is not None:  # the round's figures count the draft model's step
-            metrics = metrics.with_draft(draft.metrics)
-        return out, metrics
+        return out, self._measured(setup, start=start, new_tokens=len(feed), tokens_out=len(out), step_s=step_s,
+                                   draft=draft, accepted=accepted, captured=False,
+                                   products=cpu_step.products(setup.model))
 
     @torch.inference_mode()
     def _run(self, ids: list[int], produced: int, gen, setup: StepSetup, draft: Draft | None,
@@ -184,19 +181,18 @@ class PlainSteps:
             self.cached_ids = list(ids) + guesses[:accepted]
             self.cache.truncate(len(self.cached_ids))  # the rejected guesses' K/V go (paged: their blocks)
         products = None if captured else cpu_step.products(model)  # the C++ step's (its compute roof's kinds)
-        metrics = self._measured(setup, start=start, new_tokens=len(feed), tokens_out=len(out),
-                                 step_s=step_s, guesses=len(guesses), accepted=accepted, captured=captured,
-                                 products=products, phase=phase)
-        if draft is not None and draft.metrics is not None:  # the round's figures count the draft model's step
-            metrics = metrics.with_draft(draft.metrics)
-        return out, metrics
+        return out, self._measured(setup, start=start, new_tokens=len(feed), tokens_out=len(out), step_s=step_s,
+                                   draft=draft, accepted=accepted, captured=captured, products=products, phase=phase)
 
-    def _measured(self, setup: StepSetup, *, start: int, new_tokens: int, tokens_out: int,
-                  step_s: float, guesses: int, accepted: int, captured: bool, products: tuple[str, str] | None,
-                  phase: str = "decode") -> StepMetrics:
-        """The step's figures: its cost (what it moved and computed) against the roof, and its time."""
+    def _measured(self, setup: StepSetup, *, start: int, new_tokens: int, tokens_out: int, step_s: float,
+                  draft: Draft | None, accepted: int, captured: bool, products: tuple[str, str] | None,
+                  phase: str | None = None) -> StepMetrics:
+        """The step's figures: its cost (what it moved and computed) against the roof, and its time; a
+        verify step's count the draft model's step before it. phase: "verify" or "decode" by default."""
         settings = setup.settings
         model = setup.model
+        guesses = len(draft.tokens) if draft is not None else 0
+        phase = phase or ("verify" if draft is not None else "decode")
         cpp = products is not None  # the C++ step: each weight once, whatever its rows
         # a captured step without the flash kernel reads the whole cache buffer, masked (engine/graphs.py)
         kv_read_tokens = self.graphs.kv_read_tokens(model, start, self.cache.max_len, settings.attention) \
@@ -209,8 +205,11 @@ class PlainSteps:
                          kv_layout=settings.kv_layout,
                          block_size=getattr(self.cache, "block_size", DEFAULT_BLOCK_SIZE),
                          captured=captured, cpp_step=cpp)
-        return measured(
+        metrics = measured(
             cost, setup.roof, settings.dtype, products, step=self.counter.value, phase=phase, batch_size=1,
             new_tokens=new_tokens, tokens_out=tokens_out, context_len=start, step_s=step_s, t_s=time.monotonic(),
             settings_label=settings.label, draft_tokens=guesses, accepted_tokens=accepted,
             captured=captured)
+        if draft is not None and draft.metrics is not None:  # the round's figures count the draft model's step
+            metrics = metrics.with_draft(draft.metrics)
+        return metrics
