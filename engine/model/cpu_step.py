@@ -163,14 +163,13 @@ def decode_step(model, tokens: torch.Tensor, start_pos: int, cache, attention: s
     """Logits (1, 1, vocab) fp32 of the token at start_pos, its K/V written into `cache`; None
     when the C++ step does not apply here, or PyTorch's step is faster for this format (nothing has
     been written then)."""
-    if torch.compiler.is_compiling() or getattr(_local, "pytorch_only", False) \
-            or refusal(model, tokens, cache, attention) or unavailable_reason(_context(model)):
+    if tokens.device.type != "cpu" or tokens.shape != (1, 1):
         return None
-    plan = plan_for(model, cache)
-    if plan is None or not choice(model).use_cpp:
+    plan = token_plan(model, cache, attention)
+    if plan is None:
         return None
-    naive = attention == "naive"
-    logits = plan.run([(tokens.tolist()[0][0], start_pos, 0, None)], [0], naive=naive)  # (tolist: no indexing ops)
+    token = tokens.tolist()[0][0]  # (tolist: no indexing ops)
+    logits = plan.run([(token, start_pos, 0, None)], [0], naive=attention == "naive")
     _decoded(model, plan, start_pos, cache, attention)
     return logits.view(1, 1, -1)
 
@@ -203,15 +202,24 @@ def decode_rows(model, plan: _Plan, tokens: list[int], start_pos: int, cache, at
     step, its logits for the last `logits_rows` rows as numpy (logits_rows, vocab) fp32; one PyTorch
     operator (the logits' buffer). None where the rows do not fit the library or the cache (nothing
     written)."""
-    T = len(tokens)
-    if T > plan.lib.max_rows or start_pos + T > cache.max_len:
+    if len(tokens) > plan.lib.max_rows or start_pos + len(tokens) > cache.max_len:
         return None
-    rows = [(t, start_pos + i, 0, None) for i, t in enumerate(tokens)]
-    logits = plan.run(rows, list(range(T - logits_rows, T)), naive=attention == "naive")
+    return _rows_step(model, plan, tokens, start_pos, cache, attention, logits_rows).numpy()
+
+
+def _rows_step(model, plan: _Plan, ids: list[int], start_pos: int, cache, attention: str, n: int,
+               table: torch.Tensor | None = None) -> torch.Tensor:
+    """One sequence's rows `ids` at start_pos.. through the plan (a paged cache's blocks: `table`), the
+    last n rows' logits (n, vocab); what the step leaves behind: how it multiplied, a contiguous cache's
+    length, its path."""
+    T = len(ids)
+    rows = [(ids[i], start_pos + i, 0, None if table is None else table.data_ptr()) for i in range(T)]
+    logits = plan.run(rows, list(range(T - n, T)), naive=attention == "naive")
     _ran(model, plan.products)
-    cache.length = start_pos + T
-    record("multi-row step", ROWS_LABEL)
-    return logits.numpy()
+    if table is None:
+        cache.length = start_pos + T
+    record("decode step" if T == 1 else "multi-row step", STEP_LABEL if T == 1 else ROWS_LABEL)
+    return logits
 
 
 def _decoded(model, plan: _Plan, start_pos: int, cache, attention: str) -> None:
@@ -289,14 +297,7 @@ def sequence_step(model, tokens: torch.Tensor, start_pos: int, cache, attention:
         table = torch.tensor(layout.block_tables[0], dtype=torch.int32)
         if len(layout.block_tables[0]) * cache.block_size > plan.lib.membound_max_blocks() * cache.block_size:
             return None
-    ids = tokens[0].tolist()
-    rows = [(ids[i], start_pos + i, 0, None if table is None else table.data_ptr()) for i in range(T)]
-    logits = plan.run(rows, list(range(T - n, T)), naive=attention == "naive")
-    _ran(model, plan.products)
-    if not paged:
-        cache.length = start_pos + T
-    record("decode step" if T == 1 else "multi-row step", STEP_LABEL if T == 1 else ROWS_LABEL)
-    return logits.view(1, n, -1)
+    return _rows_step(model, plan, tokens[0].tolist(), start_pos, cache, attention, n, table).view(1, n, -1)
 
 
 def plan_step(model, cache, seqs, attention: str = "flash") -> tuple[list[int], torch.Tensor] | None:

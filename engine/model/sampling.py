@@ -155,9 +155,14 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         return draw(probabilities(logits, params), generator)
     out = numpy.empty(rows.shape[0], dtype=numpy.int64)
     for i, row in enumerate(rows):
-        ids, values = kept_tokens(row, params.top_p)
-        out[i] = ids[draw_one(values, float(torch.rand(1, generator=generator, dtype=torch.float64)))]
+        out[i] = top_p_token(row, params.top_p, uniform(generator, params))
     return torch.from_numpy(out).reshape(logits.shape[:-1])
+
+
+def top_p_token(probs: numpy.ndarray, top_p: float, u: float) -> int:
+    """The token a row of tempered probabilities gives at uniform number u: kept_tokens' set, drawn."""
+    ids, values = kept_tokens(probs, top_p)
+    return int(ids[draw_one(values, u)])
 
 
 def row_sampled(params: SamplingParams) -> bool:
@@ -176,6 +181,4 @@ def sample_row(row: numpy.ndarray, params: SamplingParams, u: float) -> int:
     greedy token takes no PyTorch operator; a sampled one, the tempered softmax's."""
     if params.is_greedy:
         return int(row.argmax())  # (greedy's argmax: numpy's)
-    probs = tempered(torch.from_numpy(row.reshape(1, -1)), params).numpy()[0]
-    ids, values = kept_tokens(probs, params.top_p)
-    return int(ids[draw_one(values, u)])
+    return top_p_token(tempered(torch.from_numpy(row.reshape(1, -1)), params).numpy()[0], params.top_p, u)
