@@ -31,6 +31,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <algorithm>
+
 #if defined(_OPENMP)
 #include <omp.h>
 #else  // one thread (Apple clang without libomp): the pragmas are ignored, the region runs once
@@ -1780,6 +1782,136 @@ static float exp_shifted(float *s, int64_t n, float shift) {
     total = vadd(total, vloadn(s + t, n - t));
   }
   return vhsum(total);
+}
+
+// ---- one row of logits sampled on a CPU (engine/model/sampling.py: tempered, kept_tokens, draw_one) ----------
+// After a step each PyTorch or numpy operator on the 49k logits costs 20-100 us (its code and data come back from
+// memory); these take one call a row.
+
+// probs = softmax(logits / temperature) over the tokens at or above the top_k-th largest (all of them where top_k
+// is 0 or >= n), exp as the step's (vexp); a token cut by top-k, masked (-inf) or more than 87 below the largest
+// gets exactly 0 (vexp(-87), what the clamp gives, subtracted from every exp: below 1e-30 the only change).
+// scratch: n floats (top-k's cut). Returns 1 where a logit is NaN or +inf or none is finite (nothing to sample)
+extern "C" int membound_tempered(const float *logits, int64_t n, float temperature, int64_t top_k, float *probs,
+                                 float *scratch) {
+  if (n < 1 || !(temperature > 0.0f)) return 1;
+  // logits / temperature (a division, as torch's), their largest, and their sum: NaN where a logit is NaN or
+  // +inf beside a -inf, +inf where one is +inf, -inf where some are masked (fine), else finite
+  const V vt = vset1(temperature);
+  V vmx = vset1(-INFINITY), vsum = vzero();
+  int64_t t = 0;
+  for (; t + W <= n; t += W) {
+    const V y = vdiv(vload(logits + t), vt);
+    vstore(probs + t, y);
+    vmx = vmax(vmx, y);
+    vsum = vadd(vsum, y);
+  }
+  float mx = vhmax(vmx), sum = vhsum(vsum);
+  for (; t < n; t++) {  // (the tail one by one: padding lanes would count as logits of 0)
+    const float y = logits[t] / temperature;
+    probs[t] = y;
+    mx = y > mx ? y : mx;
+    sum += y;
+  }
+  if (sum != sum || sum == INFINITY || mx != mx || mx == -INFINITY) return 1;
+  float kth = -INFINITY;  // the cut: torch.topk's k-th value; ties at it all stay
+  if (top_k >= 1 && top_k < n) {
+    memcpy(scratch, probs, n * sizeof(float));
+    std::nth_element(scratch, scratch + (top_k - 1), scratch + n, [](float a, float b) { return a > b; });
+    kth = scratch[top_k - 1];
+  }
+  // under the cut: (kth - y) x 1e30 off the exponent, past the clamp (0 for the tokens that stay)
+  const bool cut = kth > -INFINITY;
+  const V shift = vset1(mx), lowest = vset1(-87.0f), at_lowest = vexp(vset1(-87.0f)), zero = vzero();
+  const V vkth = vset1(kth), far = vset1(1e30f);
+  V total = vzero();
+  for (t = 0; t + W <= n; t += W) {
+    const V y = vload(probs + t);
+    V d = vsub(y, shift);
+    if (cut) d = vfnma(vmax(vsub(vkth, y), zero), far, d);
+    const V e = vmax(vsub(vexp(vmax(d, lowest)), at_lowest), zero);
+    vstore(probs + t, e);
+    total = vadd(total, e);
+  }
+  if (t < n) {
+    const V y = vloadn(probs + t, n - t);
+    V d = vsub(y, shift);
+    if (cut) d = vfnma(vmax(vsub(vkth, y), zero), far, d);
+    vstoren(probs + t, vmax(vsub(vexp(vmax(d, lowest)), at_lowest), zero), n - t);
+    total = vadd(total, vloadn(probs + t, n - t));
+  }
+  const V inv = vset1(1.0f / vhsum(total));  // (the largest token's exp is 1: the sum is at least that)
+  for (t = 0; t + W <= n; t += W) vstore(probs + t, vmul(vload(probs + t), inv));
+  if (t < n) vstoren(probs + t, vmul(vloadn(probs + t, n - t), inv), n - t);
+  return 0;
+}
+
+// top-p's token of a row of probabilities at uniform number u, as sampling.top_p_token draws it: the candidates
+// (within `near` of the most likely, widened 2^-8 at a time until their fp64 mass reaches top_p + margin; with
+// that margin where the widening stops does not change the set kept) sorted most likely first, ties lowest id
+// first; a token kept while the mass before it (fp64 sums rounded to fp32, less its own, in fp32) is under
+// top_p, at least one; then the first whose fp64 cumulative sum passes u x their total (a zero weight never).
+// ids: n int64 of scratch. Returns the token, or -1 where the kept tokens have no finite positive mass
+extern "C" int64_t membound_top_p_token(const float *probs, int64_t n, double top_p, double margin, double near,
+                                        double u, int64_t *ids) {
+  const int64_t blocks = n / W;
+  V vmx = vset1(-INFINITY);
+  for (int64_t b = 0; b < blocks; b++) vmx = vmax(vmx, vload(probs + b * W));
+  float pmax = vhmax(vmx);
+  for (int64_t i = blocks * W; i < n; i++) pmax = probs[i] > pmax ? probs[i] : pmax;
+  double floor = (double)pmax * near;
+  int64_t c = 0;
+  for (;;) {
+    c = 0;
+    if (floor > 0) {  // (floor is a float: pmax x a power of two, above 1e-33)
+      const float f = (float)floor;
+      for (int64_t b = 0; b < blocks; b++)  // the blocks that hold a candidate, scanned one by one
+        if (vhmax(vload(probs + b * W)) >= f)
+          for (int64_t i = b * W; i < (b + 1) * W; i++)
+            if (probs[i] >= f) ids[c++] = i;
+      for (int64_t i = blocks * W; i < n; i++)
+        if (probs[i] >= f) ids[c++] = i;
+    } else {
+      for (int64_t i = 0; i < n; i++) ids[c++] = i;
+      break;
+    }
+    double mass = 0;
+    for (int64_t j = 0; j < c; j++) mass += probs[ids[j]];
+    if (mass >= top_p + margin) break;
+    floor = floor > 1e-30 ? floor * 0.00390625 : 0.0;
+  }
+  std::stable_sort(ids, ids + c, [probs](int64_t a, int64_t b) { return probs[a] > probs[b]; });
+  const float p32 = (float)top_p;
+  double acc = 0;
+  int64_t kept = 0;
+  for (int64_t j = 0; j < c; j++) {  // (every candidate counted, as numpy's count_nonzero)
+    const float v = probs[ids[j]];
+    acc += v;
+    const float before = (float)acc - v;
+    kept += before < p32;
+  }
+  kept = kept > 1 ? kept : 1;
+  double total = 0;
+  for (int64_t j = 0; j < kept; j++) total += probs[ids[j]];
+  if (!(total > 0) || !isfinite(total)) return -1;
+  const double at = u * total;
+  double cdf = 0;
+  for (int64_t j = 0; j < kept; j++) {
+    cdf += probs[ids[j]];
+    if (cdf > at) return ids[j];
+  }
+  for (int64_t j = kept - 1; j >= 0; j--)  // (u * total rounded to the total: the last token with any weight)
+    if (probs[ids[j]] > 0) return ids[j];
+  return -1;
+}
+
+// membound_tempered then membound_top_p_token on one row: the token, or -1 (nothing to sample).
+// scratch: 3n + 2 floats, 8-byte aligned (the probabilities, then top-k's cut and after it the candidates' ids)
+extern "C" int64_t membound_sample_top_p(const float *logits, int64_t n, float temperature, int64_t top_k,
+                                         double top_p, double margin, double near, double u, float *scratch) {
+  float *probs = scratch, *after = scratch + ((n + 1) & ~(int64_t)1);
+  if (membound_tempered(logits, n, temperature, top_k, probs, after)) return -1;
+  return membound_top_p_token(probs, n, top_p, margin, near, u, (int64_t *)after);
 }
 
 // SiLU(g) u = g / (1 + exp(-g)) u, exp(-g) as vexp computes it: -g clamped to [-87, 88] (beyond, the

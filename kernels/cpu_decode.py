@@ -214,6 +214,16 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.membound_openmp.restype = ctypes.c_int
     lib.membound_input_rounding.argtypes = [ctypes.c_int64]
     lib.membound_input_rounding.restype = ctypes.c_int
+    lib.membound_tempered.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int64,
+                                      ctypes.c_void_p, ctypes.c_void_p]
+    lib.membound_tempered.restype = ctypes.c_int
+    lib.membound_top_p_token.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_double,
+                                         ctypes.c_double, ctypes.c_double, ctypes.c_void_p]
+    lib.membound_top_p_token.restype = ctypes.c_int64
+    lib.membound_sample_top_p.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int64,
+                                          ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_double,
+                                          ctypes.c_void_p]
+    lib.membound_sample_top_p.restype = ctypes.c_int64
     lib.isa = lib.membound_isa().decode()
     lib.max_rows = int(lib.membound_max_rows())
     return lib

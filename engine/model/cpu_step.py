@@ -121,6 +121,20 @@ def library(context: EngineContext | None = None):
     return state.library
 
 
+def sampler(model):
+    """The library a CPU engine samples its top-p rows with (engine/model/sampling.py `native`): the C++
+    step's, built or loaded for the model's engine, or None where MEMBOUND_CPU_STEP=0 or it cannot be
+    built (PyTorch's softmax and numpy's draw). The same for every step of that engine, whichever path
+    runs it, so its row path and module path draw alike."""
+    context = _context(model)
+    if not context.options.cpu_step:
+        return None
+    state = context.cpu_step
+    if state.unavailable is None:
+        unavailable_reason(context)
+    return state.library
+
+
 def fallback_line(context: EngineContext | None = None) -> str:
     """One line for a terminal when the C++ step cannot run for this engine, or runs on one thread
     ("" when it runs as built)."""

@@ -3,6 +3,8 @@ engine/settings.py, says which). `probabilities` is the distribution `sample` dr
 speculative decoding's verification compares a draft against)."""
 from __future__ import annotations
 
+import threading
+
 import numpy
 import torch
 
@@ -34,12 +36,23 @@ def tempered(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return torch.softmax(logits, dim=-1)
 
 
-def top_p_rows(logits: torch.Tensor, params: SamplingParams) -> numpy.ndarray | None:
+def top_p_rows(logits: torch.Tensor, params: SamplingParams, native=None) -> numpy.ndarray | None:
     """Where top-p's tokens are found by kept_tokens (sampled params with top-p on a CPU, eager): the
-    rows' tempered probabilities (rows, vocab) fp32 for it; else None (`probabilities` whole)."""
+    rows' tempered probabilities (rows, vocab) fp32 for it; else None (`probabilities` whole). `native`:
+    the C++ library an engine samples its CPU rows with (engine/model/cpu_step.py `sampler`: its softmax,
+    membound_tempered, within fp32 rounding of PyTorch's), or None (PyTorch's softmax)."""
     if params.is_greedy or params.top_p >= 1.0 or logits.device.type != "cpu" or torch.compiler.is_compiling():
         return None
-    return tempered(logits.float(), params).reshape(-1, logits.shape[-1]).numpy()
+    if native is None:
+        return tempered(logits.float(), params).reshape(-1, logits.shape[-1]).numpy()
+    rows = numpy.ascontiguousarray(logits.detach().float().reshape(-1, logits.shape[-1]).numpy())
+    out = numpy.empty_like(rows)
+    cut = numpy.empty(rows.shape[1], dtype=numpy.float32)
+    for row, into in zip(rows, out):
+        if native.membound_tempered(row.ctypes.data, row.shape[0], params.temperature, params.top_k,
+                                    into.ctypes.data, cut.ctypes.data):
+            raise ValueError(NO_MASS)
+    return out
 
 
 def top_p_filter(probs: torch.Tensor, top_p: float, prefix: int = TOP_P_PREFIX) -> torch.Tensor:
@@ -134,35 +147,48 @@ def kept_tokens(row: numpy.ndarray, top_p: float,
     return ids[:n], values[:n]
 
 
+NO_MASS = "a row to sample from has no finite positive mass"
+
+
 def draw_one(weights: numpy.ndarray, u: float) -> int:
     """The index whose share of weights' cumulative sum (fp64) holds u * the total (u uniform in [0, 1)),
     a zero weight never."""
     cdf = numpy.cumsum(weights, dtype=numpy.float64)
     total = cdf[-1]
     if not (total > 0 and numpy.isfinite(total)):
-        raise ValueError("a row to sample from has no finite positive mass")
+        raise ValueError(NO_MASS)
     at = int(numpy.searchsorted(cdf, u * total, side="right"))
     return at if at < len(cdf) else int(numpy.flatnonzero(weights > 0)[-1])
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,
+           native=None) -> torch.Tensor:
     """logits (B, vocab) fp32 → token ids (B,): `probabilities`' distribution, one uniform number a row.
-    On a CPU the top-p set comes from kept_tokens (the same tokens, a fraction of the time)."""
+    On a CPU the top-p set comes from kept_tokens (the same tokens, a fraction of the time); `native`: the
+    C++ library that takes the row's softmax and draw (top_p_rows), or None."""
     if params.is_greedy:
         return greedy(logits)
-    rows = top_p_rows(logits, params)
+    rows = top_p_rows(logits, params, native)
     if rows is None:
         return draw(probabilities(logits, params), generator)
     out = numpy.empty(rows.shape[0], dtype=numpy.int64)
     for i, row in enumerate(rows):
-        out[i] = top_p_token(row, params.top_p, uniform(generator, params))
+        out[i] = top_p_token(row, params.top_p, uniform(generator, params), native)
     return torch.from_numpy(out).reshape(logits.shape[:-1])
 
 
-def top_p_token(probs: numpy.ndarray, top_p: float, u: float) -> int:
-    """The token a row of tempered probabilities gives at uniform number u: kept_tokens' set, drawn."""
-    ids, values = kept_tokens(probs, top_p)
-    return int(ids[draw_one(values, u)])
+def top_p_token(probs: numpy.ndarray, top_p: float, u: float, native=None) -> int:
+    """The token a row of tempered probabilities gives at uniform number u: kept_tokens' set, drawn (with
+    `native`, the C++ library's membound_top_p_token: the same rule, in one call)."""
+    if native is None:
+        ids, values = kept_tokens(probs, top_p)
+        return int(ids[draw_one(values, u)])
+    probs = numpy.ascontiguousarray(probs, dtype=numpy.float32)
+    token = native.membound_top_p_token(probs.ctypes.data, probs.shape[0], top_p, TOP_P_MARGIN, CANDIDATE_FLOOR, u,
+                                     _scratch(probs.shape[0])[1])
+    if token < 0:
+        raise ValueError(NO_MASS)
+    return int(token)
 
 
 def row_sampled(params: SamplingParams) -> bool:
@@ -175,10 +201,32 @@ def uniform(generator: torch.Generator | None, params: SamplingParams) -> float:
     return 0.0 if params.is_greedy else float(torch.rand(1, generator=generator, dtype=torch.float64))
 
 
-def sample_row(row: numpy.ndarray, params: SamplingParams, u: float) -> int:
+def sample_row(row: numpy.ndarray, params: SamplingParams, u: float, native=None) -> int:
     """sample's token for one fp32 logits row held in numpy (row_sampled params), its uniform number
-    `u` drawn beforehand (`uniform`): the same token as sample's from the same generator state. A
-    greedy token takes no PyTorch operator; a sampled one, the tempered softmax's."""
+    `u` drawn beforehand (`uniform`): the same token as sample's with the same `native` from the same
+    generator state. A greedy token takes no PyTorch operator; a sampled one, one call into the C++
+    library (`native`: top_p_rows' softmax and top_p_token's draw), else the tempered softmax's."""
     if params.is_greedy:
         return int(row.argmax())  # (greedy's argmax: numpy's)
-    return top_p_token(tempered(torch.from_numpy(row.reshape(1, -1)), params).numpy()[0], params.top_p, u)
+    if native is None:
+        return top_p_token(tempered(torch.from_numpy(row.reshape(1, -1)), params).numpy()[0], params.top_p, u)
+    n = row.shape[0]
+    token = native.membound_sample_top_p(row.ctypes.data, n, params.temperature, params.top_k, params.top_p,
+                                      TOP_P_MARGIN, CANDIDATE_FLOOR, u, _scratch(n)[0])
+    if token < 0:
+        raise ValueError(NO_MASS)
+    return int(token)
+
+
+_SCRATCH = threading.local()  # (each thread's working rows for the C++ sampler: no state between calls)
+
+
+def _scratch(n: int) -> tuple[int, int]:
+    """This thread's scratch for a row of n tokens: (membound_sample_top_p's 3n + 2 floats, membound_top_p_token's
+    n ids), as addresses."""
+    held = getattr(_SCRATCH, "held", None)
+    if held is None or held[0] < n:
+        floats = numpy.empty((3 * n + 3) // 2, dtype=numpy.float64).view(numpy.float32)  # (8-byte aligned)
+        ids = numpy.empty(n, dtype=numpy.int64)
+        held = _SCRATCH.held = (n, floats, ids, floats.ctypes.data, ids.ctypes.data)
+    return held[3], held[4]

@@ -23,6 +23,7 @@ from engine.kv.cache import DEFAULT_BLOCK_SIZE
 from engine.hardware.roof import Roof
 from engine.metrics import StepMetrics
 from engine.model.config import ModelConfig
+from engine.model import cpu_step
 from engine.model.sampling import greedy, mask_tokens, sample
 from engine.model.transformer import Transformer
 from engine.serving.batch_forward import BatchRunner
@@ -120,6 +121,7 @@ class _Sampler:
     def __init__(self):
         self.person: _Person | None = None
         self.scheduler = None
+        self.native = None  # the C++ library the person's CPU rows are sampled with (cpu_step.sampler)
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         person = self.person
@@ -131,7 +133,7 @@ class _Sampler:
             mask_tokens(logits[i], person.masked)
         tokens = greedy(logits)
         if i is not None and not person.sampling.is_greedy:
-            tokens[i] = sample(logits[i:i + 1], person.sampling, person.generator)[0]
+            tokens[i] = sample(logits[i:i + 1], person.sampling, person.generator, self.native)[0]
         return tokens
 
 
@@ -175,6 +177,7 @@ class BatchServer:
                              attention=attention, roof=roof, sample=self._sampler, settings_label=settings_label,
                              prefix_bytes=prefix_store_bytes(self.budget_bytes) if self.prefix_cache else 0)
         self._sampler.scheduler = runner.scheduler
+        self._sampler.native = None if gpu else cpu_step.sampler(model)
         runner.scheduler.clock = self.clock
         return runner
 

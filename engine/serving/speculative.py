@@ -37,14 +37,15 @@ class Draft:
 
 # ---- verification ------------------------------------------------------------------------------
 def verify(logits: torch.Tensor, draft: Draft, sampling: SamplingParams,
-           generator: torch.Generator | None = None) -> tuple[int, list[int]]:
+           generator: torch.Generator | None = None, native=None) -> tuple[int, list[int]]:
     """logits (k + 1, vocab): the target's before each guess and after the last. Returns
     (accepted, tokens): the first `accepted` guesses, then one token of the target's own (the
-    correction at the first rejection, or the bonus when all k are accepted)."""
+    correction at the first rejection, or the bonus when all k are accepted). `native`: the C++
+    library the engine samples its CPU rows with (sampling.top_p_rows), or None."""
     k = len(draft.tokens)
     if sampling.is_greedy:
         return greedy_accept(greedy(logits).tolist(), draft.tokens)
-    rows = target_rows(logits, sampling)
+    rows = target_rows(logits, sampling, native)
     guesses = draft.tokens
     p_guess = torch.tensor([mass_at(*rows(i), guesses[i]) for i in range(k)], dtype=torch.float64)
     q_guess = torch.ones_like(p_guess) if draft.probs is None else \
@@ -76,11 +77,11 @@ def greedy_accept(target: list[int], guesses: list[int]) -> tuple[int, list[int]
     return n, guesses[:n] + [target[n]]
 
 
-def target_rows(logits: torch.Tensor, sampling: SamplingParams):
+def target_rows(logits: torch.Tensor, sampling: SamplingParams, native=None):
     """row(i) → (ids, p): the target's sampling distribution at row i of logits, over the whole
     vocabulary (ids None: `probabilities`) or, on a CPU with top-p, over the tokens top-p keeps
     (their ids, their renormalised probabilities in fp64: sampling.kept_tokens, the same tokens)."""
-    soft = top_p_rows(logits, sampling)
+    soft = top_p_rows(logits, sampling, native)
     if soft is None:
         p = probabilities(logits, sampling)
         return lambda i: (None, p[i])

@@ -125,7 +125,7 @@ class PlainSteps:
         if masked:
             rows[:, list(masked)] = float("-inf")  # (mask_tokens' rule)
         if draft is None:
-            accepted, out = 0, [sample_row(rows[0], settings.sampling, u)]
+            accepted, out = 0, [sample_row(rows[0], settings.sampling, u, cpu_step.sampler(setup.model))]
         else:  # (greedy: the argmax of each row, greedy's rule)
             accepted, out = greedy_accept(rows.argmax(axis=-1).tolist(), guesses)
         step_s = timer.stop() + (draft.search_s if draft is not None else 0.0)
@@ -172,10 +172,11 @@ class PlainSteps:
                            attention=attention, logits_rows=len(guesses) + 1)
         accepted = 0
         mask_tokens(logits, masked)
+        native = cpu_step.sampler(model) if self.device == "cpu" and not settings.sampling.is_greedy else None
         if draft is None:
-            out = [int(sample(logits[:, -1], settings.sampling, gen).item())]
+            out = [int(sample(logits[:, -1], settings.sampling, gen, native).item())]
         else:
-            accepted, out = verify(logits[0], draft, settings.sampling, gen)
+            accepted, out = verify(logits[0], draft, settings.sampling, gen, native)
         step_s = timer.stop() + (draft.search_s if draft is not None else 0.0)
         if use_cache:
             self.cached_ids = list(ids) + guesses[:accepted]

@@ -72,6 +72,8 @@ PROCESS_WIDE = {
     # (the C++ step's library, plans and timings are its engine's: EngineContext.cpu_step)
     "engine.model.cpu_step._local": "this thread runs PyTorch's step (`pytorch_only`, a scoped flag: the "
                                     "references and profiles that ask for it hold no engine's context)",
+    "engine.model.sampling._SCRATCH": "each thread's working rows for the C++ sampler (a row's probabilities "
+                                      "and candidates, overwritten by every call: no state between calls)",
 }
 IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), frozenset, range, pathlib.PurePath, re.Pattern,
              torch.dtype, enum.Enum, types.MappingProxyType, types.ModuleType, types.FunctionType,

@@ -157,3 +157,100 @@ def test_sample_draws_probabilities_distribution_with_one_uniform_number_a_row(p
     sample(torch.randn(3, 49152), params, g1)
     torch.rand(3, generator=g2, dtype=torch.float64)
     assert torch.equal(g1.get_state(), g2.get_state())
+
+
+def cpp_sampler():
+    """The C++ library a CPU engine samples with (cpu_step.sampler): it must build here, CI checks it."""
+    from kernels import cpu_decode
+    return cpu_decode.load()
+
+
+def python_top_p_token(probs: numpy.ndarray, top_p: float, u: float) -> int:
+    """top_p_token's rule as numpy runs it (kept_tokens, then draw_one): the C++ draw's reference."""
+    ids, values = sampling.kept_tokens(probs, top_p)
+    return int(ids[sampling.draw_one(values, u)])
+
+
+@hyp_settings(max_examples=200, deadline=None)
+@given(vocab=st.integers(1, 700), scale=st.sampled_from([0.01, 0.3, 1.0, 3.0, 30.0]),
+       levels=st.sampled_from([0, 0, 2, 5]),
+       top_p=st.one_of(st.floats(1e-6, 0.999999), st.sampled_from([1e-9, 0.5, 0.95, 1 - 1e-7, 1.0])),
+       masked=st.integers(0, 3), seed=st.integers(0, 2**31))
+def test_the_cpp_top_p_draw_is_kept_tokens_and_draw_one(vocab, scale, levels, top_p, masked, seed):
+    """membound_top_p_token (what a CPU's sampled tokens take: one call) gives numpy's token at every uniform
+    number, u at 0 and next to 1 too: the same candidates, order, ties (lowest id), kept count and draw."""
+    lib = cpp_sampler()
+    probs = random_probs(1, vocab, scale, levels, seed)[0]
+    probs[:masked] = 0.0
+    if probs.sum() == 0:
+        return
+    row = probs.numpy()
+    us = [0.0, 1.0 - 2.0 ** -53, *torch.rand(12, generator=torch.Generator().manual_seed(seed),
+                                           dtype=torch.float64).tolist()]
+    assert [sampling.top_p_token(row, top_p, u, lib) for u in us] == [python_top_p_token(row, top_p, u) for u in us]
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=1.3, top_k=5, top_p=0.8),
+                                    SamplingParams(temperature=0.05, top_k=1, top_p=0.5),
+                                    SamplingParams(temperature=2.0, top_k=40, top_p=0.99)])
+def test_the_cpp_softmax_is_torchs_within_rounding_and_zero_where_torchs_is(params):
+    """The C++ library's tempered softmax (top_p_rows on a CPU): torch's probabilities to fp32 rounding,
+    exactly zero for masked tokens and those under the top-k cut (tied ones at the cut kept), summing to 1."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.cat([torch.randn(3, 49152, generator=g) * 4, (torch.randn(1, 300, generator=g) * 2).round()
+                        .repeat(1, 164)[:, :49152]])
+    top = int(logits[0].argmax())
+    mask_tokens(logits, [top, 7, 11])
+    got = torch.from_numpy(sampling.top_p_rows(logits, params, cpp_sampler()))
+    want = sampling.tempered(logits, params)
+    assert bool((got[want == 0] == 0).all()) and bool((want[got == 0] < 1e-30).all())
+    assert torch.allclose(got, want, rtol=3e-6, atol=1e-12)
+    assert torch.allclose(got.double().sum(dim=-1), torch.ones(4, dtype=torch.float64), atol=1e-5)
+    assert float(got[0, top]) == 0.0 and float(got[0, 7]) == 0.0
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), "all masked"])
+def test_a_row_with_nothing_to_sample_says_so_on_every_cpu_path(bad):
+    """A NaN or +inf logit, or every token masked: the same one-line ValueError from sample and sample_row,
+    with the C++ sampler and without it (never a token drawn from garbage)."""
+    logits = torch.randn(1, 300)
+    if bad == "all masked":
+        logits[:] = float("-inf")
+    else:
+        logits[0, 5] = bad
+    params = SamplingParams(seed=1)
+    for lib in (cpp_sampler(), None):
+        for call in (lambda: sample(logits, params, torch.Generator().manual_seed(1), lib),
+                     lambda: sampling.sample_row(logits[0].numpy(), params, 0.5, lib)):
+            with pytest.raises(ValueError, match="no finite positive mass"):
+                call()
+
+
+def test_with_the_cpp_sampler_or_without_sample_and_sample_row_agree():
+    """Each way of sampling a CPU row (the C++ library's, or PyTorch's softmax and numpy's draw where it cannot
+    be built) gives sample's and sample_row's tokens alike from the same uniform numbers; the two ways agree
+    on these rows (their softmaxes differ in the last bits only)."""
+    logits = torch.randn(6, 49152, generator=torch.Generator().manual_seed(9)) * 3
+    params = SamplingParams(temperature=0.8, top_k=50, top_p=0.9, seed=4)
+    tokens = {}
+    for name, lib in (("native", cpp_sampler()), ("torch", None)):
+        g = torch.Generator().manual_seed(4)
+        batch = sample(logits, params, g, lib).tolist()
+        g = torch.Generator().manual_seed(4)
+        rows = [sampling.sample_row(row, params, sampling.uniform(g, params), lib) for row in logits.numpy()]
+        assert batch == rows
+        tokens[name] = rows
+    assert tokens["native"] == tokens["torch"]
+
+
+def test_an_engine_samples_its_cpu_rows_with_its_cpp_library_unless_its_step_is_off():
+    """cpu_step.sampler: the engine's own library (its options' build), or None where MEMBOUND_CPU_STEP=0 switched
+    the C++ step off (then PyTorch's softmax and numpy's draw)."""
+    from types import SimpleNamespace
+
+    from engine.context import EngineContext
+    from engine.model import cpu_step
+    from engine.options import EngineOptions
+    assert cpu_step.sampler(SimpleNamespace(context=EngineContext(EngineOptions(cpu_step=False)))) is None
+    lib = cpu_step.sampler(SimpleNamespace(context=EngineContext(EngineOptions(cpu_step=True))))
+    assert lib is cpp_sampler() and lib.membound_sample_top_p.restype is not None
