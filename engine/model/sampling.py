@@ -210,6 +210,7 @@ def sample_row(row: numpy.ndarray, params: SamplingParams, u: float, native=None
         return int(row.argmax())  # (greedy's argmax: numpy's)
     if native is None:
         return top_p_token(tempered(torch.from_numpy(row.reshape(1, -1)), params).numpy()[0], params.top_p, u)
+    row = numpy.ascontiguousarray(row, dtype=numpy.float32)  # (the step's logits row: already)
     n = row.shape[0]
     token = native.membound_sample_top_p(row.ctypes.data, n, params.temperature, params.top_k, params.top_p,
                                       TOP_P_MARGIN, CANDIDATE_FLOOR, u, _scratch(n)[0])
