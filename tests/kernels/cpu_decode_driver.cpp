@@ -7,6 +7,9 @@
 // `steps`: a small random model per weight format, steps of one row, of two rows of two sequences
 // and of three consecutive rows of one sequence (a verify step), the logits printed for the test to
 // hold against another build's ("logits FORMAT STEP v0 v1 ...").
+// `sample`: rows of logits of awkward lengths (masked tokens, ties), their tempered probabilities and
+// top-p tokens at several settings ("row R v...", "probs R T K v...", "token R T K P U TOKEN") for the
+// test to hold against PyTorch's softmax and numpy's draw (engine/model/sampling.py).
 #include "../../kernels/cpu_decode.cpp"
 
 #include <stdio.h>
@@ -191,7 +194,37 @@ static int steps(void) {
   return 0;
 }
 
+static int sample(void) {
+  const int64_t lengths[] = {1, 5, 37, 203, 1000};
+  const float temperatures[] = {0.7f, 1.3f};
+  const int64_t top_ks[] = {0, 3};
+  const double top_ps[] = {0.5, 0.95, 1.0}, us[] = {0.0, 0.37, 0.999999};
+  for (int r = 0; r < 5; r++) {
+    const int64_t n = lengths[r];
+    std::vector<float> logits(n), probs(n), scratch(3 * n + 2);
+    for (int64_t i = 0; i < n; i++) logits[i] = r % 2 ? 4.0f * uniform() : roundf(3.0f * uniform());  // (ties)
+    if (n > 4) logits[1] = logits[3] = -INFINITY;  // masked
+    printf("row %d", r);
+    for (int64_t i = 0; i < n; i++) printf(" %.9e", logits[i]);
+    printf("\n");
+    for (float t : temperatures)
+      for (int64_t k : top_ks) {
+        if (membound_tempered(logits.data(), n, t, k, probs.data(), scratch.data())) return 1;
+        printf("probs %d %g %lld", r, t, (long long)k);
+        for (int64_t i = 0; i < n; i++) printf(" %.9e", probs[i]);
+        printf("\n");
+        for (double p : top_ps)
+          for (double u : us)
+            printf("token %d %g %lld %g %.17g %lld\n", r, t, (long long)k, p, u,
+                   (long long)membound_sample_top_p(logits.data(), n, t, k, p, 1e-5, 1.0 / 4096, u, scratch.data()));
+      }
+  }
+  printf("isa %s\n", membound_isa());
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "steps") == 0) return steps();
+  if (argc > 1 && strcmp(argv[1], "sample") == 0) return sample();
   return products();
 }

@@ -210,6 +210,31 @@ def c_matrix(layer):
 
 
 @pytest.mark.parametrize("isa", LEVELS)
+def test_the_sampler_holds_at_every_level(isa):
+    """The C++ sampler built at each level this machine runs: top_p_rows' probabilities within fp32 rounding
+    of PyTorch's softmax and zero where it is zero, and top_p_token's and sample_row's tokens numpy's
+    (kept_tokens, draw_one) on them, on rows of 1 to 1,000 tokens (each vector width's tail), masked tokens
+    and ties, at top-k 0 and 3 and top-p 0.5 to 1."""
+    from engine.model import sampling
+    from engine.settings import SamplingParams
+    from tests.engine.test_sampling import python_top_p_token
+    lib = cpu_decode.load(isa)
+    g = torch.Generator().manual_seed(2)
+    for n in (1, 5, 37, 203, 1000):
+        logits = (torch.randn(1, n, generator=g) * 3).round() if n % 2 else torch.randn(1, n, generator=g) * 4
+        logits[0, 1:4:2] = float("-inf")
+        for params in (SamplingParams(temperature=0.7, top_p=0.5), SamplingParams(temperature=1.3, top_k=3, top_p=0.95),
+                       SamplingParams(temperature=1.0, top_p=1.0 - 1e-7)):
+            got = torch.from_numpy(sampling.top_p_rows(logits, params, lib))
+            want = sampling.tempered(logits, params)
+            assert bool((got[want == 0] == 0).all()) and torch.allclose(got, want, rtol=3e-6, atol=1e-12), (lib.isa, n)
+            for u in (0.0, 0.37, 1.0 - 2.0 ** -53):
+                token = python_top_p_token(got[0].numpy(), params.top_p, u)
+                assert sampling.top_p_token(got[0].numpy(), params.top_p, u, lib) == token, (lib.isa, n, params, u)
+                assert sampling.sample_row(logits[0].numpy(), params, u, lib) == token, (lib.isa, n, params, u)
+
+
+@pytest.mark.parametrize("isa", LEVELS)
 @pytest.mark.parametrize("fmt", list(PRODUCT_TOLERANCE))
 @pytest.mark.parametrize("n,k", [(40, 96), (250, 64), (3, 160), (37, 224), (20, 608)],
                          ids=["n40", "n250", "n3", "n37k224", "n20k608"])  # (608: INT8's groups of 256 and a tail)

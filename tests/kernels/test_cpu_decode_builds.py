@@ -1,17 +1,20 @@
 """How the C++ step is built where it runs: the build plans of Linux, macOS and Windows (the platform
 mocked: which flags, which fallback, the message), every x86 level this machine runs compiling clean
 under -Wall -Wextra, the aarch64 builds (plain NEON, SDOT, BFDOT + SDOT, no SIMD) cross-compiled and
-run under qemu-aarch64 against fp64 references and the scalar build, and the per-format timing that
+run under qemu-aarch64 against fp64 references and the scalar build (the sampler against PyTorch's
+softmax and numpy's draw), and the per-format timing that
 decides whether the C++ step or PyTorch's decodes."""
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
+import numpy
 import pytest
 import torch
 
-from engine.model import cpu_step
+from engine.model import cpu_step, sampling
+from engine.settings import SamplingParams
 from kernels import cpu_decode
 from kernels.cpu_decode import BuildError, build_plan
 
@@ -181,7 +184,7 @@ def cross_tools() -> str:
 @pytest.fixture(scope="module")
 def driver_outputs(tmp_path_factory):
     """Each aarch64 build of the driver run under qemu, and the x86 scalar build natively (the steps'
-    reference): {target: (products output, steps output)}."""
+    reference): {target: (products output, steps output, sample output)}."""
     why = cross_tools()
     if why:
         if os.environ.get("CI"):
@@ -198,13 +201,13 @@ def driver_outputs(tmp_path_factory):
         run = [str(exe)] if target == "x86-64" else ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu", "-cpu", "max", str(exe)]
         out[target] = tuple(subprocess.run(run + [mode], capture_output=True, text=True, timeout=600, check=True,
                                            env={**os.environ, "OMP_NUM_THREADS": "2"}).stdout
-                            for mode in ("products", "steps"))
+                            for mode in ("products", "steps", "sample"))
     return out
 
 
 @pytest.mark.parametrize("target", list(AARCH64))
 def test_aarch64_products_match_their_references_under_qemu(driver_outputs, target):
-    products, _ = driver_outputs[target]
+    products = driver_outputs[target][0]
     lines = [line.split() for line in products.splitlines()]
     assert ["isa", *AARCH64[target].split()] in lines  # the level the target's features select
     checked = 0
@@ -241,6 +244,26 @@ def test_aarch64_steps_match_the_scalar_build(driver_outputs, target):
         tol = ROUNDED_STEP_TOLERANCE[fmt] if rounded else STEP_TOLERANCE[fmt]
         error = ((got[fmt, step] - w).abs().max() / w.abs().max()).item()
         assert error < tol, f"{target} {fmt} step {step}: {error:.1e}"
+
+
+@pytest.mark.parametrize("target", [*AARCH64, "x86-64"])
+def test_the_sampler_holds_at_every_aarch64_level_under_qemu(driver_outputs, target):
+    """The C++ sampler (membound_tempered, membound_sample_top_p) built for each aarch64 level: its
+    probabilities within fp32 rounding of PyTorch's softmax and zero where it is zero, and each token the
+    one numpy's kept_tokens and draw_one give on those probabilities (rows of 1 to 1,000 tokens: every
+    vector width's tail, masked tokens, ties, top-k 3, top-p 0.5 to 1, u at 0 and next to 1)."""
+    from tests.engine.test_sampling import python_top_p_token
+    lines = [line.split() for line in driver_outputs[target][2].splitlines()]
+    rows = {f[1]: torch.tensor([float(v) for v in f[2:]]) for f in lines if f[0] == "row"}
+    probs = {tuple(f[1:4]): numpy.array(f[4:], dtype=numpy.float32) for f in lines if f[0] == "probs"}
+    tokens = [f[1:] for f in lines if f[0] == "token"]
+    assert len(rows) == 5 and len(probs) == 5 * 4 and len(tokens) == 5 * 4 * 9
+    for (r, t, k), got in probs.items():
+        want = sampling.tempered(rows[r][None], SamplingParams(temperature=float(t), top_k=int(k)))[0]
+        got = torch.from_numpy(got)
+        assert bool((got[want == 0] == 0).all()) and torch.allclose(got, want, rtol=3e-6, atol=1e-12), (target, r, t, k)
+    for r, t, k, p, u, token in tokens:
+        assert int(token) == python_top_p_token(probs[r, t, k], float(p), float(u)), (target, r, t, k, p, u)
 
 
 # ---- which step decodes, per format -------------------------------------------------------------------
