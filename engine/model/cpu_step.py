@@ -127,12 +127,9 @@ def sampler(model):
     built (PyTorch's softmax and numpy's draw). The same for every step of that engine, whichever path
     runs it, so its row path and module path draw alike."""
     context = _context(model)
-    if not context.options.cpu_step:
-        return None
-    state = context.cpu_step
-    if state.unavailable is None:
-        unavailable_reason(context)
-    return state.library
+    if context.cpu_step.unavailable is None:
+        unavailable_reason(context)  # (loads it unless the options switch the step off)
+    return context.cpu_step.library
 
 
 def fallback_line(context: EngineContext | None = None) -> str:

@@ -47,10 +47,10 @@ def top_p_rows(logits: torch.Tensor, params: SamplingParams, native=None) -> num
         return tempered(logits.float(), params).reshape(-1, logits.shape[-1]).numpy()
     rows = numpy.ascontiguousarray(logits.detach().float().reshape(-1, logits.shape[-1]).numpy())
     out = numpy.empty_like(rows)
-    cut = numpy.empty(rows.shape[1], dtype=numpy.float32)
+    cut = _scratch(rows.shape[1])[0]
     for row, into in zip(rows, out):
         if native.membound_tempered(row.ctypes.data, row.shape[0], params.temperature, params.top_k,
-                                    into.ctypes.data, cut.ctypes.data):
+                                    into.ctypes.data, cut):
             raise ValueError(NO_MASS)
     return out
 
@@ -184,11 +184,8 @@ def top_p_token(probs: numpy.ndarray, top_p: float, u: float, native=None) -> in
         ids, values = kept_tokens(probs, top_p)
         return int(ids[draw_one(values, u)])
     probs = numpy.ascontiguousarray(probs, dtype=numpy.float32)
-    token = native.membound_top_p_token(probs.ctypes.data, probs.shape[0], top_p, TOP_P_MARGIN, CANDIDATE_FLOOR, u,
-                                     _scratch(probs.shape[0])[1])
-    if token < 0:
-        raise ValueError(NO_MASS)
-    return int(token)
+    return _drawn(native.membound_top_p_token(probs.ctypes.data, probs.shape[0], top_p, TOP_P_MARGIN, CANDIDATE_FLOOR,
+                                              u, _scratch(probs.shape[0])[1]))
 
 
 def row_sampled(params: SamplingParams) -> bool:
@@ -212,8 +209,12 @@ def sample_row(row: numpy.ndarray, params: SamplingParams, u: float, native=None
         return top_p_token(tempered(torch.from_numpy(row.reshape(1, -1)), params).numpy()[0], params.top_p, u)
     row = numpy.ascontiguousarray(row, dtype=numpy.float32)  # (the step's logits row: already)
     n = row.shape[0]
-    token = native.membound_sample_top_p(row.ctypes.data, n, params.temperature, params.top_k, params.top_p,
-                                      TOP_P_MARGIN, CANDIDATE_FLOOR, u, _scratch(n)[0])
+    return _drawn(native.membound_sample_top_p(row.ctypes.data, n, params.temperature, params.top_k, params.top_p,
+                                               TOP_P_MARGIN, CANDIDATE_FLOOR, u, _scratch(n)[0]))
+
+
+def _drawn(token: int) -> int:
+    """A C++ sampler's answer as a token id: negative where the row had nothing to sample (NO_MASS)."""
     if token < 0:
         raise ValueError(NO_MASS)
     return int(token)

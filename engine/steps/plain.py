@@ -125,7 +125,8 @@ class PlainSteps:
         if masked:
             rows[:, list(masked)] = float("-inf")  # (mask_tokens' rule)
         if draft is None:
-            accepted, out = 0, [sample_row(rows[0], settings.sampling, u, cpu_step.sampler(setup.model))]
+            native = None if settings.sampling.is_greedy else cpu_step.sampler(setup.model)
+            accepted, out = 0, [sample_row(rows[0], settings.sampling, u, native)]
         else:  # (greedy: the argmax of each row, greedy's rule)
             accepted, out = greedy_accept(rows.argmax(axis=-1).tolist(), guesses)
         step_s = timer.stop() + (draft.search_s if draft is not None else 0.0)
