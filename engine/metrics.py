@@ -39,11 +39,13 @@ def dequantised_copy_bytes(fmt: str, path: str | None, n_weights: int) -> int:
 
 # The C++ CPU step (kernels/cpu_decode.cpp via engine/model/cpu_step.py) over M token rows — a decode
 # step, a speculative verify step, a prompt chunk, a batch server's plan: each matmul weight is read
-# once as stored and applied to every row while it is in registers or L1/L2, so it writes no
+# once a call as stored and applied to every row while it is in registers or L1/L2, so it writes no
 # dequantised copy whatever M (`weight_rows`); the head runs over the rows that sample. Attention
 # reads each sequence's cache in place (a paged pool through its block tables: no gathered copy), row
 # by row over its own positions: the rows of one sequence re-read their context from the caches, so
 # a sequence's K/V count once a step, as PyTorch's fused attention reads them (`step_cost`'s KV terms).
+# A prompt longer than one call's rows runs as several calls: each call's weights and context count
+# (`calls_cost`).
 def weight_rows(rows: int, cpp_step: bool) -> int:
     """The rows a step's matmul weights are charged at (Transformer.linear_weight_bytes(rows, head_rows)):
     one for the C++ step (no dequantised copy, whatever its rows; none for a head no row samples),
@@ -200,6 +202,23 @@ def step_cost(cfg: ModelConfig, *, batch_size: int, new_tokens: int, context_len
         attention_bytes=score_bytes,
         copy_bytes=kv_copy.bytes(cfg, kv_elem_bytes) if kv_copy is not None else 0,
     )
+
+
+def calls_cost(cfg: ModelConfig, calls: tuple[int, ...], *, context_len: int, weight_bytes: int, head_bytes: int,
+               logits_rows: int = 1, **step) -> StepCost:
+    """step_cost of one sequence's step that the C++ step ran as several calls in order (a prompt longer
+    than its rows, in chunks: engine/model/cpu_step.py chunks): each call's rows over the context the
+    calls before it left, every layer weight read once a call (`weight_bytes` as one call reads them,
+    the head's `head_bytes` among them only in the calls holding some of the last `logits_rows` rows),
+    summed. `step`: step_cost's other arguments."""
+    parts, lo, first_logit = [], 0, sum(calls) - logits_rows
+    for rows in calls:
+        logits = max(0, lo + rows - max(lo, first_logit))
+        parts.append(step_cost(cfg, batch_size=1, new_tokens=rows, context_len=context_len + lo,
+                               weight_bytes=weight_bytes - (0 if logits else head_bytes), logits_rows=logits,
+                               cpp_step=True, **step))
+        lo += rows
+    return sum_costs(parts)
 
 
 def plan_cost(cfg: ModelConfig, seqs, *, weight_bytes: int, elem_bytes: int, attention: str = "flash",

@@ -51,6 +51,19 @@ TIMING_S = 0.1
 RETIMED_ROUNDS = 3
 RETIME_PAUSE_S = 0.05
 PROMPT = 4  # positions prefilled before a timed step
+# A prompt longer than the library's rows runs in C++ as chunks of that many rows (each call reads every
+# weight once) where that is faster than PyTorch's step over the whole prompt (its GEMMs; INT4 and INT8
+# dequantise each matrix first): timed at load too, on the stand-in, PROMPT_CHUNKS chunks' rows, the
+# best of PROMPT_TIMED of each after one to warm up; and only while the context stays within
+# PROMPT_CONTEXT positions: each chunk's rows read the context before them again (30 layers' K/V out
+# of the caches, where the stand-in's few layers' stay in them), and past it PyTorch's step over the
+# whole prompt overtakes the chunks. Measured on the Zen 4 (docs/benchmarks.md, session 31), the default
+# model, chunks against PyTorch's step: INT4 at AVX-512 2.6x at 128 tokens, 1.4x at 1,024, 0.86x at
+# 4,000; fp32 0.89-1.02x at 128, 0.86x at 1,024; INT8 1.00-1.10x at 128, 0.82x at 1,024; bf16 and INT8
+# at AVX2 3.7-4.3x at 128 and 512.
+PROMPT_CHUNKS = 2
+PROMPT_TIMED = 3
+PROMPT_CONTEXT = 512
 
 _local = threading.local()  # .pytorch_only: this thread runs PyTorch's step (a reference, a profile)
 
@@ -62,6 +75,8 @@ class Choice:
     cpp_s: float
     pytorch_s: float
     isa: str
+    prompt_cpp_s: float = float("inf")  # a prompt of PROMPT_CHUNKS chunks' rows: the C++ step's chunks ...
+    prompt_pytorch_s: float = 0.0  # ... against PyTorch's step over the whole prompt
 
     @property
     def use_cpp(self) -> bool:
@@ -70,6 +85,15 @@ class Choice:
     @property
     def speedup(self) -> float:
         return self.pytorch_s / self.cpp_s if self.cpp_s > 0 else float("inf")
+
+    @property
+    def chunks_prompts(self) -> bool:
+        """Whether a prompt longer than the library's rows runs in C++, in chunks (within PROMPT_CONTEXT)."""
+        return self.use_cpp and self.prompt_cpp_s < self.prompt_pytorch_s
+
+    @property
+    def prompt_speedup(self) -> float:
+        return self.prompt_pytorch_s / self.prompt_cpp_s if self.prompt_cpp_s > 0 else float("inf")
 
 
 @contextlib.contextmanager
@@ -221,16 +245,32 @@ def decode_rows(model, plan: _Plan, tokens: list[int], start_pos: int, cache, at
 def _rows_step(model, plan: _Plan, ids: list[int], start_pos: int, cache, attention: str, n: int,
                table: torch.Tensor | None = None) -> torch.Tensor:
     """One sequence's rows `ids` at start_pos.. through the plan (a paged cache's blocks: `table`), the
-    last n rows' logits (n, vocab); what the step leaves behind: how it multiplied, a contiguous cache's
-    length, its path."""
+    last n rows' logits (n, vocab); more rows than the library takes run as chunks of that many, one
+    call each, in order (each chunk's rows attend over the K/V the chunks before it wrote). What the
+    step leaves behind: how it multiplied and in which calls, a contiguous cache's length, its path."""
     T = len(ids)
-    rows = [(ids[i], start_pos + i, 0, None if table is None else table.data_ptr()) for i in range(T)]
-    logits = plan.run(rows, list(range(T - n, T)), naive=attention == "naive")
-    _ran(model, plan.products)
+    logits, calls = _in_chunks(plan, ids, start_pos, n, attention, table)
+    _ran(model, plan.products, calls)
     if table is None:
         cache.length = start_pos + T
-    record("decode step" if T == 1 else "multi-row step", STEP_LABEL if T == 1 else ROWS_LABEL)
+    record("decode step" if T == 1 else "multi-row step",
+           STEP_LABEL if T == 1 else ROWS_LABEL if len(calls) == 1 else CHUNKS_LABEL)
     return logits
+
+
+def _in_chunks(plan: _Plan, ids: list[int], start_pos: int, n: int, attention: str,
+               table: torch.Tensor | None = None) -> tuple[torch.Tensor, list[int]]:
+    """The rows `ids` at start_pos.. in calls of at most the library's rows, in order: the last n rows'
+    logits (n, vocab) and the rows of each call."""
+    T, size = len(ids), plan.lib.max_rows
+    pointer = None if table is None else table.data_ptr()
+    parts, calls = [], []
+    for lo in range(0, T, size):
+        hi = min(T, lo + size)
+        rows = [(ids[i], start_pos + i, 0, pointer) for i in range(lo, hi)]
+        parts.append(plan.run(rows, [i - lo for i in range(max(lo, T - n), hi)], naive=attention == "naive"))
+        calls.append(hi - lo)
+    return (parts[0] if len(parts) == 1 else torch.cat(parts)), calls
 
 
 def _decoded(model, plan: _Plan, start_pos: int, cache, attention: str) -> None:
@@ -242,6 +282,7 @@ def _decoded(model, plan: _Plan, start_pos: int, cache, attention: str) -> None:
 
 
 ROWS_LABEL = "C++ CPU step, token rows"  # a step of several rows (a batch, a verify step, a prompt chunk)
+CHUNKS_LABEL = "C++ CPU step, a prompt in chunks of token rows"  # more rows than one call takes
 NAIVE_LABEL = "C++ CPU step, naive (scores in memory)"  # attention under the naive setting
 
 
@@ -263,9 +304,18 @@ def products(model) -> tuple[str, str] | None:
     return getattr(_context(model).cpu_step.thread, "ran", None) or None
 
 
-def _ran(model, done: tuple[str, str] | bool) -> None:
-    """done: the plan's products (it ran in C++), or False."""
-    _context(model).cpu_step.thread.ran = done
+def chunks(model) -> tuple[int, ...]:
+    """The rows of each C++ call this thread's last step of `model`'s engine made, where it made more
+    than one (a prompt longer than the library's rows, in chunks: the cost model counts each call's
+    weights and context); () after a step of one call or PyTorch's."""
+    return getattr(_context(model).cpu_step.thread, "calls", ())
+
+
+def _ran(model, done: tuple[str, str] | bool, calls: list[int] | None = None) -> None:
+    """done: the plan's products (it ran in C++), or False; calls: the rows of each call, where several."""
+    thread = _context(model).cpu_step.thread
+    thread.ran = done
+    thread.calls = tuple(calls) if calls is not None and len(calls) > 1 else ()
 
 
 def mark_pytorch_step(model) -> None:
@@ -281,9 +331,10 @@ def _routable(model, cache, attention: str) -> bool:
 
 def sequence_step(model, tokens: torch.Tensor, start_pos: int, cache, attention: str = "flash",
                   last_only: bool = True, logits_rows: int | None = None) -> torch.Tensor | None:
-    """One sequence's T new tokens (1 <= T <= the library's rows) at positions start_pos.., over the
+    """One sequence's T new tokens (1 <= T <= the library's rows, or more in chunks of that many where
+    the format's timing says so: `Choice.chunks_prompts`) at positions start_pos.., over the
     contiguous cache of one sequence or a paged cache of one sequence, causal among themselves:
-    a decode step, a speculative verify step (T = k + 1) or a prompt chunk. Logits (1, rows, vocab)
+    a decode step, a speculative verify step (T = k + 1) or a prompt. Logits (1, rows, vocab)
     for the last `logits_rows` rows (else the last row, or every row when not `last_only`), as
     Transformer.forward returns them; None where the C++ step does not apply (nothing written)."""
     B, T = tokens.shape
@@ -299,7 +350,8 @@ def sequence_step(model, tokens: torch.Tensor, start_pos: int, cache, attention:
     if not _routable(model, cache, attention) or start_pos + T > cache.max_len:
         return None
     plan = plan_for(model, cache)
-    if plan is None or T > plan.lib.max_rows or not choice(model).use_cpp:
+    if plan is None or not (choice(model).chunks_prompts and start_pos + T <= PROMPT_CONTEXT
+                            if T > plan.lib.max_rows else choice(model).use_cpp):
         return None
     n = T if logits_rows is None and not last_only else (logits_rows or 1)
     table = None
@@ -401,7 +453,8 @@ def _choice_of(model) -> Choice:
     found = timings.get(key)
     if found is None:
         cpp_s, pytorch_s = time_steps(model)
-        found = timings.setdefault(key, Choice(key[0], cpp_s, pytorch_s, key[-1]))
+        prompt_s = time_prompts(model) if cpp_s < pytorch_s else (float("inf"), 0.0)
+        found = timings.setdefault(key, Choice(key[0], cpp_s, pytorch_s, key[-1], *prompt_s))
     return found
 
 
@@ -475,6 +528,40 @@ def time_steps(model) -> tuple[float, float]:
     return best[0], best[1]
 
 
+@torch.inference_mode()
+def time_prompts(model) -> tuple[float, float]:
+    """(C++ step in chunks, PyTorch step) seconds for a prompt of PROMPT_CHUNKS times the library's rows
+    on the model's stand-in: the best of PROMPT_TIMED each, interleaved, after one of each to warm up;
+    (inf, 0) where the stand-in cannot take them."""
+    short = stand_in(model)
+    cfg = short.cfg
+    rows = PROMPT_CHUNKS * library(_context(model)).max_rows
+    if rows > min(cfg.max_seq_len, short.rope_cos.shape[0]):
+        return float("inf"), 0.0
+    cache = ContiguousKVCache(cfg, 1, rows, model.dtype, "cpu")
+    plan = _Plan.build(short, cache)
+    if plan is None:
+        return float("inf"), 0.0
+    ids = [(7 * i + 1) % cfg.vocab_size for i in range(rows)]
+    tokens = torch.tensor([ids])
+
+    def cpp() -> None:
+        _in_chunks(plan, ids, 0, 1, "flash")
+
+    def pytorch() -> None:
+        with pytorch_only():
+            short(tokens, 0, cache)
+
+    best = [float("inf"), float("inf")]
+    for done in range(PROMPT_TIMED + 1):
+        for i, run in enumerate((cpp, pytorch)):
+            t0 = time.perf_counter()
+            run()
+            if done:
+                best[i] = min(best[i], time.perf_counter() - t0)
+    return best[0], best[1]
+
+
 def path_line(model) -> str:
     """Which step decodes each format timed so far, at which vector level, and why (one line; "" when
     the C++ step cannot run here)."""
@@ -490,6 +577,10 @@ def path_line(model) -> str:
         return line + " (not yet timed against PyTorch's step)"
     if cpp:
         line += " — timed at load against PyTorch's step: " + ", ".join(f"{c.label} {c.speedup:.1f}x" for c in cpp)
+        chunked = [c for c in cpp if c.chunks_prompts]
+        if chunked:
+            line += f"; prompts of {lib.max_rows + 1} to {PROMPT_CONTEXT} tokens in chunks of {lib.max_rows}: " + \
+                ", ".join(f"{c.label} {c.prompt_speedup:.1f}x" for c in chunked)
     if slower:
         line += "; PyTorch's step for " + ", ".join(f"{c.label} (the C++ step {1 / c.speedup:.1f}x its time)"
                                                     for c in slower)

@@ -411,7 +411,7 @@ class Transformer(nn.Module):
             raise ValueError(f"context of {start_pos + T} tokens exceeds the model's {self.cfg.max_seq_len}")
         if tokens.device.type == "cpu":
             cpu_step.mark_pytorch_step(self)  # (until the C++ step takes it: cpu_step.ran_in_cpp)
-            if cache is not None:  # one sequence's step (T <= 64 rows): one C++ call
+            if cache is not None:  # one sequence's step: one C++ call (T <= 64 rows) or a prompt in chunks
                 logits = cpu_step.sequence_step(self, tokens, start_pos, cache, attention, last_only, logits_rows)
                 if logits is not None:
                     return logits

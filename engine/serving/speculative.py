@@ -17,7 +17,7 @@ import torch
 from engine.kv.cache import ContiguousKVCache
 from engine.hardware.roof import Roof
 from engine.hardware.spec import dtype_name
-from engine.metrics import StepCost, StepMetrics, measured, step_cost, sum_costs
+from engine.metrics import StepCost, StepMetrics, calls_cost, measured, step_cost, sum_costs
 from engine.model import cpu_step
 from engine.model.sampling import draw, greedy, kept_tokens, mask_tokens, probabilities, top_p_rows
 from engine.model.transformer import Transformer
@@ -223,8 +223,13 @@ class DraftModel:
                 q = probabilities(logits, sampling)
                 token = int(draw(q, generator)[0])
                 probs.append(q)
-            costs.append(step_cost(model.cfg, batch_size=1, new_tokens=len(feed), context_len=start,
-                                   weight_bytes=model.linear_weight_bytes(), kv_elem_bytes=elem, act_elem_bytes=elem,
+            calls = cpu_step.chunks(model)  # (a long first prompt, in C++ chunks: each call's weights)
+            weight_bytes = model.linear_weight_bytes()
+            costs.append(calls_cost(model.cfg, calls, context_len=start, weight_bytes=weight_bytes,
+                                    head_bytes=weight_bytes - model.linear_weight_bytes(head_rows=0),
+                                    kv_elem_bytes=elem, act_elem_bytes=elem, attention=self.attention) if calls else
+                         step_cost(model.cfg, batch_size=1, new_tokens=len(feed), context_len=start,
+                                   weight_bytes=weight_bytes, kv_elem_bytes=elem, act_elem_bytes=elem,
                                    attention=self.attention, cpp_step=cpu_step.ran_in_cpp(model)))
             start += len(feed)
             tokens.append(token)

@@ -9,7 +9,7 @@ import torch
 
 from engine.graphs import GraphDecoder
 from engine.kv.cache import DEFAULT_BLOCK_SIZE, ContiguousKVCache, PagedKVCache
-from engine.metrics import StepMetrics, measured, step_cost, weight_rows
+from engine.metrics import StepMetrics, calls_cost, measured, step_cost, weight_rows
 from engine.model import cpu_step
 from engine.model.config import ModelConfig
 from engine.model.sampling import mask_tokens, row_sampled, sample, sample_row, uniform
@@ -199,14 +199,20 @@ class PlainSteps:
         # a captured step without the flash kernel reads the whole cache buffer, masked (engine/graphs.py)
         kv_read_tokens = self.graphs.kv_read_tokens(model, start, self.cache.max_len, settings.attention) \
             if captured else None
-        cost = step_cost(self.cfg, batch_size=1, new_tokens=new_tokens, context_len=start,
-                         weight_bytes=model.linear_weight_bytes(rows=weight_rows(new_tokens, cpp)),
-                         kv_elem_bytes=elem_bytes(model.dtype),
-                         act_elem_bytes=elem_bytes(model.dtype), kv_cache=settings.kv_cache,
-                         logits_rows=guesses + 1, kv_read_tokens=kv_read_tokens, attention=settings.attention,
-                         kv_layout=settings.kv_layout,
-                         block_size=getattr(self.cache, "block_size", DEFAULT_BLOCK_SIZE),
-                         captured=captured, cpp_step=cpp)
+        common = dict(kv_elem_bytes=elem_bytes(model.dtype), act_elem_bytes=elem_bytes(model.dtype),
+                      kv_cache=settings.kv_cache, attention=settings.attention, kv_layout=settings.kv_layout,
+                      block_size=getattr(self.cache, "block_size", DEFAULT_BLOCK_SIZE))
+        calls = cpu_step.chunks(model) if cpp else ()
+        if calls:  # a prompt in chunks: each call's weights and context
+            weight_bytes = model.linear_weight_bytes(rows=1)
+            cost = calls_cost(self.cfg, calls, context_len=start, weight_bytes=weight_bytes,
+                              head_bytes=weight_bytes - model.linear_weight_bytes(rows=1, head_rows=0),
+                              logits_rows=guesses + 1, **common)
+        else:
+            cost = step_cost(self.cfg, batch_size=1, new_tokens=new_tokens, context_len=start,
+                             weight_bytes=model.linear_weight_bytes(rows=weight_rows(new_tokens, cpp)),
+                             logits_rows=guesses + 1, kv_read_tokens=kv_read_tokens, captured=captured, cpp_step=cpp,
+                             **common)
         metrics = measured(
             cost, setup.roof, settings.dtype, products, step=self.counter.value, phase=phase, batch_size=1,
             new_tokens=new_tokens, tokens_out=tokens_out, context_len=start, step_s=step_s, t_s=time.monotonic(),

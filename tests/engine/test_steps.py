@@ -13,7 +13,7 @@ from engine.events import BatchStats, DoneEvent, TokenEvent
 from engine.graphs import GraphDecoder
 from engine.hardware.roof import Roof
 from engine.io.byte_tokenizer import ByteTokenizer
-from engine.metrics import StepMetrics
+from engine.metrics import StepMetrics, step_cost
 from engine.serving.lifecycle import BatchLifecycle, batch_label
 from engine.model import cpu_step
 from engine.model.cpu_step import Choice
@@ -127,6 +127,27 @@ def test_the_numpy_row_waits_for_a_step_the_cpp_step_takes(model, monkeypatch):
     assert rows == 0 and all(s.matmul_flops > 0 for s in steps)
     monkeypatch.setattr(cpu_step, "choice", lambda m: Choice("fp32", 1e-6, 1.0, "test"))
     assert plain_reply(model, monkeypatch, sampled)[0][:1] == tokens[:1]  # (the prefill's token: its draw first)
+
+
+def test_a_prompt_in_cpp_chunks_counts_each_calls_weights_and_context(model, monkeypatch):
+    """The cost of a prompt the C++ step ran in chunks (more rows than one call takes): every layer
+    weight and norm read once a call, the head once, each call's K/V context read again; the FLOPs
+    those of the prompt as one step."""
+    monkeypatch.setattr(cpu_step, "choice", lambda m: Choice("fp32", 1e-6, 1.0, "test", 1e-6, 1.0))  # chunks win
+    rows = cpu_step.library(model.context).max_rows
+    prompt = [(7 * i) % CFG.vocab_size + 1 for i in range(2 * rows + 5)]
+    metrics = next(plain_steps().step(new_reply(prompt), None, setup_for(model)))
+    assert cpu_step.chunks(model) == (rows, rows, 5) and metrics.new_tokens == 2 * rows + 5
+    layers = model.linear_weight_bytes(rows=1, head_rows=0)
+    head = model.linear_weight_bytes(rows=1, head_rows=1) - layers
+    norms = CFG.vector_elems_per_step * 4
+    assert metrics.weight_bytes == 3 * (layers + norms) + head
+    kv_position = CFG.n_layers * 2 * CFG.n_kv_heads * CFG.head_dim * 4  # K and V, every layer, fp32
+    assert metrics.kv_read_bytes == (rows + 2 * rows) * kv_position  # the second call's context, the third's
+    assert metrics.kv_write_bytes == len(prompt) * kv_position
+    one = step_cost(CFG, batch_size=1, new_tokens=len(prompt), context_len=0, weight_bytes=layers + head,
+                    kv_elem_bytes=4, cpp_step=True)
+    assert metrics.flops == one.flops and metrics.matmul_flops == one.matmul_flops
 
 
 class FromTruth:

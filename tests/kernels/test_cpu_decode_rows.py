@@ -19,9 +19,9 @@ from tests.kernels.test_cpu_decode import (GQA, LEVELS, QWEN, bf16_bound, int4_r
 FORMATS = [("fp32", "fp"), ("fp32", "int8"), ("fp32", "int4"), ("bf16", "fp"), ("bf16", "int4")]
 
 
-def new_cache(cfg, dtype, layout: str):
+def new_cache(cfg, dtype, layout: str, num_blocks: int = 16):
     if layout == "paged":
-        return PagedKVCache(cfg, num_blocks=16, block_size=4, dtype=dtype, device="cpu")
+        return PagedKVCache(cfg, num_blocks=num_blocks, block_size=4, dtype=dtype, device="cpu")
     return ContiguousKVCache(cfg, 1, cfg.max_seq_len, dtype, "cpu")
 
 
@@ -113,7 +113,62 @@ def test_a_batch_of_sequences_in_one_step_gives_each_its_own_steps_bits(isa, dty
 
 
 @torch.inference_mode()
-def test_steps_past_the_rows_the_cpp_step_takes_run_in_pytorch():
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+@pytest.mark.parametrize("dtype,weights", [("fp32", "fp"), ("fp32", "int4"), ("bf16", "int8")])
+def test_a_prompt_longer_than_the_rows_runs_in_chunks_each_a_call_of_its_own(layout, dtype, weights, monkeypatch):
+    """Where the chunks win the timing, a prompt of more rows than one C++ call takes runs as calls of
+    that many rows in order: its logits and K/V the bits of those calls made one by one, the calls'
+    rows told to the cost model, and PyTorch's step over the whole prompt agrees to rounding."""
+    isa = LEVELS[0]
+    monkeypatch.setenv(cpu_decode.ISA_VARIABLE, isa)
+    reset_default_context()  # (its options read the level now)
+    monkeypatch.setattr(cpu_step, "time_prompts", lambda model: (1e-6, 1.0))  # the chunks win
+    cfg = GQA.with_max_seq_len(200)
+    model = model_of(cfg, dtype, weights)
+    rows = cpu_step.library(model.context).max_rows
+    prompt = torch.randint(1, cfg.vocab_size, (1, 2 * rows + 5), generator=torch.Generator().manual_seed(3))
+    whole, parts = new_cache(cfg, model.dtype, layout, 48), new_cache(cfg, model.dtype, layout, 48)
+    before = dispatch.counts()
+    got = model(prompt, 0, whole, last_only=False)[0]
+    assert dispatch.since(before)["multi-row step"] == {cpu_step.CHUNKS_LABEL: 1}
+    assert cpu_step.ran_in_cpp(model) and cpu_step.chunks(model) == (rows, rows, 5)
+    assert f"prompts of {rows + 1} to {cpu_step.PROMPT_CONTEXT} tokens in chunks of {rows}: " \
+        f"{cpu_step.format_label(model)} 1000000.0x" in cpu_step.path_line(model)
+    want = torch.cat([model(prompt[:, lo:lo + rows], lo, parts, last_only=False)[0] for lo in range(0, 2 * rows + 5, rows)])
+    assert cpu_step.chunks(model) == ()  # (each of those one call)
+    assert torch.equal(got, want) and torch.equal(whole.k, parts.k) and torch.equal(whole.v, parts.v)
+    last = model(prompt[:, -3:], 2 * rows + 2, parts, logits_rows=2)[0]  # (and a call's last rows only)
+    assert torch.equal(last, got[-2:])
+    default_context().kernels.disable("cpu_step", "the reference")
+    ref_model = reference_of(model, int4_rounding(isa))
+    want = ref_model(prompt, 0, new_cache(cfg, model.dtype, layout, 48), last_only=False)[0]
+    default_context().kernels.reset()
+    assert relative_error(got, want) < (bf16_bound(isa, weights, 1e-1) if dtype == "bf16" else
+                                        step_tolerance(isa, dtype, weights))
+
+
+@torch.inference_mode()
+def test_a_prompt_past_the_chunks_context_or_timed_slower_runs_in_pytorch(monkeypatch):
+    cfg = GQA.with_max_seq_len(200)
+    model = model_of(cfg, "fp32", "int4")
+    rows = cpu_step.library(model.context).max_rows
+    monkeypatch.setattr(cpu_step, "time_prompts", lambda model: (1e-6, 1.0))  # the chunks win the timing ...
+    monkeypatch.setattr(cpu_step, "PROMPT_CONTEXT", rows + 8)
+    cache = ContiguousKVCache(cfg, 1, cfg.max_seq_len, torch.float32, "cpu")
+    model(torch.randint(1, 200, (1, rows + 8)), 0, cache)
+    assert cpu_step.chunks(model) == (rows, 8)
+    model(torch.randint(1, 200, (1, rows + 9)), 0, cache)  # ... within the context they were timed for only
+    assert not cpu_step.ran_in_cpp(model) and cache.length == rows + 9
+    default_context().cpu_step.timings.clear()
+    default_context().cpu_step.model_timing.clear()
+    monkeypatch.setattr(cpu_step, "time_prompts", lambda model: (1.0, 1e-6))  # PyTorch's step wins
+    model(torch.randint(1, 200, (1, rows + 8)), 0, cache)
+    assert not cpu_step.ran_in_cpp(model) and cpu_step.chunks(model) == ()
+
+
+@torch.inference_mode()
+def test_steps_past_the_rows_the_cpp_step_takes_run_in_pytorch(monkeypatch):
+    monkeypatch.setattr(cpu_step, "time_prompts", lambda model: (1.0, 1e-6))  # PyTorch's step wins prompts
     cfg = GQA.with_max_seq_len(160)
     model = model_of(cfg, "fp32", "fp")
     cache = ContiguousKVCache(cfg, 1, cfg.max_seq_len, torch.float32, "cpu")
