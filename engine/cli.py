@@ -254,6 +254,12 @@ def run_chat(args) -> int:
                     progress=progress, settings=settings)
     print(f"membound · {engine.loaded.label} · {engine.settings.label} · {describe(engine.hardware)}", file=sys.stderr)
     _cpu_step_note(engine)
+    if engine.device == "cpu":  # (timed now, not inside the first reply's steps: its time to first token)
+        from engine.model import cpu_step
+        draft = engine.speculative.draft
+        for model in (engine.model, draft.model if draft is not None else None):
+            if model is not None:
+                cpu_step.prepare(model)
     note = getattr(engine.tokenizer, "template_note", "")
     if args.raw:
         bos = getattr(engine.tokenizer, "add_bos", False) and getattr(engine.tokenizer, "bos_id", None) is not None

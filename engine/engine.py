@@ -133,6 +133,9 @@ class Engine:
             raise EngineError(refusal)
         self.variants.request(self.settings)  # quantised or speculating from the start: make what they need now
         self.speculative.use_draft(self.variants.wait(self.settings), self._setup())
+        # the conversation's KV cache now, not in the first reply's time to first token (the default
+        # model's 4,096 positions: ~190 MB written with zeros, ~0.2 s on a 2-core CPU)
+        self.plain.prepare(self.settings.kv_layout, self.model.dtype)
 
     @property
     def graphs(self) -> GraphDecoder:

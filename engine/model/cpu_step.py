@@ -332,8 +332,8 @@ def _routable(model, cache, attention: str) -> bool:
 def sequence_step(model, tokens: torch.Tensor, start_pos: int, cache, attention: str = "flash",
                   last_only: bool = True, logits_rows: int | None = None) -> torch.Tensor | None:
     """One sequence's T new tokens (1 <= T <= the library's rows, or more in chunks of that many where
-    the format's timing says so: `Choice.chunks_prompts`) at positions start_pos.., over the
-    contiguous cache of one sequence or a paged cache of one sequence, causal among themselves:
+    the format's timing says so, `Choice.chunks_prompts`, within PROMPT_CONTEXT positions) at positions
+    start_pos.., over the contiguous cache of one sequence or a paged cache of one sequence, causal among themselves:
     a decode step, a speculative verify step (T = k + 1) or a prompt. Logits (1, rows, vocab)
     for the last `logits_rows` rows (else the last row, or every row when not `last_only`), as
     Transformer.forward returns them; None where the C++ step does not apply (nothing written)."""
@@ -445,6 +445,15 @@ def choice(model) -> Choice:
     if found is None:
         found = by_model[model] = _choice_of(model)
     return found
+
+
+def prepare(model) -> None:
+    """The library built and this model's format timed now, where its steps can run in C++, so that
+    neither happens inside a reply's first step (its time to first token; the app's load check and the
+    bench's warm-up do the same)."""
+    if model.device.type == "cpu" and model.dtype in ACT_FORMATS and not model_refusal(model.cfg) \
+            and not unavailable_reason(_context(model)):
+        choice(model)
 
 
 def _choice_of(model) -> Choice:

@@ -70,6 +70,12 @@ class PlainSteps:
         if self.cache is not None:
             self.cache = self.cache.astype(dtype)
 
+    def prepare(self, layout: str, dtype: torch.dtype) -> None:
+        """The cache a reply in `layout` will use ("off": none), made now if it is not there."""
+        if layout != "off" and (self.cache is None or self.cache.layout != layout):
+            self.cache = self.new_cache(layout, dtype)
+            self.cached_ids = []
+
     def new_cache(self, layout: str, dtype: torch.dtype):
         """An empty cache in `layout`. Paged: a pool of blocks for one full-length sequence (the
         same bytes as the contiguous buffer), filled on demand."""

@@ -30,6 +30,28 @@ def test_prompt_answers_once_with_statistics(capsys):
     assert "tok/s" in err and "MBU" in err and "GB/s" in err
 
 
+def test_the_first_replys_time_to_first_token_leaves_the_setup_out(capsys, monkeypatch):
+    """The C++ step's timing against PyTorch's (made once per format) and the conversation's KV cache are
+    made before the first reply, not inside its first step: its time to first token (here each of
+    those made to take 1 s) is the step's."""
+    import re
+    import time as clock
+
+    from engine.context import reset_default_context
+    from engine.model import cpu_step
+    from engine.steps.plain import PlainSteps
+    reset_default_context()  # (no format timed yet)
+    steps, new_cache = cpu_step.time_steps, PlainSteps.new_cache
+    monkeypatch.setattr(cpu_step, "time_steps", lambda model: clock.sleep(1.0) or steps(model))
+    monkeypatch.setattr(PlainSteps, "new_cache", lambda *a: clock.sleep(1.0) or new_cache(*a))  # (and the cache's)
+    code, _, err = run_cli(capsys, "chat", "--prompt", "Say hello.", "--greedy", "--max-tokens", "2",
+                           "--max-context", "256", "--model", "synthetic:smollm2-135m")
+    assert code == 0, err
+    ttft = re.search(r"TTFT ([\d.,]+) (ms|s)", err)
+    assert ttft, err
+    assert float(ttft[1].replace(",", "")) * (1e-3 if ttft[2] == "ms" else 1) < 0.5, err
+
+
 def test_missing_model_file(capsys, tmp_path):
     code, _, err = run_cli(capsys, "chat", "--prompt", "hi", "--model", str(tmp_path / "missing.gguf"))
     assert_one_line_error(code, err, "not found")

@@ -140,8 +140,9 @@ def test_the_graph_check_compares_the_replayed_step_with_eager_and_leaves_the_ca
     assert engine.cache is cache and len(tokens) == GREEDY.max_new_tokens and graphs.replays == len(tokens) - 1
     assert tokens == reply(make_engine())
     paged = make_engine(replace(GREEDY, kv_layout="paged"))  # graphs are not for its cache: a scratch one
+    own = paged.cache  # (made with the engine)
     stand_in_graphs(paged)
-    assert check_graphs(paged) == "" and paged.cache is None
+    assert check_graphs(paged) == "" and paged.cache is own and own.layout == "paged" and paged.cached_ids == []
 
 
 def test_the_graph_check_holds_a_bf16_model_to_bf16s_tolerance_not_its_fp32_logits():

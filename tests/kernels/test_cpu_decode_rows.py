@@ -134,7 +134,8 @@ def test_a_prompt_longer_than_the_rows_runs_in_chunks_each_a_call_of_its_own(lay
     assert cpu_step.ran_in_cpp(model) and cpu_step.chunks(model) == (rows, rows, 5)
     assert f"prompts of {rows + 1} to {cpu_step.PROMPT_CONTEXT} tokens in chunks of {rows}: " \
         f"{cpu_step.format_label(model)} 1000000.0x" in cpu_step.path_line(model)
-    want = torch.cat([model(prompt[:, lo:lo + rows], lo, parts, last_only=False)[0] for lo in range(0, 2 * rows + 5, rows)])
+    want = torch.cat([model(prompt[:, lo:lo + rows], lo, parts, last_only=False)[0]
+                      for lo in range(0, 2 * rows + 5, rows)])
     assert cpu_step.chunks(model) == ()  # (each of those one call)
     assert torch.equal(got, want) and torch.equal(whole.k, parts.k) and torch.equal(whole.v, parts.v)
     last = model(prompt[:, -3:], 2 * rows + 2, parts, logits_rows=2)[0]  # (and a call's last rows only)
