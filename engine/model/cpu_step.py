@@ -55,15 +55,19 @@ PROMPT = 4  # positions prefilled before a timed step
 # weight once) where that is faster than PyTorch's step over the whole prompt (its GEMMs; INT4 and INT8
 # dequantise each matrix first): timed at load too, on the stand-in, PROMPT_CHUNKS chunks' rows, the
 # best of PROMPT_TIMED of each after one to warm up; and only while the context stays within
-# PROMPT_CONTEXT positions: each chunk's rows read the context before them again (30 layers' K/V out
-# of the caches, where the stand-in's few layers' stay in them), and past it PyTorch's step over the
-# whole prompt overtakes the chunks. Measured on the Zen 4 (docs/benchmarks.md, session 31), the default
-# model, chunks against PyTorch's step: INT4 at AVX-512 2.6x at 128 tokens, 1.4x at 1,024, 0.86x at
-# 4,000; fp32 0.89-1.02x at 128, 0.86x at 1,024; INT8 1.00-1.10x at 128, 0.82x at 1,024; bf16 and INT8
-# at AVX2 3.7-4.3x at 128 and 512.
+# PROMPT_CONTEXT positions, or PROMPT_CONTEXT_WIDE where the chunks won by PROMPT_WIDE_SPEEDUP or more.
+# The chunks lose ground as the prompt grows: each chunk's rows read the context before them again and
+# the C++ step's attention costs more a key than PyTorch's; the stand-in's few layers (their K/V in the
+# caches) cannot show it. Measured on the Zen 4 (docs/benchmarks.md, session 31), the default model,
+# chunks against PyTorch's step: fp32 0.89-1.02x at 128 tokens, 0.86x at 1,024; INT8 1.00-1.10x at 128,
+# 0.82x at 1,024; INT4 at AVX-512 2.6x at 128, 1.4x at 1,024, 1.06x at 2,048, 0.86x at 4,000; bf16 at
+# AVX2 4.1x at 128, 2.7x at 2,048. The stand-in's ratios: 1.0-1.3x where the whole model's lose by 1,024,
+# 2.3-4.6x where they still win at 2,048 (INT4 at both levels, bf16 and INT8 at AVX2).
 PROMPT_CHUNKS = 2
 PROMPT_TIMED = 3
 PROMPT_CONTEXT = 512
+PROMPT_WIDE_SPEEDUP = 2.0
+PROMPT_CONTEXT_WIDE = 2048
 
 _local = threading.local()  # .pytorch_only: this thread runs PyTorch's step (a reference, a profile)
 
@@ -88,8 +92,13 @@ class Choice:
 
     @property
     def chunks_prompts(self) -> bool:
-        """Whether a prompt longer than the library's rows runs in C++, in chunks (within PROMPT_CONTEXT)."""
+        """Whether a prompt longer than the library's rows runs in C++, in chunks (within `prompt_context`)."""
         return self.use_cpp and self.prompt_cpp_s < self.prompt_pytorch_s
+
+    @property
+    def prompt_context(self) -> int:
+        """The longest context a prompt in chunks may reach."""
+        return PROMPT_CONTEXT_WIDE if self.prompt_speedup >= PROMPT_WIDE_SPEEDUP else PROMPT_CONTEXT
 
     @property
     def prompt_speedup(self) -> float:
@@ -332,7 +341,7 @@ def _routable(model, cache, attention: str) -> bool:
 def sequence_step(model, tokens: torch.Tensor, start_pos: int, cache, attention: str = "flash",
                   last_only: bool = True, logits_rows: int | None = None) -> torch.Tensor | None:
     """One sequence's T new tokens (1 <= T <= the library's rows, or more in chunks of that many where
-    the format's timing says so, `Choice.chunks_prompts`, within PROMPT_CONTEXT positions) at positions
+    the format's timing says so, `Choice.chunks_prompts`, within its `prompt_context` positions) at positions
     start_pos.., over the contiguous cache of one sequence or a paged cache of one sequence, causal among themselves:
     a decode step, a speculative verify step (T = k + 1) or a prompt. Logits (1, rows, vocab)
     for the last `logits_rows` rows (else the last row, or every row when not `last_only`), as
@@ -350,8 +359,9 @@ def sequence_step(model, tokens: torch.Tensor, start_pos: int, cache, attention:
     if not _routable(model, cache, attention) or start_pos + T > cache.max_len:
         return None
     plan = plan_for(model, cache)
-    if plan is None or not (choice(model).chunks_prompts and start_pos + T <= PROMPT_CONTEXT
-                            if T > plan.lib.max_rows else choice(model).use_cpp):
+    timed = choice(model) if plan is not None else None
+    if timed is None or not (timed.chunks_prompts and start_pos + T <= timed.prompt_context
+                             if T > plan.lib.max_rows else timed.use_cpp):
         return None
     n = T if logits_rows is None and not last_only else (logits_rows or 1)
     table = None
@@ -588,8 +598,8 @@ def path_line(model) -> str:
         line += " — timed at load against PyTorch's step: " + ", ".join(f"{c.label} {c.speedup:.1f}x" for c in cpp)
         chunked = [c for c in cpp if c.chunks_prompts]
         if chunked:
-            line += f"; prompts of {lib.max_rows + 1} to {PROMPT_CONTEXT} tokens in chunks of {lib.max_rows}: " + \
-                ", ".join(f"{c.label} {c.prompt_speedup:.1f}x" for c in chunked)
+            line += f"; prompts over {lib.max_rows} tokens in chunks of {lib.max_rows}: " + \
+                ", ".join(f"{c.label} {c.prompt_speedup:.1f}x (to {c.prompt_context:,})" for c in chunked)
     if slower:
         line += "; PyTorch's step for " + ", ".join(f"{c.label} (the C++ step {1 / c.speedup:.1f}x its time)"
                                                     for c in slower)

@@ -132,8 +132,8 @@ def test_a_prompt_longer_than_the_rows_runs_in_chunks_each_a_call_of_its_own(lay
     got = model(prompt, 0, whole, last_only=False)[0]
     assert dispatch.since(before)["multi-row step"] == {cpu_step.CHUNKS_LABEL: 1}
     assert cpu_step.ran_in_cpp(model) and cpu_step.chunks(model) == (rows, rows, 5)
-    assert f"prompts of {rows + 1} to {cpu_step.PROMPT_CONTEXT} tokens in chunks of {rows}: " \
-        f"{cpu_step.format_label(model)} 1000000.0x" in cpu_step.path_line(model)
+    assert f"prompts over {rows} tokens in chunks of {rows}: {cpu_step.format_label(model)} 1000000.0x (to " \
+        f"{cpu_step.PROMPT_CONTEXT_WIDE:,})" in cpu_step.path_line(model)
     want = torch.cat([model(prompt[:, lo:lo + rows], lo, parts, last_only=False)[0]
                       for lo in range(0, 2 * rows + 5, rows)])
     assert cpu_step.chunks(model) == ()  # (each of those one call)
@@ -153,13 +153,21 @@ def test_a_prompt_past_the_chunks_context_or_timed_slower_runs_in_pytorch(monkey
     cfg = GQA.with_max_seq_len(200)
     model = model_of(cfg, "fp32", "int4")
     rows = cpu_step.library(model.context).max_rows
-    monkeypatch.setattr(cpu_step, "time_prompts", lambda model: (1e-6, 1.0))  # the chunks win the timing ...
+    monkeypatch.setattr(cpu_step, "time_prompts", lambda model: (1.0, 1.5))  # the chunks win the timing ...
     monkeypatch.setattr(cpu_step, "PROMPT_CONTEXT", rows + 8)
+    monkeypatch.setattr(cpu_step, "PROMPT_CONTEXT_WIDE", rows + 20)  # (where they win by 2x or more)
     cache = ContiguousKVCache(cfg, 1, cfg.max_seq_len, torch.float32, "cpu")
     model(torch.randint(1, 200, (1, rows + 8)), 0, cache)
     assert cpu_step.chunks(model) == (rows, 8)
     model(torch.randint(1, 200, (1, rows + 9)), 0, cache)  # ... within the context they were timed for only
     assert not cpu_step.ran_in_cpp(model) and cache.length == rows + 9
+    default_context().cpu_step.timings.clear()
+    default_context().cpu_step.model_timing.clear()
+    monkeypatch.setattr(cpu_step, "time_prompts", lambda model: (1.0, 2.0))  # won by 2x: the wider context
+    model(torch.randint(1, 200, (1, rows + 20)), 0, cache)
+    assert cpu_step.chunks(model) == (rows, 20)
+    model(torch.randint(1, 200, (1, rows + 21)), 0, cache)
+    assert not cpu_step.ran_in_cpp(model)
     default_context().cpu_step.timings.clear()
     default_context().cpu_step.model_timing.clear()
     monkeypatch.setattr(cpu_step, "time_prompts", lambda model: (1.0, 1e-6))  # PyTorch's step wins
