@@ -135,7 +135,10 @@ class Engine:
         self.speculative.use_draft(self.variants.wait(self.settings), self._setup())
         # the conversation's KV cache now, not in the first reply's time to first token (the default
         # model's 4,096 positions: ~190 MB written with zeros, ~0.2 s on a 2-core CPU)
-        self.plain.prepare(self.settings.kv_layout, self.model.dtype)
+        try:
+            self.plain.prepare(self.settings.kv_layout, self.model.dtype)
+        except (MemoryError, RuntimeError):  # (no room for it now: the first reply asks again, and says why not)
+            self.plain.cache = None
 
     @property
     def graphs(self) -> GraphDecoder:

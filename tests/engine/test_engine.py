@@ -61,6 +61,24 @@ def test_second_turn_prefills_only_the_new_part_and_answers_as_a_fresh_engine_wo
     assert tokens2 == tokens_fresh
 
 
+def test_an_engine_makes_its_kv_cache_when_made_or_leaves_it_to_the_first_reply(monkeypatch):
+    engine = make_engine()
+    cache = engine.plain.cache
+    assert cache is not None and cache.layout == "contiguous" and engine.plain.cached_ids == []
+    from engine.steps.plain import PlainSteps
+    made = PlainSteps.new_cache
+
+    def no_room(self, layout, dtype):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr(PlainSteps, "new_cache", no_room)
+    engine = make_engine()  # (no room now: made anyway)
+    assert engine.plain.cache is None
+    monkeypatch.setattr(PlainSteps, "new_cache", made)
+    tokens = run(engine.generate(list(range(1, 9)), max_new_tokens=3, ignore_eos=True))[0]
+    assert len(tokens) == 3 and engine.plain.cache is not None
+
+
 def test_kv_cache_off_recomputes_the_context_and_gives_the_same_tokens():
     on = make_engine()
     tokens_on, steps_on, _, _ = run(on.generate(list(range(1, 20))))
