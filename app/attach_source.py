@@ -236,7 +236,8 @@ class AttachSource(QObject, EventSource):
                 self._model = server_model(self.url, self.api_key)
             for piece in stream_chat(self.url, messages, model=self._model, max_tokens=max_tokens,
                                      temperature=temperature, api_key=self.api_key, stop=self._chat_stop):
-                if isinstance(piece, ChatDone):
+                if isinstance(piece, ChatDone):  # a scrape at its end first: the summary's server figure has
+                    self.record.emit(self.scraper.poll())  # one within the reply, however short (signals: in order)
                     self.chat_done.emit(piece)
                 else:
                     self.chat_piece.emit(piece)

@@ -128,18 +128,20 @@ class Scraper:
         self.series = SeriesBuilder(peak)
         self.failures = 0
         self.kind = ""  # the last answer's server kind
+        self.lock = threading.Lock()  # one poll at a time: `run`'s, or one asked for between (a reply's end)
 
     def poll(self) -> ScrapeRecord:
-        try:
-            scrape = fetch_metrics(self.url, timeout_s=self.timeout_s, api_key=self.api_key, clock=self.clock)
-        except AttachError as error:
-            self.failures += 1
-            status = "bad answer" if ": HTTP " in str(error) or "not Prometheus" in str(error) else "down"
-            return self.series.gap(self.clock(), status, str(error))
-        record = self.series.add(scrape)
-        self.failures = 0 if record.status != "bad answer" else self.failures + 1
-        self.kind = scrape.kind
-        return record
+        with self.lock:
+            try:
+                scrape = fetch_metrics(self.url, timeout_s=self.timeout_s, api_key=self.api_key, clock=self.clock)
+            except AttachError as error:
+                self.failures += 1
+                status = "bad answer" if ": HTTP " in str(error) or "not Prometheus" in str(error) else "down"
+                return self.series.gap(self.clock(), status, str(error))
+            record = self.series.add(scrape)
+            self.failures = 0 if record.status != "bad answer" else self.failures + 1
+            self.kind = scrape.kind
+            return record
 
     @property
     def next_delay_s(self) -> float:

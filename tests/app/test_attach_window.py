@@ -195,3 +195,20 @@ def test_a_vllm_started_without_the_flag_shows_the_hint_not_zero_gbs(qtbot, tiny
     assert not np.isfinite(window.data.steps.column("mfu_pct")).any()
     assert "--enable-mfu-metrics" in window.data.notes["memory"] and "--enable-mfu-metrics" in window.data.notes["roofline"]
     window.attach.detach()
+
+
+def test_a_reply_shorter_than_a_scrape_interval_still_has_the_servers_figure(qtbot, tiny_model, fake_vllm):
+    """A scrape at the reply's end: the summary's "server: … tok/s" has one within the reply, however short
+    (here ~0.1 s against a scrape every 60 s: none of the periodic ones lands within it)."""
+    from app.window import MainWindow
+
+    window = MainWindow(model=tiny_model, hardware=fake_cpu(), autoload=False)
+    qtbot.addWidget(window)
+    window.show()
+    assert window.attach.attach(fake_vllm, gpu="H100 SXM", interval_s=60)
+    qtbot.waitUntil(lambda: window.attach.state == "up", timeout=10_000)
+    with qtbot.waitSignal(window.attach.reply_finished, timeout=10_000):
+        window.chat.send_requested.emit("Why is decode slow?")
+    qtbot.waitUntil(lambda: "(this reply, from the stream)" in window.chat.plain_text(), timeout=5_000)
+    assert re.search(r"server: [\d.,]+ tok/s generated", window.chat.plain_text()), window.chat.plain_text()
+    window.attach.detach()
