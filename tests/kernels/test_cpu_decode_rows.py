@@ -175,6 +175,26 @@ def test_a_prompt_past_the_chunks_context_or_timed_slower_runs_in_pytorch(monkey
     assert not cpu_step.ran_in_cpp(model) and cpu_step.chunks(model) == ()
 
 
+def test_the_prompt_timing_stops_once_one_path_is_clearly_faster(monkeypatch):
+    """A path PROMPT_CLEAR times faster after one timed round decides it: no more rounds (at AVX2
+    PyTorch's bf16 prompt takes ~4x the chunks' time, and the load waited for three of them)."""
+    import time
+    model = model_of(GQA.with_max_seq_len(200), "fp32", "fp")
+    calls = []
+
+    def chunks(plan, ids, start, n, attention, table=None):
+        calls.append(len(ids))
+        return None, []
+
+    monkeypatch.setattr(cpu_step, "_in_chunks", chunks)  # (the C++ chunks at no time at all)
+    cpp_s, pytorch_s = cpu_step.time_prompts(model)
+    assert pytorch_s / cpp_s >= cpu_step.PROMPT_CLEAR and len(calls) == 2  # one to warm up, one timed
+    monkeypatch.setattr(cpu_step, "_in_chunks", lambda *a, **k: calls.append(0) or time.sleep(pytorch_s) or (None, []))
+    calls.clear()
+    cpu_step.time_prompts(model)  # (close: every round)
+    assert len(calls) == cpu_step.PROMPT_TIMED + 1
+
+
 @torch.inference_mode()
 def test_steps_past_the_rows_the_cpp_step_takes_run_in_pytorch(monkeypatch):
     monkeypatch.setattr(cpu_step, "time_prompts", lambda model: (1.0, 1e-6))  # PyTorch's step wins prompts
