@@ -234,10 +234,15 @@ class AttachSource(QObject, EventSource):
         try:
             if self._model is None:
                 self._model = server_model(self.url, self.api_key)
+            # a scrape as it is sent and one at its end: the summary's server rate is over the reply's time
+            # exactly, however short (the periodic scrapes' intervals start before it; signals keep order)
+            start = self.scraper.poll()
+            self._reply_t0 = start.t_s
+            self.record.emit(start)
             for piece in stream_chat(self.url, messages, model=self._model, max_tokens=max_tokens,
                                      temperature=temperature, api_key=self.api_key, stop=self._chat_stop):
-                if isinstance(piece, ChatDone):  # a scrape at its end first: the summary's server figure has
-                    self.record.emit(self.scraper.poll())  # one within the reply, however short (signals: in order)
+                if isinstance(piece, ChatDone):
+                    self.record.emit(self.scraper.poll())
                     self.chat_done.emit(piece)
                 else:
                     self.chat_piece.emit(piece)
@@ -299,9 +304,9 @@ class AttachSource(QObject, EventSource):
         return "— " + " · ".join(parts)
 
     def server_rate_since(self, t0_s: float) -> float:
-        """The server's generation tokens/s over the scrapes since t0_s, all requests together (nan
+        """The server's generation tokens/s over the scrapes after t0_s, all requests together (nan
         without any): the reply's own rate beside what the whole server did meanwhile."""
-        rows = [r for r in self.records if r.t_s >= t0_s and r.ok and math.isfinite(r.generation_tokens)]
+        rows = [r for r in self.records if r.t_s > t0_s and r.ok and math.isfinite(r.generation_tokens)]
         span = sum(r.interval_s for r in rows)
         return sum(r.generation_tokens for r in rows) / span if span > 0 else math.nan
 

@@ -197,9 +197,32 @@ def test_a_vllm_started_without_the_flag_shows_the_hint_not_zero_gbs(qtbot, tiny
     window.attach.detach()
 
 
-def test_a_reply_shorter_than_a_scrape_interval_still_has_the_servers_figure(qtbot, tiny_model, fake_vllm):
-    """A scrape at the reply's end: the summary's "server: … tok/s" has one within the reply, however short
-    (here ~0.1 s against a scrape every 60 s: none of the periodic ones lands within it)."""
+class FakeVllmIdleBetween(FakeVllm):
+    """Generates only while it replies: its counter grows by a reply's 4 tokens, nothing in between."""
+    generated = 0.0
+
+    def do_GET(self) -> None:
+        if self.path != "/metrics":
+            return super().do_GET()
+        lines = []
+        for family, kind, value in (("vllm:num_requests_running", "gauge", 0), ("vllm:generation_tokens", "counter",
+                                                                                FakeVllmIdleBetween.generated)):
+            suffix = "_total" if kind == "counter" else ""
+            lines += [f"# TYPE {family} {kind}", f'{family}{suffix}{{engine="0",model_name="fake-model"}} {value}']
+        self._send(200, "text/plain; version=0.0.4", "\n".join(lines) + "\n")
+
+    def do_POST(self) -> None:
+        super().do_POST()
+        FakeVllmIdleBetween.generated += 4
+
+
+@pytest.mark.parametrize("fake_vllm", [FakeVllmIdleBetween], indirect=True)
+def test_a_reply_shorter_than_a_scrape_interval_has_the_servers_rate_over_its_own_time(qtbot, tiny_model, fake_vllm):
+    """A scrape as the reply is sent and one at its end: the summary's "server: … tok/s" is over the reply's
+    own time, however short (here ~0.1 s against a scrape every 60 s: none of the periodic ones lands within
+    it, and the last one was ~1 s before it, idle)."""
+    import time
+
     from app.window import MainWindow
 
     window = MainWindow(model=tiny_model, hardware=fake_cpu(), autoload=False)
@@ -207,8 +230,13 @@ def test_a_reply_shorter_than_a_scrape_interval_still_has_the_servers_figure(qtb
     window.show()
     assert window.attach.attach(fake_vllm, gpu="H100 SXM", interval_s=60)
     qtbot.waitUntil(lambda: window.attach.state == "up", timeout=10_000)
+    qtbot.wait(1000)  # (idle: a rate over an interval that began here would read under 4 tokens a second)
+    t0 = time.monotonic()
     with qtbot.waitSignal(window.attach.reply_finished, timeout=10_000):
         window.chat.send_requested.emit("Why is decode slow?")
     qtbot.waitUntil(lambda: "(this reply, from the stream)" in window.chat.plain_text(), timeout=5_000)
-    assert re.search(r"server: [\d.,]+ tok/s generated", window.chat.plain_text()), window.chat.plain_text()
+    took = time.monotonic() - t0
+    found = re.search(r"server: ([\d.,]+) tok/s generated", window.chat.plain_text())
+    assert found, window.chat.plain_text()
+    assert float(found[1].replace(",", "")) >= 4 / took  # its 4 tokens within the reply's own time, or less
     window.attach.detach()
