@@ -257,9 +257,8 @@ def run_chat(args) -> int:
     if engine.device == "cpu":  # (timed now, not inside the first reply's steps: its time to first token)
         from engine.model import cpu_step
         draft = engine.speculative.draft
-        for model in (engine.model, draft.model if draft is not None else None):
-            if model is not None:
-                cpu_step.prepare(model)
+        for model in [engine.model] + ([draft.model] if draft is not None else []):
+            cpu_step.prepare(model)
     note = getattr(engine.tokenizer, "template_note", "")
     if args.raw:
         bos = getattr(engine.tokenizer, "add_bos", False) and getattr(engine.tokenizer, "bos_id", None) is not None

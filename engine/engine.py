@@ -138,7 +138,7 @@ class Engine:
         try:
             self.plain.prepare(self.settings.kv_layout, self.model.dtype)
         except (MemoryError, RuntimeError):  # (no room for it now: the first reply asks again, and says why not)
-            self.plain.cache = None
+            pass
 
     @property
     def graphs(self) -> GraphDecoder:

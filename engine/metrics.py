@@ -204,13 +204,14 @@ def step_cost(cfg: ModelConfig, *, batch_size: int, new_tokens: int, context_len
     )
 
 
-def calls_cost(cfg: ModelConfig, calls: tuple[int, ...], *, context_len: int, weight_bytes: int, head_bytes: int,
-               logits_rows: int = 1, **step) -> StepCost:
-    """step_cost of one sequence's step that the C++ step ran as several calls in order (a prompt longer
-    than its rows, in chunks: engine/model/cpu_step.py chunks): each call's rows over the context the
-    calls before it left, every layer weight read once a call (`weight_bytes` as one call reads them,
-    the head's `head_bytes` among them only in the calls holding some of the last `logits_rows` rows),
-    summed. `step`: step_cost's other arguments."""
+def calls_cost(model, calls: tuple[int, ...], *, context_len: int, logits_rows: int = 1, **step) -> StepCost:
+    """step_cost of one sequence's step of `model` (a Transformer) that the C++ step ran as several calls
+    in order (a prompt longer than its rows, in chunks: engine/model/cpu_step.py chunks): each call's
+    rows over the context the calls before it left, every layer weight read once a call as stored, the
+    head only in the calls holding some of the last `logits_rows` rows, summed. `step`: step_cost's
+    other arguments."""
+    cfg, weight_bytes = model.cfg, model.linear_weight_bytes(rows=1)
+    head_bytes = weight_bytes - model.linear_weight_bytes(rows=1, head_rows=0)
     parts, lo, first_logit = [], 0, sum(calls) - logits_rows
     for rows in calls:
         logits = max(0, lo + rows - max(lo, first_logit))

@@ -224,12 +224,10 @@ class DraftModel:
                 token = int(draw(q, generator)[0])
                 probs.append(q)
             calls = cpu_step.chunks(model)  # (a long first prompt, in C++ chunks: each call's weights)
-            weight_bytes = model.linear_weight_bytes()
-            costs.append(calls_cost(model.cfg, calls, context_len=start, weight_bytes=weight_bytes,
-                                    head_bytes=weight_bytes - model.linear_weight_bytes(head_rows=0),
-                                    kv_elem_bytes=elem, act_elem_bytes=elem, attention=self.attention) if calls else
+            costs.append(calls_cost(model, calls, context_len=start, kv_elem_bytes=elem, act_elem_bytes=elem,
+                                    attention=self.attention) if calls else
                          step_cost(model.cfg, batch_size=1, new_tokens=len(feed), context_len=start,
-                                   weight_bytes=weight_bytes, kv_elem_bytes=elem, act_elem_bytes=elem,
+                                   weight_bytes=model.linear_weight_bytes(), kv_elem_bytes=elem, act_elem_bytes=elem,
                                    attention=self.attention, cpp_step=cpu_step.ran_in_cpp(model)))
             start += len(feed)
             tokens.append(token)

@@ -152,9 +152,7 @@ class PlainSteps:
         attention = settings.attention
         guesses = draft.tokens if draft is not None else []
         if use_cache:
-            if self.cache is None or self.cache.layout != layout:  # a new layout: prefill into it
-                self.cache = self.new_cache(layout, model.dtype)
-                self.cached_ids = []
+            self.prepare(layout, model.dtype)  # (a new layout: prefill into it)
             common = common_prefix(self.cached_ids, ids)
             start = min(common, len(ids) - 1)  # at least one token must run to get logits
             self.cache.truncate(start)
@@ -210,10 +208,7 @@ class PlainSteps:
                       block_size=getattr(self.cache, "block_size", DEFAULT_BLOCK_SIZE))
         calls = cpu_step.chunks(model) if cpp else ()
         if calls:  # a prompt in chunks: each call's weights and context
-            weight_bytes = model.linear_weight_bytes(rows=1)
-            cost = calls_cost(self.cfg, calls, context_len=start, weight_bytes=weight_bytes,
-                              head_bytes=weight_bytes - model.linear_weight_bytes(rows=1, head_rows=0),
-                              logits_rows=guesses + 1, **common)
+            cost = calls_cost(model, calls, context_len=start, logits_rows=guesses + 1, **common)
         else:
             cost = step_cost(self.cfg, batch_size=1, new_tokens=new_tokens, context_len=start,
                              weight_bytes=model.linear_weight_bytes(rows=weight_rows(new_tokens, cpp)),
