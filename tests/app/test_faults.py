@@ -23,17 +23,17 @@ SAY_WITHIN_S = 2.0
 
 @pytest.fixture
 def process_window(qtbot, tiny_model, monkeypatch):
-    """process_window(faults="", max_new_tokens=8, wait=True): a window whose engine process starts
-    with MEMBOUND_FAULTS=faults."""
+    """process_window(faults="", max_new_tokens=8, wait=True, **settings): a window whose engine process
+    starts with MEMBOUND_FAULTS=faults."""
     from app.window import MainWindow
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
-    def make(faults: str = "", max_new_tokens: int = 8, wait: bool = True):
+    def make(faults: str = "", max_new_tokens: int = 8, wait: bool = True, **settings):
         if faults:
             monkeypatch.setenv("MEMBOUND_FAULTS", faults)
         window = MainWindow(model=tiny_model, hardware=fake_cpu(), engine_process=True,
-                            settings=Settings(max_new_tokens=max_new_tokens, sampling=GREEDY))
+                            settings=Settings(max_new_tokens=max_new_tokens, sampling=GREEDY, **settings))
         qtbot.addWidget(window)
         qtbot.waitUntil(lambda: window.worker.process_alive(), timeout=30_000)
         monkeypatch.delenv("MEMBOUND_FAULTS", raising=False)  # the next engine process is a sound one
@@ -73,7 +73,9 @@ def test_killed_idle(process_window, qtbot):
 
 
 def test_killed_mid_reply(process_window, qtbot):
-    window = process_window(max_new_tokens=5000)
+    # without a KV cache every step recomputes its context: a reply of seconds, where the tiny model decodes
+    # its whole context (4,058 tokens) in ~0.2 s with one and a loaded machine's window saw the end first
+    window = process_window(max_new_tokens=5000, kv_layout="off")
     window.send("talk for a long time")
     qtbot.waitUntil(lambda: window.data.steps.total > 20, timeout=60_000)
     with qtbot.waitSignal(window.reply_finished, timeout=10_000) as finished:
