@@ -4,7 +4,8 @@ with `MEMBOUND_FAULTS` unset (always, outside tests) it does nothing.
 
 MEMBOUND_FAULTS="reset,apply:oom,step:exit" — a comma list of POINT[:KIND]: at POINT, `raise`
 (RuntimeError, the default), `oom` (MemoryError), `value` (ValueError), `exit` (the process ends at
-once, as a crash would: exit code 70) or `hang` (sleeps for an hour). A point may carry a count
+once, as a crash would: exit code 70), `hang` (sleeps for an hour) or `slow` (sleeps SLOW_S each time
+it is reached, from the nth on: a tiny model's reply that lasts seconds). A point may carry a count
 after '@': "step@5" fails the fifth time it is reached. At "kernel_check" the kind may instead name
 kernels (kernels/registry.py), joined by '+': "kernel_check:int4+paged" fails those kernels' checks at
 load, on a CPU too, where no check runs otherwise. Read when the context is made (engine/options.py),
@@ -15,7 +16,8 @@ import os
 import threading
 import time
 
-KINDS = ("raise", "oom", "value", "exit", "hang")
+KINDS = ("raise", "oom", "value", "exit", "hang", "slow")
+SLOW_S = 0.005
 POINTS = ("load", "chat", "reset", "quality", "apply", "listener", "step", "serve_step", "kernel_check")
 
 
@@ -47,6 +49,9 @@ class Faults:
         with self._lock:
             self._reached[point] = self._reached.get(point, 0) + 1
             reached = self._reached[point]
+        if kind == "slow" and reached >= nth:
+            time.sleep(SLOW_S)
+            return
         if reached != nth:
             return
         if kind == "exit":

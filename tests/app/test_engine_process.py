@@ -46,7 +46,10 @@ def test_a_reply_streams_from_the_engine_process(make_process_window, qtbot):
     assert send_and_wait(window, qtbot, "and again").n_new_tokens == 120  # multi-turn over the pipe
 
 
-def test_settings_and_stop_reach_the_engine_process_mid_reply(make_process_window, qtbot):
+def test_settings_and_stop_reach_the_engine_process_mid_reply(make_process_window, qtbot, monkeypatch):
+    # each step 5 ms slower: a reply of seconds, where the tiny model decodes its whole context (4,058 tokens)
+    # in ~0.4 s and a loaded machine's window saw it end before the switch and the stop reached it
+    monkeypatch.setenv("MEMBOUND_FAULTS", "step:slow")
     window = make_process_window(max_new_tokens=5000)
     activate(window, qtbot)
     applied = []
